@@ -1,0 +1,67 @@
+"""jobrun: long, resumable, coalesced work for asyncio, on SQLite and Postgres.
+
+A *run* is one durable row per (module, job, instance); a *pass* is one call of
+the job's handler, handing a *cursor* forward; a *step* inside a pass commits
+its result as it completes so that it never runs again.
+"""
+
+from jobrun._core.drive import run_due_jobs
+from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
+from jobrun._core.port import JobRunStore, StoreLimits
+from jobrun._core.queue_safety import assert_queue_safe
+from jobrun._core.records import (
+    DriveError,
+    JobDriveReport,
+    JobRun,
+    JobRunStatus,
+    RunKey,
+    job_run_list_limit,
+)
+from jobrun._core.registry import JobRegistry
+from jobrun._core.retry import RetryPolicy
+from jobrun._core.runs import get_job_run, job_runs, start_job_run
+from jobrun.errors import (
+    JobConflictError,
+    JobRunError,
+    JobValidationError,
+    PassTimeoutError,
+    SchemaOutdatedError,
+    StepFailedError,
+    StepReusedError,
+    StoreError,
+)
+from jobrun.sql.migrate import upgrade
+from jobrun.sql.store import SqlJobRunStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DriveError",
+    "JobConflictError",
+    "JobDriveReport",
+    "JobPass",
+    "JobRegistry",
+    "JobRun",
+    "JobRunError",
+    "JobRunStatus",
+    "JobRunStore",
+    "JobValidationError",
+    "KEEP_CURSOR",
+    "PassResult",
+    "PassTimeoutError",
+    "RetryPolicy",
+    "RunKey",
+    "SchemaOutdatedError",
+    "SqlJobRunStore",
+    "StepFailedError",
+    "StepReusedError",
+    "StoreError",
+    "StoreLimits",
+    "assert_queue_safe",
+    "get_job_run",
+    "job_run_list_limit",
+    "job_runs",
+    "run_due_jobs",
+    "start_job_run",
+    "upgrade",
+]

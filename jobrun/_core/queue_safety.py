@@ -1,0 +1,103 @@
+"""Queue-safety: a payload or cursor must come back from storage exactly as it went in.
+
+A run outlives the process that started it, so what it carries is stored as JSON
+and decoded by whichever process runs the next pass. Only values that survive
+that trip unchanged are accepted: ``None``, ``bool``, ``int``, finite ``float``,
+``str``, ``list`` and ``dict`` with ``str`` keys, by exact type. A tuple would
+come back a list, a datetime would not come back at all; both are refused rather
+than silently reshaped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jobrun._core.formats import encode_json
+from jobrun.errors import JobValidationError
+
+MAX_DEPTH = 256
+"""Deeper nesting is refused: it would also defeat the JSON decoder on replay."""
+
+_LEAF_TYPES = (type(None), bool, int, str)
+
+
+def _describe(value: Any) -> str:
+    kind = type(value)
+    if isinstance(value, float):
+        return f"{value!r}, which JSON cannot store"
+    if callable(value) and kind.__name__ in {"function", "builtin_function_or_method", "method"}:
+        return "a function"
+    for base in (dict, list, str, int, float):
+        if isinstance(value, base):
+            return f"a {kind.__name__} (a {base.__name__} subclass)"
+    return f"a {kind.__name__}"
+
+
+def queue_safety_problem(value: Any, root: str) -> tuple[str, str] | None:
+    """The first unsafe place in ``value`` as ``(path, what)``, or ``None``.
+
+    Depth first, in list and insertion order. Iterative, so no nesting or size can
+    exhaust the Python stack; cycles are detected on the ancestor chain only (a
+    sub-object shared by two siblings is fine).
+    """
+    # Stack entries: (value, path, depth) to visit, or (None, id, -1) to leave a
+    # container and drop it from the ancestor chain.
+    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
+    ancestors: set[int] = set()
+    while stack:
+        current, path, depth = stack.pop()
+        if depth < 0:
+            ancestors.discard(int(path))
+            continue
+        kind = type(current)
+        if kind in _LEAF_TYPES:
+            continue
+        if kind is float:
+            if math.isfinite(current):
+                continue
+            return path, _describe(current)
+        if kind is not list and kind is not dict:
+            return path, _describe(current)
+        if id(current) in ancestors:
+            return path, "a cycle back to a value already on this path"
+        if depth >= MAX_DEPTH:
+            return path, f"nested more than {MAX_DEPTH} levels deep"
+        ancestors.add(id(current))
+        stack.append((None, str(id(current)), -1))
+        children: list[tuple[Any, str, int]] = []
+        if kind is list:
+            children = [(item, f"{path}.{index}", depth + 1) for index, item in enumerate(current)]
+        else:
+            for key, item in current.items():
+                if type(key) is not str:
+                    return f"{path}.{key}", f"a {type(key).__name__} key (keys must be str)"
+                children.append((item, f"{path}.{key}", depth + 1))
+        stack.extend(reversed(children))
+    return None
+
+
+def assert_queue_safe(value: Any, root: str) -> None:
+    """Raise :class:`JobValidationError` at the first value that would not survive storage."""
+    problem = queue_safety_problem(value, root)
+    if problem is not None:
+        path, what = problem
+        _refuse(root, path, what, "cannot be stored and read back unchanged")
+
+
+def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
+    """Check ``value``, encode it, and refuse it when the JSON is over ``max_bytes``."""
+    assert_queue_safe(value, root)
+    text = encode_json(value)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        _refuse(root, root, f"{size} bytes of JSON", f"is over the {max_bytes}-byte cap")
+    return text
+
+
+def _refuse(root: str, path: str, what: str, why: str) -> None:
+    raise JobValidationError(
+        f"{root} is not queue-safe: {path} is {what}; a run carries ids and configuration, "
+        "not bytes, objects or functions",
+        [{"path": path, "message": f"{what} {why}"}],
+    )

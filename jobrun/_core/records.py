@@ -1,0 +1,214 @@
+"""The shapes that cross the store port, and the operator's record of a run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from jobrun._core.formats import MalformedColumnError, decode_counters, decode_json, parse_instant
+from jobrun.errors import JobValidationError
+
+JOB_RUN_LIST_LIMIT = 50
+JOB_RUN_LIST_MAX = 500
+DEFAULT_INSTANCE = "default"
+
+
+class JobRunStatus(StrEnum):
+    """A run's status; members compare equal to their strings."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_STATUSES = frozenset(member.value for member in JobRunStatus)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One ``_substrat_job_runs`` row exactly as stored (JSON and time as text)."""
+
+    id: str
+    module_id: str
+    job: str
+    instance: str
+    payload: str
+    status: str
+    cursor: str | None
+    counters: str
+    attempts: int
+    last_error: str | None
+    started_at: str
+    updated_at: str
+    next_attempt_at: str | None
+    ended_at: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunPatch:
+    """The whole mutable state of a run: every outcome writes all of it, never part."""
+
+    status: str
+    cursor: str | None
+    counters: str
+    attempts: int
+    last_error: str | None
+    updated_at: str
+    next_attempt_at: str | None
+    ended_at: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One ledger row. ``result`` not ``None`` means the step completed."""
+
+    step: str
+    result: str | None
+    attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """Equality filters of the operator read; ``None`` means any."""
+
+    module_id: str | None = None
+    job: str | None = None
+    instance: str | None = None
+    status: str | None = None
+    limit: int = JOB_RUN_LIST_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class RunKey:
+    """What a handler sees of its run: the id and the coalescing key."""
+
+    id: str
+    module_id: str
+    job: str
+    instance: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """The operator's record of a run, decoded tolerantly.
+
+    A JSON column that cannot be decoded does not make the record unreadable: it
+    reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
+    the first such column (payload, then cursor, then counters).
+    """
+
+    id: str
+    module_id: str
+    job: str
+    instance: str
+    status: str
+    payload: Any
+    cursor: Any
+    counters: dict[str, int | float]
+    attempts: int
+    last_error: str | None
+    started_at: datetime
+    updated_at: datetime
+    next_attempt_at: datetime | None
+    ended_at: datetime | None
+    decode_error: str | None = None
+
+
+@dataclass(slots=True)
+class DriveError:
+    run_id: str
+    error: str
+
+
+@dataclass(slots=True)
+class JobDriveReport:
+    """What one call of ``run_due_jobs`` did, counted per pass outcome."""
+
+    attempted: int = 0
+    advanced: int = 0
+    completed: int = 0
+    retrying: int = 0
+    failed: int = 0
+    errors: list[DriveError] = field(default_factory=list)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def job_run_of(row: RunRow) -> JobRun:
+    """Decode a row for an operator; never raises for what is stored in it."""
+    problems: list[str] = []
+
+    def attempt(column: str, text: str | None, fallback: Any, decode: Any) -> Any:
+        if text is None:
+            return None
+        try:
+            return decode(text)
+        except MalformedColumnError as error:
+            problems.append(str(error))
+        return fallback
+
+    payload = attempt("payload", row.payload, None, lambda t: decode_json(t, "payload"))
+    cursor = attempt("cursor", row.cursor, None, lambda t: decode_json(t, "cursor"))
+    counters = attempt("counters", row.counters, {}, decode_counters)
+
+    def instant(column: str, text: str | None) -> datetime | None:
+        if text is None:
+            return None
+        try:
+            return parse_instant(text)
+        except (ValueError, TypeError):
+            problems.append(f"{column} is not a timestamp: {text!r}")
+            return None
+
+    started_at = instant("started_at", row.started_at)
+    updated_at = instant("updated_at", row.updated_at)
+    next_attempt_at = instant("next_attempt_at", row.next_attempt_at)
+    ended_at = instant("ended_at", row.ended_at)
+    if row.status not in _STATUSES:
+        problems.append(f"status {row.status!r} is not one of running, done, failed")
+    return JobRun(
+        id=row.id,
+        module_id=row.module_id,
+        job=row.job,
+        instance=row.instance,
+        status=row.status,
+        payload=payload,
+        cursor=cursor,
+        counters=counters,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        started_at=started_at or _EPOCH,
+        updated_at=updated_at or _EPOCH,
+        next_attempt_at=next_attempt_at,
+        ended_at=ended_at,
+        decode_error=problems[0] if problems else None,
+    )
+
+
+def job_run_list_limit(limit: float | None) -> int:
+    """Clamp an operator read's limit: absent or not finite is 50, else floor into [1, 500]."""
+    if limit is None:
+        return JOB_RUN_LIST_LIMIT
+    if isinstance(limit, bool) or not isinstance(limit, int | float):
+        raise TypeError(f"limit must be a number or None, got {type(limit).__name__}")
+    if not math.isfinite(limit):
+        return JOB_RUN_LIST_LIMIT
+    return min(JOB_RUN_LIST_MAX, max(1, math.floor(limit)))
+
+
+def status_filter(status: str | None) -> str | None:
+    """Validate an operator read's status filter."""
+    if status is None:
+        return None
+    if status not in _STATUSES:
+        allowed = ", ".join(member.value for member in JobRunStatus)
+        raise JobValidationError(
+            f"status filter {status!r} is not one of {allowed}",
+            [{"path": "status", "message": f"{status!r} is not a run status"}],
+        )
+    return str(status)

@@ -1,0 +1,82 @@
+"""The host's table of job handlers, keyed by ``(module_id, name)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from jobrun._core.passes import Handler
+from jobrun._core.retry import RetryPolicy
+from jobrun.errors import JobConflictError, JobValidationError
+
+
+def require_name(value: object, argument: str) -> str:
+    """A key part must be a non-empty ``str``; the error names the argument."""
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
+    if not value:
+        raise JobValidationError(
+            f"{argument} must not be empty", [{"path": argument, "message": "empty string"}]
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredJob:
+    module_id: str
+    name: str
+    handler: Handler
+    retry: RetryPolicy | None
+
+
+class JobRegistry:
+    """Which handler runs which job. The pair is the key: ``("a/b", "c") != ("a", "b/c")``."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], RegisteredJob] = {}
+
+    def register(
+        self,
+        module_id: str,
+        name: str,
+        handler: Handler,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Register ``handler`` for a job; registering the same pair twice is an error."""
+        require_name(module_id, "module_id")
+        require_name(name, "name")
+        if not callable(handler):
+            raise TypeError(f"handler for {module_id}/{name} must be callable")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        key = (module_id, name)
+        if key in self._jobs:
+            raise JobConflictError(
+                f"job {name!r} of module {module_id!r} is already registered",
+                "job_already_registered",
+            )
+        self._jobs[key] = RegisteredJob(module_id, name, handler, retry)
+
+    def job(
+        self, module_id: str, name: str, *, retry: RetryPolicy | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`register`; returns the function unchanged."""
+
+        def decorate(handler: Handler) -> Handler:
+            self.register(module_id, name, handler, retry=retry)
+            return handler
+
+        return decorate
+
+    def get(self, module_id: str, name: str) -> RegisteredJob | None:
+        return self._jobs.get((module_id, name))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._jobs
+
+    def __iter__(self) -> Iterator[RegisteredJob]:
+        return iter(list(self._jobs.values()))
+
+    def __len__(self) -> int:
+        return len(self._jobs)

@@ -1,0 +1,92 @@
+"""Starting runs and reading them back (the operator's side)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.port import JobRunStore
+from jobrun._core.queue_safety import encode_queue_safe
+from jobrun._core.records import (
+    DEFAULT_INSTANCE,
+    JobRun,
+    JobRunStatus,
+    RunFilter,
+    RunRow,
+    job_run_list_limit,
+    job_run_of,
+    status_filter,
+)
+from jobrun._core.registry import require_name
+
+
+async def start_job_run(
+    store: JobRunStore,
+    *,
+    module_id: str,
+    job: str,
+    instance: str = DEFAULT_INSTANCE,
+    payload: Any = None,
+    clock: Clock = system_clock,
+) -> JobRun:
+    """Start a run, or join the live run of the same key (its payload wins).
+
+    Everything is checked before anything is written: the key parts, and the
+    payload's queue-safety and size. The job need not be registered here; a run
+    of a job no driver knows waits until one does.
+    """
+    require_name(module_id, "module_id")
+    require_name(job, "job")
+    if not isinstance(instance, str):
+        raise TypeError(f"instance must be a str, got {type(instance).__name__}")
+    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
+    at = format_instant(clock())
+    row = RunRow(
+        id=mint_run_id(),
+        module_id=module_id,
+        job=job,
+        instance=instance,
+        payload=payload_text,
+        status=JobRunStatus.RUNNING.value,
+        cursor=None,
+        counters="{}",
+        attempts=0,
+        last_error=None,
+        started_at=at,
+        updated_at=at,
+        next_attempt_at=None,
+        ended_at=None,
+    )
+    stored, _inserted = await store.start_or_join(row)
+    return job_run_of(stored)
+
+
+async def job_runs(
+    store: JobRunStore,
+    *,
+    module_id: str | None = None,
+    job: str | None = None,
+    instance: str | None = None,
+    status: str | None = None,
+    limit: float | None = None,
+) -> list[JobRun]:
+    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500]."""
+    for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")
+    run_filter = RunFilter(
+        module_id=module_id,
+        job=job,
+        instance=instance,
+        status=status_filter(status),
+        limit=job_run_list_limit(limit),
+    )
+    return [job_run_of(row) for row in await store.list(run_filter)]
+
+
+async def get_job_run(store: JobRunStore, run_id: str) -> JobRun | None:
+    """One run by id, whatever its status; ``None`` when there is none."""
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
+    row = await store.get(run_id)
+    return None if row is None else job_run_of(row)

@@ -1,0 +1,159 @@
+"""Every error jobrun raises on purpose.
+
+One root, :class:`JobRunError`, with a machine-readable ``code``::
+
+    JobRunError                     code
+    ├── JobValidationError          validation_failed   (also a ValueError)
+    ├── JobConflictError            conflict            (``reason`` says which)
+    │   └── StepReusedError         conflict            reason == "job_step_reused"
+    ├── StepFailedError             step_failed         (a step's attempt failed)
+    ├── PassTimeoutError            pass_timeout        (a pass overran its budget)
+    ├── SchemaOutdatedError         schema_outdated     (run the migrations first)
+    └── StoreError                  store_failed        (the database said no)
+
+``StoreError`` is raised only at the store boundary, where driver and database
+exceptions are translated; the original exception is kept as ``__cause__``.
+Misuse of an argument's *type* (passing a list where a name belongs) is a
+plain ``TypeError``, as Python users expect.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobrun._core.retry import RetryPolicy
+
+__all__ = [
+    "JobConflictError",
+    "JobRunError",
+    "JobValidationError",
+    "PassTimeoutError",
+    "SchemaOutdatedError",
+    "StepFailedError",
+    "StepReusedError",
+    "StoreError",
+]
+
+JOB_STEP_REUSED = "job_step_reused"
+
+
+class JobRunError(Exception):
+    """Root of jobrun's errors. ``code`` is stable; the message is for people."""
+
+    code: str = "job_run_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class JobValidationError(JobRunError, ValueError):
+    """Input was refused before anything was written.
+
+    ``errors`` lists each problem as ``{"path": ..., "message": ...}`` where the
+    path is dotted from the argument's name (``payload.source.bytes``).
+    """
+
+    code = "validation_failed"
+
+    def __init__(self, message: str, errors: list[dict[str, str]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+class JobConflictError(JobRunError):
+    """The request contradicts state that already exists; ``reason`` says which."""
+
+    code = "conflict"
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class StepReusedError(JobConflictError):
+    """A pass called ``step()`` twice under one name."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(
+            f"step {step!r} was already called in this pass: one name stands for one unit "
+            "of work, so a second call would get the first call's result back without "
+            "doing its own work",
+            JOB_STEP_REUSED,
+        )
+        self.step = step
+
+
+class StepFailedError(JobRunError):
+    """An attempt of a step failed, or the step had no attempts left.
+
+    The pass that sees it fails unless the handler catches it; the run's retry is
+    then judged by ``attempts`` against ``policy`` (the step's own policy).
+    """
+
+    code = "step_failed"
+
+    def __init__(self, step: str, attempts: int, policy: RetryPolicy, cause: str) -> None:
+        super().__init__(f"step {step!r} failed: {cause}")
+        self.step = step
+        self.attempts = attempts
+        self.policy = policy
+        self.cause_text = cause
+
+
+class PassTimeoutError(JobRunError):
+    """A pass ran longer than the driver's ``pass_timeout_s``."""
+
+    code = "pass_timeout"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the pass ran longer than its {timeout_s:g} s budget and was cancelled")
+        self.timeout_s = timeout_s
+
+
+class SchemaOutdatedError(JobRunError):
+    """The database's jobrun schema is missing or older than this code."""
+
+    code = "schema_outdated"
+
+    def __init__(self, found: str | None, expected: str) -> None:
+        where = "has no jobrun schema" if found is None else f"is at revision {found!r}"
+        super().__init__(
+            f"the database {where}; jobrun needs revision {expected!r}. Run "
+            "`await jobrun.upgrade(engine)` or `alembic upgrade head -x url=...` first"
+        )
+        self.found = found
+        self.expected = expected
+
+
+class StoreError(JobRunError):
+    """The database refused or failed an operation; ``__cause__`` is the original."""
+
+    code = "store_failed"
+
+    def __init__(self, operation: str, cause: BaseException) -> None:
+        super().__init__(f"{operation} failed: {type(cause).__name__}: {_first_line(cause)}")
+        self.operation = operation
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def describe_exception(error: BaseException) -> str:
+    """The text stored for a failure: ``Type: message`` for foreign errors.
+
+    ``str(KeyError('x'))`` alone is ``'x'``; the type makes it readable. jobrun's
+    own errors already read as sentences, so they are stored as their message.
+    """
+    if isinstance(error, JobRunError):
+        return error.message
+    text = str(error)
+    name = type(error).__name__
+    return f"{name}: {text}" if text else name
+

@@ -1,0 +1,1 @@
+"""The SQLAlchemy Core adapter: one store for SQLite and Postgres."""

@@ -1,0 +1,91 @@
+"""Everything that differs between SQLite and Postgres, in one place.
+
+* The INSERT construct that knows ``ON CONFLICT`` (both engines speak it, with
+  the same partial-index target).
+* How a single-statement write is sent: Postgres runs it in autocommit, one
+  round trip, since a lone statement is atomic by itself; SQLite (aiosqlite)
+  keeps the driver's implicit transaction, because switching a connection to
+  autocommit costs a hop to the driver's thread every time.
+* The pass commit: one Postgres statement (a data-modifying CTE deletes the
+  ledger while the UPDATE writes the run); on SQLite two statements in one
+  transaction.
+* Connection set-up for SQLite: WAL, a busy timeout, ``synchronous=NORMAL``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+_configured: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+
+
+class Dialect:
+    """The per-engine choices the store makes once, at construction."""
+
+    def __init__(self, engine: AsyncEngine, *, sqlite_busy_timeout_ms: int) -> None:
+        self.name = engine.dialect.name
+        if self.name not in ("sqlite", "postgresql"):
+            raise ValueError(f"jobrun supports SQLite and Postgres, not {self.name!r}")
+        self.is_postgres = self.name == "postgresql"
+        self._engine = engine
+        self._autocommit = (
+            engine.execution_options(isolation_level="AUTOCOMMIT") if self.is_postgres else None
+        )
+        if not self.is_postgres:
+            _configure_sqlite(engine, sqlite_busy_timeout_ms)
+
+    def insert(self, table: Any) -> Any:
+        module = postgresql if self.is_postgres else sqlite
+        return module.insert(table)
+
+    @asynccontextmanager
+    async def single_statement(self) -> AsyncIterator[AsyncConnection]:
+        """A connection on which each statement is durable when it returns."""
+        if self._autocommit is not None:
+            async with self._autocommit.connect() as connection:
+                yield connection
+        else:
+            async with self._engine.begin() as connection:
+                yield connection
+
+
+def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+    """Set WAL and a busy timeout on every connection jobrun uses, once each.
+
+    A checkout hook (not only a connect hook) so that connections the host's pool
+    opened before the store existed are configured too; the flag in the record's
+    ``info`` makes every later checkout free.
+    """
+    sync_engine = engine.sync_engine
+    if sync_engine in _configured:
+        _configured[sync_engine] = busy_timeout_ms
+        return
+    _configured[sync_engine] = busy_timeout_ms
+    in_memory = engine.url.database in (None, "", ":memory:") or "mode=memory" in str(engine.url)
+
+    def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get("jobrun_configured"):
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            # Concurrent writers (other processes too) wait instead of failing.
+            cursor.execute(f"PRAGMA busy_timeout = {int(_configured[sync_engine])}")
+            if not in_memory:
+                # WAL lets readers run beside the writer; NORMAL sync in WAL is safe
+                # against a process crash (the case jobrun exists for) and skips an
+                # fsync per commit.
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cursor.close()
+        record.info["jobrun_configured"] = True
+
+    event.listen(sync_engine, "checkout", on_checkout)

@@ -1,0 +1,65 @@
+"""The one definition of jobrun's tables; both dialects' DDL is emitted from it.
+
+Alembic revisions must produce exactly this (a test compares them on both
+dialects). Everything is TEXT and INTEGER: timestamps are fixed-shape text so
+that due-ness is a string comparison that means the same on every engine.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, text
+
+SCHEMA_REVISION = "0001"
+"""The Alembic head this code needs; a test checks it against the migrations."""
+
+VERSION_TABLE = "jobrun_alembic_version"
+"""jobrun's own Alembic version table, so a host's ``alembic_version`` is never touched."""
+
+metadata = MetaData()
+
+LIVE_ONLY = text("status = 'running'")
+
+job_runs = Table(
+    "_substrat_job_runs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("module_id", Text, nullable=False),
+    Column("job", Text, nullable=False),
+    Column("instance", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("cursor", Text, nullable=True),
+    Column("counters", Text, nullable=False, server_default=text("'{}'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text, nullable=True),
+    Column("started_at", Text, nullable=False),
+    Column("updated_at", Text, nullable=False),
+    Column("next_attempt_at", Text, nullable=True),
+    Column("ended_at", Text, nullable=True),
+    # Status leads: live runs are one seekable range however many finished runs are kept.
+    Index("_substrat_job_runs_due", "status", "next_attempt_at", "id"),
+    Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
+    # One LIVE run per key, enforced by the database so that concurrent starters on
+    # any number of hosts cannot both insert; finished runs are outside the index,
+    # so a key can be started again after its run is done or failed.
+    Index(
+        "_substrat_job_runs_live_key",
+        "module_id",
+        "job",
+        "instance",
+        unique=True,
+        sqlite_where=LIVE_ONLY,
+        postgresql_where=LIVE_ONLY,
+    ),
+)
+
+job_steps = Table(
+    "_substrat_job_steps",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("step", Text, primary_key=True),
+    Column("result", Text, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text, nullable=True),
+    Column("recorded_at", Text, nullable=False),
+)
