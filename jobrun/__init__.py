@@ -36,6 +36,7 @@ from jobrun.sql.store import SqlJobRunStore
 __version__ = "0.1.0"
 
 __all__ = [
+    "KEEP_CURSOR",
     "DriveError",
     "JobConflictError",
     "JobDriveReport",
@@ -46,7 +47,6 @@ __all__ = [
     "JobRunStatus",
     "JobRunStore",
     "JobValidationError",
-    "KEEP_CURSOR",
     "PassResult",
     "PassTimeoutError",
     "RetryPolicy",

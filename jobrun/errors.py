@@ -156,4 +156,3 @@ def describe_exception(error: BaseException) -> str:
     text = str(error)
     name = type(error).__name__
     return f"{name}: {text}" if text else name
-

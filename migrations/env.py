@@ -22,7 +22,9 @@ from jobrun.sql.schema import VERSION_TABLE, metadata
 config = context.config
 
 
-def _only_jobrun_tables(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
+def _only_jobrun_tables(
+    obj: object, name: str | None, type_: str, reflected: bool, compare_to: object
+) -> bool:
     # A host's own tables share the database; jobrun never looks at them.
     if type_ == "table":
         return name is not None and name.startswith("_substrat_job_")
@@ -71,8 +73,9 @@ def main() -> None:
         _migrate(given)
         return
     if context.is_offline_mode():
-        context.configure(url=_url(), target_metadata=metadata, version_table=VERSION_TABLE,
-                          literal_binds=True)
+        context.configure(
+            url=_url(), target_metadata=metadata, version_table=VERSION_TABLE, literal_binds=True
+        )
         with context.begin_transaction():
             context.run_migrations()
         return

@@ -68,9 +68,7 @@ def decode_counters(text: str) -> dict[str, int | float]:
     """Counters must be an object of finite numbers; anything else is malformed."""
     value = decode_json(text, "counters")
     if not isinstance(value, dict) or not all(
-        isinstance(number, int | float)
-        and not isinstance(number, bool)
-        and math.isfinite(number)
+        isinstance(number, int | float) and not isinstance(number, bool) and math.isfinite(number)
         for number in value.values()
     ):
         raise MalformedColumnError("counters", ValueError("expected an object of numbers"))

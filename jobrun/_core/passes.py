@@ -179,7 +179,9 @@ class JobPass:
             )
             raise StepFailedError(name, attempts, policy, cause) from error
         # The write that makes the step durable; the one round trip a new step costs.
-        await self._store.record_step(self.run.id, StepRow(name, stored, attempts, None), self._now())
+        await self._store.record_step(
+            self.run.id, StepRow(name, stored, attempts, None), self._now()
+        )
         return json.loads(stored)
 
     def _now(self) -> str:

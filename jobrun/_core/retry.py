@@ -33,7 +33,7 @@ class RetryPolicy:
 
     def delay_ms(self, attempts: int, random: Callable[[], float]) -> float:
         """The wait after the ``attempts``-th consecutive failure (jitter after the cap)."""
-        raw = min(self.base_delay_ms * 2 ** (attempts - 1), self.max_delay_ms)
+        raw: int = min(self.base_delay_ms * 2 ** max(attempts - 1, 0), self.max_delay_ms)
         if raw == 0:
             return 0
         return raw * (0.8 + random() * 0.4)

@@ -52,14 +52,10 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
     jobrun's tables and its version table are touched.
     """
     async with engine.begin() as connection:
-        await connection.run_sync(
-            lambda sync: command.upgrade(alembic_config(sync), revision)
-        )
+        await connection.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     """Take jobrun's tables back to ``revision`` (default: none at all)."""
     async with engine.begin() as connection:
-        await connection.run_sync(
-            lambda sync: command.downgrade(alembic_config(sync), revision)
-        )
+        await connection.run_sync(lambda sync: command.downgrade(alembic_config(sync), revision))

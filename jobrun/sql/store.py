@@ -49,7 +49,8 @@ class SqlJobRunStore:
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
-                f"SqlJobRunStore needs an AsyncEngine (create_async_engine), got {type(engine).__name__}"
+                "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
+                f"got {type(engine).__name__}"
             )
         self._engine = engine
         self._limits = StoreLimits(
@@ -59,9 +60,8 @@ class SqlJobRunStore:
         )
         self._dialect = Dialect(engine, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
         self._schema_checked = False
-        self._insert_run = (
-            self._dialect.insert(job_runs)
-            .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
+        self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
+            index_elements=list(_KEY), index_where=LIVE_ONLY
         )
         upsert = self._dialect.insert(job_steps)
         self._record_step = upsert.on_conflict_do_update(
@@ -126,15 +126,15 @@ class SqlJobRunStore:
                 if found is not None:
                     return _run_row(found), False
                 # The live run ended between our insert and our read: try again.
-        raise StoreError(
-            "start_or_join", RuntimeError("the key's live run kept changing; gave up")
-        )
+        raise StoreError("start_or_join", RuntimeError("the key's live run kept changing; gave up"))
 
     async def get(self, run_id: str) -> RunRow | None:
         async with self._operation("get"), self._engine.connect() as connection:
             found = (
-                await connection.execute(select(job_runs).where(job_runs.c.id == run_id))
-            ).mappings().first()
+                (await connection.execute(select(job_runs).where(job_runs.c.id == run_id)))
+                .mappings()
+                .first()
+            )
         return None if found is None else _run_row(found)
 
     async def due(self, now_at: str, limit: int, after_id: str | None) -> list[RunRow]:
@@ -194,7 +194,9 @@ class SqlJobRunStore:
         ).where(job_steps.c.run_id == run_id)
         async with self._operation("steps"), self._engine.connect() as connection:
             rows = (await connection.execute(query)).all()
-        return {row.step: StepRow(row.step, row.result, row.attempts, row.last_error) for row in rows}
+        return {
+            row.step: StepRow(row.step, row.result, row.attempts, row.last_error) for row in rows
+        }
 
     async def record_step(self, run_id: str, row: StepRow, recorded_at: str) -> None:
         values = {

@@ -1,0 +1,176 @@
+"""Backends for the contract suite.
+
+Every test that takes the ``store`` fixture runs three times: on the in-memory
+store, on SQLite and on Postgres. Each database test gets a fresh database
+cloned from a template that was migrated once per session (a file copy on
+SQLite, ``CREATE DATABASE ... TEMPLATE`` on Postgres).
+
+Postgres comes from ``JOBRUN_TEST_POSTGRES_URL`` (an asyncpg URL to a database
+the tests may use to create and drop others, e.g.
+``postgresql+asyncpg://postgres@127.0.0.1:5432/postgres``). Without it the
+Postgres tests skip locally; under CI (``CI`` set) they fail instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+import jobrun
+from jobrun.testing import FakeClock, MemoryJobRunStore
+
+POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL")
+IN_CI = bool(os.environ.get("CI"))
+TEMPLATE = f"jobrun_template_{os.getpid()}"
+T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Locally, no server means skip with a reason. Under CI the tests are not
+    # skipped: the postgres_template fixture fails them instead.
+    if POSTGRES_URL or IN_CI:
+        return
+    skip = pytest.mark.skip(reason="no Postgres: set JOBRUN_TEST_POSTGRES_URL to run these tests")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_in_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion on a private loop, from sync or async code alike."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def _with_database(url: str, database: str) -> str:
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+async def _admin(statement: str) -> None:
+    assert POSTGRES_URL is not None
+    engine = create_async_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as connection:
+            await connection.exec_driver_sql(statement)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+
+    async def build() -> None:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+        await jobrun.upgrade(engine)
+        await engine.dispose()
+
+    run_in_thread(build)
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str]:
+    if not POSTGRES_URL:
+        pytest.fail("the postgres_template fixture needs JOBRUN_TEST_POSTGRES_URL")
+
+    async def build() -> None:
+        await _admin(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
+        await _admin(f'CREATE DATABASE "{TEMPLATE}"')
+        engine = create_async_engine(_with_database(POSTGRES_URL, TEMPLATE))
+        await jobrun.upgrade(engine)
+        await engine.dispose()
+
+    run_in_thread(build)
+    yield TEMPLATE
+    run_in_thread(lambda: _admin(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)'))
+
+
+@pytest.fixture
+async def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """A fresh, migrated SQLite file (for tests that are about SQLite only)."""
+    path = tmp_path / "sqlite-only.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+@pytest.fixture
+async def empty_postgres_url() -> AsyncIterator[str]:
+    """A fresh Postgres database with no schema at all."""
+    if not POSTGRES_URL:
+        pytest.fail("needs JOBRUN_TEST_POSTGRES_URL")
+    name = f"jobrun_empty_{uuid.uuid4().hex[:12]}"
+    await _admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(POSTGRES_URL, name)
+    finally:
+        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+SQL_BACKENDS = BACKENDS[1:]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def database_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[str | None]:
+    """The URL of a fresh migrated database for SQL backends; None for memory."""
+    if backend == "sqlite":
+        path = tmp_path / "jobrun.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite+aiosqlite:///{path}"
+    elif backend == "postgres":
+        template = request.getfixturevalue("postgres_template")
+        name = f"jobrun_test_{uuid.uuid4().hex[:12]}"
+        await _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        try:
+            yield _with_database(str(POSTGRES_URL), name)
+        finally:
+            await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    else:
+        yield None
+
+
+@pytest.fixture
+async def engine(database_url: str | None) -> AsyncIterator[AsyncEngine | None]:
+    if database_url is None:
+        yield None
+        return
+    created = create_async_engine(database_url)
+    try:
+        yield created
+    finally:
+        await created.dispose()
+
+
+@pytest.fixture
+def store(backend: str, engine: AsyncEngine | None) -> jobrun.SqlJobRunStore | MemoryJobRunStore:
+    """The contract suite's store: memory, SQLite or Postgres."""
+    if engine is None:
+        return MemoryJobRunStore()
+    return jobrun.SqlJobRunStore(engine)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
