@@ -46,6 +46,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_postgres_passed = 0
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    global _postgres_passed
+    if report.when == "call" and report.passed and "postgres" in report.keywords:
+        _postgres_passed += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Under CI a run in which no Postgres test passed is a failed run, whatever
+    # else happened: the suite exists to prove both dialects.
+    if (
+        IN_CI
+        and _postgres_passed == 0
+        and session.testscollected
+        and not session.config.option.collectonly
+    ):
+        print("\nCI: no Postgres test passed; failing the run")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def run_in_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to completion on a private loop, from sync or async code alike."""
     with ThreadPoolExecutor(max_workers=1) as pool:
