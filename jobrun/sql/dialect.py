@@ -48,7 +48,11 @@ class Dialect:
 
     @asynccontextmanager
     async def single_statement(self) -> AsyncIterator[AsyncConnection]:
-        """A connection on which each statement is durable when it returns."""
+        """A connection for statements that stand alone (reads, and writes durable on return).
+
+        On Postgres, autocommit: a read or a lone write is one round trip, where a
+        transaction would add BEGIN and COMMIT (or ROLLBACK) round trips.
+        """
         if self._autocommit is not None:
             async with self._autocommit.connect() as connection:
                 yield connection

@@ -129,7 +129,7 @@ class SqlJobRunStore:
         raise StoreError("start_or_join", RuntimeError("the key's live run kept changing; gave up"))
 
     async def get(self, run_id: str) -> RunRow | None:
-        async with self._operation("get"), self._engine.connect() as connection:
+        async with self._operation("get"), self._dialect.single_statement() as connection:
             found = (
                 (await connection.execute(select(job_runs).where(job_runs.c.id == run_id)))
                 .mappings()
@@ -145,7 +145,7 @@ class SqlJobRunStore:
         if after_id is not None:
             query = query.where(job_runs.c.id > after_id)
         query = query.order_by(job_runs.c.id).limit(limit)
-        async with self._operation("due"), self._engine.connect() as connection:
+        async with self._operation("due"), self._dialect.single_statement() as connection:
             rows = (await connection.execute(query)).mappings().all()
         return [_run_row(row) for row in rows]
 
@@ -166,7 +166,7 @@ class SqlJobRunStore:
             .order_by(job_runs.c.id.desc())
             .limit(run_filter.limit)
         )
-        async with self._operation("list"), self._engine.connect() as connection:
+        async with self._operation("list"), self._dialect.single_statement() as connection:
             rows = (await connection.execute(query)).mappings().all()
         return [_run_row(row) for row in rows]
 
@@ -192,7 +192,7 @@ class SqlJobRunStore:
         query = select(
             job_steps.c.step, job_steps.c.result, job_steps.c.attempts, job_steps.c.last_error
         ).where(job_steps.c.run_id == run_id)
-        async with self._operation("steps"), self._engine.connect() as connection:
+        async with self._operation("steps"), self._dialect.single_statement() as connection:
             rows = (await connection.execute(query)).all()
         return {
             row.step: StepRow(row.step, row.result, row.attempts, row.last_error) for row in rows
