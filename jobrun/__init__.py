@@ -5,9 +5,15 @@ the job's handler, handing a *cursor* forward; a *step* inside a pass commits
 its result as it completes so that it never runs again.
 """
 
+from jobrun._core.actions import (
+    cancel_job_run,
+    prune_job_runs,
+    release_job_lease,
+    resume_job_run,
+)
 from jobrun._core.drive import run_due_jobs
 from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
-from jobrun._core.port import JobRunStore, StoreLimits
+from jobrun._core.port import JobRunStore, OperatorStore, StoreLimits
 from jobrun._core.queue_safety import assert_queue_safe
 from jobrun._core.records import (
     DriveError,
@@ -23,7 +29,9 @@ from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun.errors import (
     JobConflictError,
     JobRunError,
+    JobRunNotFoundError,
     JobValidationError,
+    LeaseLostError,
     PassTimeoutError,
     SchemaOutdatedError,
     StepFailedError,
@@ -44,9 +52,12 @@ __all__ = [
     "JobRegistry",
     "JobRun",
     "JobRunError",
+    "JobRunNotFoundError",
     "JobRunStatus",
     "JobRunStore",
     "JobValidationError",
+    "LeaseLostError",
+    "OperatorStore",
     "PassResult",
     "PassTimeoutError",
     "RetryPolicy",
@@ -58,9 +69,13 @@ __all__ = [
     "StoreError",
     "StoreLimits",
     "assert_queue_safe",
+    "cancel_job_run",
     "get_job_run",
     "job_run_list_limit",
     "job_runs",
+    "prune_job_runs",
+    "release_job_lease",
+    "resume_job_run",
     "run_due_jobs",
     "start_job_run",
     "upgrade",

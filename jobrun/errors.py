@@ -8,6 +8,9 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
     │   └── StepReusedError         conflict            reason == "job_step_reused"
     ├── StepFailedError             step_failed         (a step's attempt failed)
     ├── PassTimeoutError            pass_timeout        (a pass overran its budget)
+    ├── LeaseLostError              lease_lost          (another driver or an operator
+    │                                                    took the run; the pass stops)
+    ├── JobRunNotFoundError         not_found           (no run has that id)
     ├── SchemaOutdatedError         schema_outdated     (run the migrations first)
     └── StoreError                  store_failed        (the database said no)
 
@@ -27,7 +30,9 @@ if TYPE_CHECKING:
 __all__ = [
     "JobConflictError",
     "JobRunError",
+    "JobRunNotFoundError",
     "JobValidationError",
+    "LeaseLostError",
     "PassTimeoutError",
     "SchemaOutdatedError",
     "StepFailedError",
@@ -113,6 +118,28 @@ class PassTimeoutError(JobRunError):
     def __init__(self, timeout_s: float) -> None:
         super().__init__(f"the pass ran longer than its {timeout_s:g} s budget and was cancelled")
         self.timeout_s = timeout_s
+
+
+class JobRunNotFoundError(JobRunError, LookupError):
+    """An operator action named a run id that does not exist."""
+
+    code = "not_found"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no job run has the id {run_id!r}")
+        self.run_id = run_id
+
+
+class LeaseLostError(JobRunError):
+    """The pass no longer holds its run: the lease expired and was taken over, or an
+    operator cancelled or released the run. Raised at a step boundary; the pass
+    writes nothing more and is reported as ``superseded``."""
+
+    code = "lease_lost"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} is no longer held by this pass; it stops here")
+        self.run_id = run_id
 
 
 class SchemaOutdatedError(JobRunError):

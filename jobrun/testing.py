@@ -17,7 +17,15 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from jobrun._core.port import StoreLimits
-from jobrun._core.records import JobRunStatus, RunFilter, RunPatch, RunRow, StepRow
+from jobrun._core.records import (
+    ClaimRequest,
+    JobRunStatus,
+    RunFilter,
+    RunPatch,
+    RunRow,
+    StepRow,
+)
+from jobrun.errors import JobConflictError
 
 __all__ = ["FakeClock", "MemoryJobRunStore"]
 
@@ -72,18 +80,43 @@ class MemoryJobRunStore:
     async def get(self, run_id: str) -> RunRow | None:
         return self.runs.get(run_id)
 
-    async def due(self, now_at: str, limit: int, after_id: str | None) -> list[RunRow]:
-        rows = sorted(
+    async def claim(self, request: ClaimRequest) -> RunRow | None:
+        def due_at(row: RunRow) -> str:
+            return row.next_attempt_at or row.started_at
+
+        candidates = sorted(
             (
                 row
                 for row in self.runs.values()
                 if row.status == JobRunStatus.RUNNING
-                and (row.next_attempt_at is None or row.next_attempt_at <= now_at)
-                and (after_id is None or row.id > after_id)
+                and due_at(row) <= request.now_at
+                and (row.module_id, row.job) in request.expires_at
+                and row.id not in request.skip_ids
             ),
-            key=lambda row: row.id,
+            key=lambda row: (due_at(row), row.id),
         )
-        return rows[:limit]
+        if not candidates:
+            return None
+        row = candidates[0]
+        taken_over = row.lease_owner is not None
+        began = taken_over and row.lease_began_at is not None
+        claimed = replace(
+            row,
+            lease_owner=request.token,
+            lease_driver=request.driver,
+            lease_began_at=request.now_at,
+            next_attempt_at=request.expires_at[(row.module_id, row.job)],
+            lease_takeovers=row.lease_takeovers + (1 if taken_over else 0),
+            attempts=row.attempts + (1 if began else 0),
+            last_error=(
+                f"the lease of driver {row.lease_driver} expired during a pass; "
+                "the run was taken over"
+                if began
+                else row.last_error
+            ),
+        )
+        self.runs[row.id] = claimed
+        return claimed
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         wanted = {
@@ -99,27 +132,108 @@ class MemoryJobRunStore:
         rows.sort(key=lambda row: row.id, reverse=True)
         return rows[: run_filter.limit]
 
-    async def patch(self, run_id: str, patch: RunPatch) -> None:
-        if run_id in self.runs:
-            row = self.runs[run_id]
-            self.runs[run_id] = replace(
-                row,
-                status=patch.status,
-                cursor=patch.cursor,
-                counters=patch.counters,
-                attempts=patch.attempts,
-                last_error=patch.last_error,
-                updated_at=patch.updated_at,
-                next_attempt_at=patch.next_attempt_at,
-                ended_at=patch.ended_at,
-            )
+    def _held(self, run_id: str, token: str) -> bool:
+        row = self.runs.get(run_id)
+        return row is not None and row.status == JobRunStatus.RUNNING and row.lease_owner == token
 
-    async def commit_pass(self, run_id: str, patch: RunPatch) -> None:
-        await self.patch(run_id, patch)
+    async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        if not self._held(run_id, token):
+            return False
+        self.runs[run_id] = replace(
+            self.runs[run_id],
+            **{name: getattr(patch, name) for name in RunPatch.__dataclass_fields__},
+        )
+        return True
+
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        if not await self.patch(run_id, patch, token):
+            return False
         self.ledgers.pop(run_id, None)
+        return True
 
     async def steps(self, run_id: str) -> dict[str, StepRow]:
         return {name: row for name, (row, _at) in self.ledgers.get(run_id, {}).items()}
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str) -> None:
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        if not self._held(run_id, token):
+            return False
         self.ledgers.setdefault(run_id, {})[row.step] = (row, recorded_at)
+        return True
+
+    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+        if not self._held(run_id, token):
+            return False
+        self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
+        return True
+
+    async def cancel(self, run_id: str, reason: str, at: str) -> bool:
+        row = self.runs.get(run_id)
+        if row is None or row.status != JobRunStatus.RUNNING:
+            return False
+        self.runs[run_id] = replace(
+            row,
+            status=JobRunStatus.FAILED.value,
+            last_error=reason,
+            updated_at=at,
+            ended_at=at,
+            next_attempt_at=None,
+            lease_owner=None,
+            lease_driver=None,
+            lease_began_at=None,
+        )
+        return True
+
+    async def resume(self, run_id: str, at: str) -> bool:
+        row = self.runs.get(run_id)
+        if row is None or row.status != JobRunStatus.FAILED:
+            return False
+        for other in self.runs.values():
+            if other.status == JobRunStatus.RUNNING and (
+                other.module_id,
+                other.job,
+                other.instance,
+            ) == (row.module_id, row.job, row.instance):
+                raise JobConflictError(
+                    f"run {run_id} cannot resume: another run of its key is live",
+                    "job_run_key_live",
+                )
+        self.runs[run_id] = replace(
+            row,
+            status=JobRunStatus.RUNNING.value,
+            attempts=0,
+            lease_takeovers=0,
+            updated_at=at,
+            ended_at=None,
+            next_attempt_at=None,
+            lease_owner=None,
+            lease_driver=None,
+            lease_began_at=None,
+        )
+        ledger = self.ledgers.get(run_id, {})
+        for name, (step, recorded_at) in list(ledger.items()):
+            if step.result is None:
+                ledger[name] = (replace(step, attempts=0), recorded_at)
+        return True
+
+    async def release(self, run_id: str) -> bool:
+        row = self.runs.get(run_id)
+        if row is None or row.status != JobRunStatus.RUNNING or row.lease_owner is None:
+            return False
+        self.runs[run_id] = replace(
+            row, next_attempt_at=None, lease_owner=None, lease_driver=None, lease_began_at=None
+        )
+        return True
+
+    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+        doomed = [
+            run_id
+            for run_id, row in self.runs.items()
+            if row.status in statuses
+            and row.status != JobRunStatus.RUNNING
+            and row.ended_at is not None
+            and row.ended_at < ended_before
+        ]
+        for run_id in doomed:
+            del self.runs[run_id]
+            self.ledgers.pop(run_id, None)
+        return len(doomed)

@@ -1,19 +1,20 @@
-"""The bounded driver: find due runs and give each up to ``max_passes`` passes."""
+"""The bounded driver: lease due runs one at a time and give each up to ``max_passes`` passes."""
 
 from __future__ import annotations
 
+import asyncio
 import random as random_module
 from collections.abc import Callable
 
-from jobrun._core.formats import Clock, format_instant, system_clock
-from jobrun._core.passes import OpenScope, run_job_pass
+from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.lease import Lease, default_driver_name
+from jobrun._core.passes import OpenScope, PassOutcome, fail_run, hand_back, run_job_pass
 from jobrun._core.port import JobRunStore
-from jobrun._core.records import DriveError, JobDriveReport, JobRunStatus, RunRow
+from jobrun._core.records import ClaimRequest, DriveError, JobDriveReport, JobRunStatus, RunRow
 from jobrun._core.registry import JobRegistry, RegisteredJob
 from jobrun.errors import JobValidationError
 
 JOB_DRIVE_LIMIT = 50
-JOB_DRIVE_SCAN_MAX = 500
 
 
 def _check_count(value: object, argument: str) -> int:
@@ -22,30 +23,53 @@ def _check_count(value: object, argument: str) -> int:
     return value
 
 
-async def _collect(
-    store: JobRunStore, registry: JobRegistry, limit: int, clock: Clock
-) -> list[tuple[RunRow, RegisteredJob]]:
-    """Up to ``limit`` due runs this host can run, oldest first.
+def _count(report: JobDriveReport, run_id: str, outcome: PassOutcome) -> None:
+    if outcome.status == "advanced":
+        report.advanced += 1
+    elif outcome.status == "completed":
+        report.completed += 1
+    elif outcome.status == "retrying":
+        report.retrying += 1
+    elif outcome.status == "failed":
+        report.failed += 1
+    else:
+        # A lost lease is the new holder's business: counted here, nowhere else.
+        report.superseded += 1
+    if outcome.error is not None and outcome.status in ("retrying", "failed"):
+        report.errors.append(DriveError(run_id, outcome.error))
 
-    Runs of jobs this host does not register are passed over without a write
-    (another deployment may own them); paging stops after about 500 rows.
-    """
-    runnable: list[tuple[RunRow, RegisteredJob]] = []
-    scanned = 0
-    after_id: str | None = None
-    while len(runnable) < limit and scanned < JOB_DRIVE_SCAN_MAX:
-        page = await store.due(format_instant(clock()), limit, after_id)
-        if not page:
-            break
-        scanned += len(page)
-        for row in page:
-            registered = registry.get(row.module_id, row.job)
-            if registered is not None and len(runnable) < limit:
-                runnable.append((row, registered))
-        after_id = page[-1].id
-        if len(page) < limit:
-            break
-    return runnable
+
+async def _claim(
+    store: JobRunStore,
+    registry: JobRegistry,
+    clock: Clock,
+    driver: str,
+    skip_ids: frozenset[str],
+) -> tuple[RunRow, RegisteredJob, Lease] | None:
+    now_at = format_instant(clock())
+    jobs = list(registry)
+    # A fresh token per claim: the fence that makes a stale holder's writes miss.
+    token = mint_run_id()
+    expires_at = {
+        (job.module_id, job.name): Lease(token, driver, job.lease_ms).expiry_after(now_at)
+        for job in jobs
+    }
+    row = await store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids))
+    if row is None:
+        return None
+    registered = registry.get(row.module_id, row.job)
+    assert registered is not None, "the store returned a run of a job that was not asked for"
+    return row, registered, Lease(token, driver, registered.lease_ms)
+
+
+async def _fail_for_takeovers(
+    store: JobRunStore, row: RunRow, job: RegisteredJob, lease: Lease, clock: Clock
+) -> PassOutcome:
+    reason = (
+        f"the run was taken over {row.lease_takeovers} times in a row (its passes keep "
+        f"outliving their drivers' leases; the limit is {job.max_takeovers})"
+    )
+    return await fail_run(store, row, reason, lease, clock)
 
 
 async def run_due_jobs(
@@ -58,12 +82,16 @@ async def run_due_jobs(
     clock: Clock = system_clock,
     random: Callable[[], float] = random_module.random,
     pass_timeout_s: float | None = None,
+    driver_name: str | None = None,
+    stop: asyncio.Event | None = None,
 ) -> JobDriveReport:
-    """Advance up to ``limit`` due runs by up to ``max_passes`` passes each.
+    """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
 
+    Runs are leased one at a time, in the order they became due, so any number of
+    drivers may share a database: each run is driven by one of them at a time.
     A run's failure is recorded on the run and reported, never raised; only the
-    store's own failures (a lost database) escape. Runs are driven one after the
-    other, oldest first; leftovers stay due for the next call.
+    store's own failures (a lost database) escape. When ``stop`` is set, no new
+    run is claimed and the run in hand gets no further pass.
     """
     _check_count(limit, "limit")
     if limit < 1:
@@ -74,12 +102,26 @@ async def run_due_jobs(
     if pass_timeout_s is not None and not pass_timeout_s > 0:
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
+    driver = driver_name or default_driver_name()
     report = JobDriveReport()
-    for row, registered in await _collect(store, registry, limit, clock):
+    driven: set[str] = set()
+    while report.attempted < limit and not (stop is not None and stop.is_set()):
+        claimed = await _claim(store, registry, clock, driver, frozenset(driven))
+        if claimed is None:
+            break
+        row, registered, lease = claimed
+        driven.add(row.id)
         report.attempted += 1
+        if row.lease_takeovers > registered.max_takeovers:
+            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, clock))
+            continue
         current = row
-        ledger_known_empty = False
         for number in range(passes):
+            if number > 0 and stop is not None and stop.is_set():
+                # Asked to stop between passes: the lease kept for this pass goes back.
+                await hand_back(store, current, lease)
+                break
+            last = number + 1 >= passes
             outcome = await run_job_pass(
                 store=store,
                 row=current,
@@ -88,22 +130,16 @@ async def run_due_jobs(
                 clock=clock,
                 random=random,
                 open_scope=scope_opener,
+                lease=lease,
                 timeout_s=pass_timeout_s,
-                ledger_known_empty=ledger_known_empty,
+                # After this driver's own commit the ledger is known to be empty.
+                ledger_known_empty=number > 0,
+                keep_lease=not last,
             )
-            if outcome.status != "advanced":
-                setattr(report, outcome.status, getattr(report, outcome.status) + 1)
-                if outcome.error is not None:
-                    report.errors.append(DriveError(current.id, outcome.error))
+            _count(report, row.id, outcome)
+            if outcome.status != "advanced" or last or outcome.row is None:
                 break
-            report.advanced += 1
-            if number + 1 >= passes:
+            if outcome.row.status != JobRunStatus.RUNNING.value:
                 break
-            # Re-read: the next pass resumes from what the store holds, not from memory.
-            fresh = await store.get(current.id)
-            if fresh is None or fresh.status != JobRunStatus.RUNNING.value:
-                break
-            current = fresh
-            # This driver just dropped the ledger in the commit it made.
-            ledger_known_empty = True
+            current = outcome.row
     return report

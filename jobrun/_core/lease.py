@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from jobrun._core.formats import Clock, add_milliseconds, format_instant
+from jobrun.errors import JobValidationError
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
 MIN_LEASE_MS = 100
@@ -32,8 +33,6 @@ def check_lease_ms(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"lease_ms must be an int, got {type(value).__name__}")
     if value < MIN_LEASE_MS:
-        from jobrun.errors import JobValidationError
-
         raise JobValidationError(
             f"lease_ms must be at least {MIN_LEASE_MS}, got {value}",
             [{"path": "lease_ms", "message": f"below {MIN_LEASE_MS}"}],

@@ -7,25 +7,31 @@ Round trips a pass costs on the store, in order:
   are answered from that read, never from another query;
 * one ledger write per finished step attempt (the durability a kill relies on);
 * one commit (patch plus ledger drop, a single transaction) or one failure patch.
+
+Every write is fenced on the pass's lease token (see ``lease.py``); a refused
+write ends the pass as ``superseded`` and nothing more is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias
 
 from jobrun._core.formats import Clock, decode_counters, decode_json, encode_json, format_instant
+from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
 from jobrun.errors import (
     JobValidationError,
+    LeaseLostError,
     PassTimeoutError,
     StepFailedError,
     StepReusedError,
@@ -67,8 +73,11 @@ OpenScope: TypeAlias = Callable[[RunKey], Any]
 
 @dataclass(frozen=True, slots=True)
 class PassOutcome:
-    status: Literal["advanced", "completed", "retrying", "failed"]
+    status: Literal["advanced", "completed", "retrying", "failed", "superseded"]
     error: str | None = None
+    # After an advancing commit that kept the lease: the row as now stored, so
+    # the next pass needs no read.
+    row: RunRow | None = None
 
 
 def cap_error_text(text: str) -> str:
@@ -95,6 +104,8 @@ class JobPass:
         clock: Clock,
         open_scope: OpenScope,
         ledger_known_empty: bool,
+        lease: Lease,
+        keeper: LeaseKeeper,
     ) -> None:
         self.run = RunKey(row.id, row.module_id, row.job, row.instance)
         self.payload = payload
@@ -107,6 +118,8 @@ class JobPass:
         self._used: set[str] = set()
         self._ledger: dict[str, StepRow] | None = {} if ledger_known_empty else None
         self._scope_task: asyncio.Future[Any] | None = None
+        self._lease = lease
+        self._keeper = keeper
 
     def count(self, name: str, by: int | float = 1) -> None:
         """Add ``by`` to a counter; it is committed with the pass, dropped if the pass fails."""
@@ -158,6 +171,9 @@ class JobPass:
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
+        if self._keeper.lost:
+            # The background renewal found the run taken: this body must not run.
+            raise LeaseLostError(self.run.id)
         attempts = (prior.attempts if prior is not None else 0) + 1
         if prior is not None and prior.attempts >= policy.max_attempts:
             # Spent: nothing is called and nothing is written.
@@ -174,15 +190,15 @@ class JobPass:
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
-            await self._store.record_step(
-                self.run.id, StepRow(name, None, attempts, cause), self._now()
-            )
+            await self._record(StepRow(name, None, attempts, cause))
             raise StepFailedError(name, attempts, policy, cause) from error
         # The write that makes the step durable; the one round trip a new step costs.
-        await self._store.record_step(
-            self.run.id, StepRow(name, stored, attempts, None), self._now()
-        )
+        await self._record(StepRow(name, stored, attempts, None))
         return json.loads(stored)
+
+    async def _record(self, row: StepRow) -> None:
+        if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+            raise LeaseLostError(self.run.id)
 
     def _now(self) -> str:
         return format_instant(self._clock())
@@ -219,16 +235,27 @@ async def run_job_pass(
     clock: Clock,
     random: Callable[[], float],
     open_scope: OpenScope,
+    lease: Lease,
     timeout_s: float | None = None,
     ledger_known_empty: bool = False,
+    keep_lease: bool = False,
 ) -> PassOutcome:
-    """Run one pass of ``row``; handler problems become outcomes, never exceptions.
+    """Run one pass of ``row``, which this driver holds under ``lease``.
+
+    Handler problems become outcomes, never exceptions. With ``keep_lease`` an
+    advancing commit hands the lease straight to the next pass.
 
     ``BaseException``s that are not ``Exception``s (cancellation, Ctrl-C) are not
-    caught: the pass is not committed, the ledger keeps what finished, and the
-    next drive resumes from there.
+    caught: the pass is not committed, the ledger keeps what finished, the lease
+    is handed back so another driver need not wait for it to expire, and the
+    exception goes on.
     """
     job_policy = retry if retry is not None else DEFAULT_RETRY
+    keeper = LeaseKeeper(
+        lease,
+        clock,
+        lambda expires_at: store.extend_lease(row.id, lease.token, expires_at),
+    )
     try:
         # Decoded inside the try: a malformed row is a failed pass, not a crashed drive.
         counters = decode_counters(row.counters)
@@ -244,10 +271,12 @@ async def run_job_pass(
             clock=clock,
             open_scope=open_scope,
             ledger_known_empty=ledger_known_empty,
+            lease=lease,
+            keeper=keeper,
         )
         budget = asyncio.timeout(timeout_s)
         try:
-            async with budget:
+            async with keeper, budget:
                 result = handler(context)
                 if inspect.isawaitable(result):
                     result = await result
@@ -262,22 +291,81 @@ async def run_job_pass(
         else:
             cursor_text = encode_queue_safe(next_cursor, "cursor", store.limits.max_cursor_bytes)
         at = format_instant(clock())
-        await store.commit_pass(
-            row.id,
-            RunPatch(
-                status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
-                cursor=cursor_text,
-                counters=encode_json(context.counters),
-                attempts=0,
-                last_error=None,
-                updated_at=at,
-                next_attempt_at=None,
-                ended_at=at if done else None,
-            ),
+        kept = keep_lease and not done
+        patch = RunPatch(
+            status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
+            cursor=cursor_text,
+            counters=encode_json(context.counters),
+            attempts=0,
+            last_error=None,
+            updated_at=at,
+            # An outcome writes the real due time (now: NULL), never a lease
+            # expiry, unless it hands the lease to this driver's next pass.
+            next_attempt_at=lease.expiry_after(at) if kept else None,
+            ended_at=at if done else None,
+            lease_owner=lease.token if kept else None,
+            lease_driver=lease.driver if kept else None,
+            lease_began_at=at if kept else None,
+            lease_takeovers=0,
         )
-        return PassOutcome("completed" if done else "advanced")
+        if not await store.commit_pass(row.id, patch, lease.token):
+            return PassOutcome("superseded")
+        return PassOutcome(
+            "completed" if done else "advanced",
+            row=replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS}),
+        )
+    except LeaseLostError:
+        return PassOutcome("superseded")
     except Exception as error:
-        return await _record_failure(store, row, job_policy, error, clock, random)
+        return await _record_failure(store, row, job_policy, error, clock, random, lease)
+    except BaseException:
+        await hand_back(store, row, lease)
+        raise
+
+
+_PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
+
+
+def _unleased(row: RunRow) -> RunPatch:
+    """The row's state as claimed, minus the lease: due again at once, nothing charged."""
+    return RunPatch(
+        status=row.status,
+        cursor=row.cursor,
+        counters=row.counters,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        updated_at=row.updated_at,
+        next_attempt_at=None,
+        ended_at=row.ended_at,
+        lease_takeovers=row.lease_takeovers,
+    )
+
+
+async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
+    """Give a held lease back (fenced), shielded from a cancellation in progress.
+
+    Best effort: if it cannot be written, the lease simply expires and the run
+    is taken over then.
+    """
+    with contextlib.suppress(Exception):
+        await asyncio.shield(store.patch(row.id, _unleased(row), lease.token))
+
+
+async def fail_run(
+    store: JobRunStore, row: RunRow, reason: str, lease: Lease, clock: Clock
+) -> PassOutcome:
+    """End a held run as ``failed`` without a pass, for a reason the driver found."""
+    at = format_instant(clock())
+    patch = replace(
+        _unleased(row),
+        status=JobRunStatus.FAILED.value,
+        last_error=reason,
+        updated_at=at,
+        ended_at=at,
+    )
+    if not await store.patch(row.id, patch, lease.token):
+        return PassOutcome("superseded")
+    return PassOutcome("failed", reason)
 
 
 async def _record_failure(
@@ -287,6 +375,7 @@ async def _record_failure(
     error: Exception,
     clock: Clock,
     random: Callable[[], float],
+    lease: Lease,
 ) -> PassOutcome:
     attempts = row.attempts + 1
     # A step failure is judged by the step's own attempts and policy; anything
@@ -298,7 +387,7 @@ async def _record_failure(
     exhausted = against >= policy.max_attempts
     text = cap_error_text(describe_exception(error))
     at = format_instant(clock())
-    await store.patch(
+    written = await store.patch(
         row.id,
         RunPatch(
             status=JobRunStatus.FAILED.value if exhausted else JobRunStatus.RUNNING.value,
@@ -310,6 +399,10 @@ async def _record_failure(
             updated_at=at,
             next_attempt_at=None if exhausted else policy.next_attempt_at(against, at, random),
             ended_at=at if exhausted else None,
+            lease_takeovers=row.lease_takeovers,
         ),
+        lease.token,
     )
+    if not written:
+        return PassOutcome("superseded", text)
     return PassOutcome("failed" if exhausted else "retrying", text)

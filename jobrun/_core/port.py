@@ -1,4 +1,4 @@
-"""The store port: the eight operations a backend supplies, and their contract.
+"""The store port: the operations a backend supplies, and their contract.
 
 The pass engine and the driver speak only to this protocol. ``SqlJobRunStore``
 implements it for SQLite and Postgres; ``jobrun.testing.MemoryJobRunStore`` for
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from jobrun._core.records import RunFilter, RunPatch, RunRow, StepRow
+from jobrun._core.records import ClaimRequest, RunFilter, RunPatch, RunRow, StepRow
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
@@ -59,11 +59,17 @@ class JobRunStore(Protocol):
         """One run by id, whatever its status; ``None`` when absent."""
         ...
 
-    async def due(self, now_at: str, limit: int, after_id: str | None) -> list[RunRow]:
-        """Running rows whose ``next_attempt_at`` is NULL or ``<= now_at``.
+    async def claim(self, request: ClaimRequest) -> RunRow | None:
+        """Lease the run that became due first, among the requested jobs; ``None`` if none.
 
-        Only ids greater than ``after_id`` when it is given; oldest id first; at
-        most ``limit`` rows.
+        Due means ``running`` with ``COALESCE(next_attempt_at, started_at) <=
+        now_at``; order is that instant, then id. One atomic write sets
+        ``lease_owner = token``, ``lease_driver``, ``lease_began_at = now_at`` and
+        ``next_attempt_at`` to the job's expiry. If the run still carried another
+        driver's lease (it expired), ``lease_takeovers`` goes up by one and, when
+        that pass had begun, ``attempts`` too, with the takeover in
+        ``last_error``. Concurrent claimers never get the same run. Returns the
+        row as written.
         """
         ...
 
@@ -71,15 +77,21 @@ class JobRunStore(Protocol):
         """Rows equal to every given filter field, newest id first, ``limit`` at most."""
         ...
 
-    async def patch(self, run_id: str, patch: RunPatch) -> None:
-        """Write every field of ``patch`` to the run (a failed pass). The ledger stays."""
+    async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        """Write every field of ``patch`` (a failed pass); the ledger stays.
+
+        Fenced: applies only while the run is ``running`` and ``lease_owner``
+        is ``token``. Returns whether it applied.
+        """
         ...
 
-    async def commit_pass(self, run_id: str, patch: RunPatch) -> None:
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
         """Write ``patch`` AND delete the run's whole ledger, in one transaction.
 
-        If these could come apart, a step name reused by the next pass would
-        find the previous pass's memo and skip work it never did.
+        Fenced like :meth:`patch`; when the fence refuses, the ledger (which now
+        belongs to whoever holds the run) is left alone. If the write and the
+        drop could come apart, a step name reused by the next pass would find
+        the previous pass's memo and skip work it never did.
         """
         ...
 
@@ -87,10 +99,47 @@ class JobRunStore(Protocol):
         """The run's whole ledger (one pass's steps at most), by step name."""
         ...
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str) -> None:
-        """Insert or overwrite one ledger row; durable when this returns.
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        """Insert or overwrite one ledger row; durable when this returns ``True``.
 
-        Called once per finished step attempt, before the next step starts, so
-        a kill loses at most the step in flight.
+        Fenced like :meth:`patch`, atomically with the write (a concurrent claim
+        cannot slip between the check and the write). Called once per finished
+        step attempt, before the next step starts, so a kill loses at most the
+        step in flight.
+        """
+        ...
+
+    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+        """Move a held lease's expiry; ``False`` when the lease is no longer ``token``'s."""
+        ...
+
+
+class OperatorStore(JobRunStore, Protocol):
+    """What operators do by hand. Every action is conditional on the run's status."""
+
+    async def cancel(self, run_id: str, reason: str, at: str) -> bool:
+        """A ``running`` run becomes ``failed`` with ``reason``; its lease is cleared
+        (so the holder's next write is refused) and its ledger kept."""
+        ...
+
+    async def resume(self, run_id: str, at: str) -> bool:
+        """A ``failed`` run becomes ``running`` again from its committed cursor.
+
+        Attempts and takeovers reset; completed ledger rows are kept (they are
+        not repeated) and failed ones get their attempts back. Raises
+        :class:`jobrun.errors.JobConflictError` when another live run holds the
+        key. ``False`` when the run is not ``failed``.
+        """
+        ...
+
+    async def release(self, run_id: str) -> bool:
+        """Clear a held lease so the run is due at once; ``False`` if none was held."""
+        ...
+
+    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+        """Delete finished runs (and their ledgers) that ended before ``ended_before``.
+
+        Only the given statuses, never ``running``; in transactions of at most
+        ``batch_size`` runs. Returns how many runs were deleted.
         """
         ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -45,11 +46,19 @@ class RunRow:
     updated_at: str
     next_attempt_at: str | None
     ended_at: str | None
+    lease_owner: str | None = None
+    lease_driver: str | None = None
+    lease_began_at: str | None = None
+    lease_takeovers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class RunPatch:
-    """The whole mutable state of a run: every outcome writes all of it, never part."""
+    """The whole mutable state of a run: every outcome writes all of it, never part.
+
+    The lease fields are part of it: an outcome either hands the lease on to the
+    next pass of the same driver or clears it.
+    """
 
     status: str
     cursor: str | None
@@ -59,6 +68,26 @@ class RunPatch:
     updated_at: str
     next_attempt_at: str | None
     ended_at: str | None
+    lease_owner: str | None = None
+    lease_driver: str | None = None
+    lease_began_at: str | None = None
+    lease_takeovers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """What a driver asks for: the oldest due run of a job it registers.
+
+    ``expires_at`` gives, per ``(module_id, job)``, the lease expiry to write
+    (jobs may have different lease lengths); ``skip_ids`` are runs this drive
+    already had, so one call never gives a run more passes than it should.
+    """
+
+    now_at: str
+    token: str
+    driver: str
+    expires_at: Mapping[tuple[str, str], str]
+    skip_ids: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +145,9 @@ class JobRun:
     next_attempt_at: datetime | None
     ended_at: datetime | None
     decode_error: str | None = None
+    lease_driver: str | None = None
+    lease_expires_at: datetime | None = None
+    lease_takeovers: int = 0
 
 
 @dataclass(slots=True)
@@ -133,6 +165,7 @@ class JobDriveReport:
     completed: int = 0
     retrying: int = 0
     failed: int = 0
+    superseded: int = 0
     errors: list[DriveError] = field(default_factory=list)
 
 
@@ -169,6 +202,7 @@ def job_run_of(row: RunRow) -> JobRun:
     updated_at = instant("updated_at", row.updated_at)
     next_attempt_at = instant("next_attempt_at", row.next_attempt_at)
     ended_at = instant("ended_at", row.ended_at)
+    leased = row.lease_owner is not None
     if row.status not in _STATUSES:
         problems.append(f"status {row.status!r} is not one of running, done, failed")
     return JobRun(
@@ -187,6 +221,10 @@ def job_run_of(row: RunRow) -> JobRun:
         next_attempt_at=next_attempt_at,
         ended_at=ended_at,
         decode_error=problems[0] if problems else None,
+        lease_driver=row.lease_driver if leased else None,
+        # While a run is leased, next_attempt_at holds the lease's expiry.
+        lease_expires_at=next_attempt_at if leased else None,
+        lease_takeovers=row.lease_takeovers,
     )
 
 

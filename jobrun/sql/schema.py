@@ -7,9 +7,9 @@ that due-ness is a string comparison that means the same on every engine.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, text
+from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -36,8 +36,12 @@ job_runs = Table(
     Column("updated_at", Text, nullable=False),
     Column("next_attempt_at", Text, nullable=True),
     Column("ended_at", Text, nullable=True),
-    # Status leads: live runs are one seekable range however many finished runs are kept.
-    Index("_substrat_job_runs_due", "status", "next_attempt_at", "id"),
+    # The lease (revision 0002). Not indexed: renewals must stay cheap. While a
+    # run is leased, next_attempt_at holds the lease's expiry.
+    Column("lease_owner", Text, nullable=True),
+    Column("lease_driver", Text, nullable=True),
+    Column("lease_began_at", Text, nullable=True),
+    Column("lease_takeovers", Integer, nullable=False, server_default=text("0")),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,
@@ -52,6 +56,11 @@ job_runs = Table(
         postgresql_where=LIVE_ONLY,
     ),
 )
+
+# The claim's order: when each run became due, then id. Status leads so live
+# runs are one seekable range however many finished runs are kept.
+DUE_AT = func.coalesce(job_runs.c.next_attempt_at, job_runs.c.started_at)
+Index("_substrat_job_runs_due_at", job_runs.c.status, DUE_AT, job_runs.c.id)
 
 job_steps = Table(
     "_substrat_job_steps",

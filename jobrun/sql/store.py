@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Text, and_, case, delete, exists, literal, select, tuple_, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.port import (
@@ -16,14 +16,23 @@ from jobrun._core.port import (
     DEFAULT_MAX_STEP_RESULT_BYTES,
     StoreLimits,
 )
-from jobrun._core.records import JobRunStatus, RunFilter, RunPatch, RunRow, StepRow
-from jobrun.errors import SchemaOutdatedError, StoreError
+from jobrun._core.records import (
+    ClaimRequest,
+    JobRunStatus,
+    RunFilter,
+    RunPatch,
+    RunRow,
+    StepRow,
+)
+from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect
-from jobrun.sql.schema import LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
+from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
+FAILED = JobRunStatus.FAILED.value
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _START_RETRIES = 10
+_NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
 
 
 def _run_row(mapping: Any) -> RunRow:
@@ -63,13 +72,13 @@ class SqlJobRunStore:
         self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
             index_elements=list(_KEY), index_where=LIVE_ONLY
         )
-        upsert = self._dialect.insert(job_steps)
-        self._record_step = upsert.on_conflict_do_update(
+
+    def _record_step_from(self, values: Any) -> Any:
+        columns = ["run_id", "step", "result", "attempts", "last_error", "recorded_at"]
+        upsert = self._dialect.insert(job_steps).from_select(columns, values)
+        return upsert.on_conflict_do_update(
             index_elements=[job_steps.c.run_id, job_steps.c.step],
-            set_={
-                name: upsert.excluded[name]
-                for name in ("result", "attempts", "last_error", "recorded_at")
-            },
+            set_={name: upsert.excluded[name] for name in columns[2:]},
         )
 
     @property
@@ -137,17 +146,65 @@ class SqlJobRunStore:
             )
         return None if found is None else _run_row(found)
 
-    async def due(self, now_at: str, limit: int, after_id: str | None) -> list[RunRow]:
-        query = select(job_runs).where(
-            job_runs.c.status == RUNNING,
-            or_(job_runs.c.next_attempt_at.is_(None), job_runs.c.next_attempt_at <= now_at),
+    async def claim(self, request: ClaimRequest) -> RunRow | None:
+        runs = job_runs.c
+        if not request.expires_at:
+            return None
+        candidate = (
+            select(runs.id)
+            .where(
+                runs.status == RUNNING,
+                request.now_at >= DUE_AT,
+                tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
+            )
+            .order_by(DUE_AT, runs.id)
+            .limit(1)
+            # Postgres: concurrent claimers pass over each other's rows instead of
+            # queueing on them. SQLite renders nothing here: its single write
+            # statement holds the database's write lock from before its read.
+            .with_for_update(skip_locked=True)
         )
-        if after_id is not None:
-            query = query.where(job_runs.c.id > after_id)
-        query = query.order_by(job_runs.c.id).limit(limit)
-        async with self._operation("due"), self._dialect.single_statement() as connection:
-            rows = (await connection.execute(query)).mappings().all()
-        return [_run_row(row) for row in rows]
+        if request.skip_ids:
+            candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
+        expiries = set(request.expires_at.values())
+        if len(expiries) == 1:
+            expiry: Any = next(iter(expiries))
+        else:
+            expiry = case(
+                *(
+                    (and_(runs.module_id == module_id, runs.job == job), expires_at)
+                    for (module_id, job), expires_at in request.expires_at.items()
+                ),
+            )
+        # The previous lease is still on the row only when it expired: a takeover.
+        taken_over = runs.lease_owner.is_not(None)
+        began = and_(taken_over, runs.lease_began_at.is_not(None))
+        statement = (
+            update(job_runs)
+            .where(runs.id == candidate.scalar_subquery())
+            .values(
+                lease_owner=request.token,
+                lease_driver=request.driver,
+                lease_began_at=request.now_at,
+                next_attempt_at=expiry,
+                lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
+                attempts=runs.attempts + case((began, 1), else_=0),
+                last_error=case(
+                    (
+                        began,
+                        literal("the lease of driver ", Text)
+                        + runs.lease_driver
+                        + literal(" expired during a pass; the run was taken over", Text),
+                    ),
+                    else_=runs.last_error,
+                ),
+            )
+            .returning(*job_runs.c)
+        )
+        async with self._operation("claim"), self._dialect.single_statement() as connection:
+            # One statement, one round trip: choosing and leasing cannot come apart.
+            found = (await connection.execute(statement)).mappings().first()
+        return None if found is None else _run_row(found)
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         conditions = [
@@ -170,23 +227,38 @@ class SqlJobRunStore:
             rows = (await connection.execute(query)).mappings().all()
         return [_run_row(row) for row in rows]
 
-    async def patch(self, run_id: str, patch: RunPatch) -> None:
-        statement = update(job_runs).where(job_runs.c.id == run_id).values(asdict(patch))
-        async with self._operation("patch"), self._dialect.single_statement() as connection:
-            await connection.execute(statement)
+    def _fenced(self, run_id: str, token: str) -> Any:
+        return and_(
+            job_runs.c.id == run_id,
+            job_runs.c.status == RUNNING,
+            job_runs.c.lease_owner == token,
+        )
 
-    async def commit_pass(self, run_id: str, patch: RunPatch) -> None:
-        write = update(job_runs).where(job_runs.c.id == run_id).values(asdict(patch))
-        drop = delete(job_steps).where(job_steps.c.run_id == run_id)
+    async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        statement = update(job_runs).where(self._fenced(run_id, token)).values(asdict(patch))
+        async with self._operation("patch"), self._dialect.single_statement() as connection:
+            return (await connection.execute(statement)).rowcount == 1
+
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        write = update(job_runs).where(self._fenced(run_id, token)).values(asdict(patch))
         async with self._operation("commit_pass"):
             if self._dialect.is_postgres:
-                # One statement, so one round trip, and atomic by itself.
+                # One statement, so one round trip and atomic by itself; the ledger
+                # is dropped only if the fenced write applied.
+                written = write.returning(job_runs.c.id).cte("written")
+                drop = (
+                    delete(job_steps)
+                    .where(job_steps.c.run_id.in_(select(written.c.id)))
+                    .cte("dropped_ledger")
+                )
+                statement = select(written.c.id).add_cte(drop)
                 async with self._dialect.single_statement() as connection:
-                    await connection.execute(write.add_cte(drop.cte("dropped_ledger")))
-            else:
-                async with self._engine.begin() as connection:
-                    await connection.execute(write)
-                    await connection.execute(drop)
+                    return (await connection.execute(statement)).first() is not None
+            async with self._engine.begin() as connection:
+                if (await connection.execute(write)).rowcount != 1:
+                    return False
+                await connection.execute(delete(job_steps).where(job_steps.c.run_id == run_id))
+                return True
 
     async def steps(self, run_id: str) -> dict[str, StepRow]:
         query = select(
@@ -198,14 +270,115 @@ class SqlJobRunStore:
             row.step: StepRow(row.step, row.result, row.attempts, row.last_error) for row in rows
         }
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str) -> None:
-        values = {
-            "run_id": run_id,
-            "step": row.step,
-            "result": row.result,
-            "attempts": row.attempts,
-            "last_error": row.last_error,
-            "recorded_at": recorded_at,
-        }
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        held = select(literal(1)).where(self._fenced(run_id, token))
+        if self._dialect.is_postgres:
+            # Lock the run row for the statement: a claim that would take the run
+            # over waits until this write is done, so check and write cannot split.
+            held = held.with_for_update(read=True)
+        values = select(
+            literal(run_id, Text),
+            literal(row.step, Text),
+            literal(row.result, Text),
+            literal(row.attempts),
+            literal(row.last_error, Text),
+            literal(recorded_at, Text),
+        ).where(exists(held))
+        statement = self._record_step_from(values)
         async with self._operation("record_step"), self._dialect.single_statement() as connection:
-            await connection.execute(self._record_step.values(values))
+            # The one write that makes a step durable: one round trip on Postgres.
+            return (await connection.execute(statement)).rowcount == 1
+
+    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+        statement = (
+            update(job_runs).where(self._fenced(run_id, token)).values(next_attempt_at=expires_at)
+        )
+        async with self._operation("extend_lease"), self._dialect.single_statement() as connection:
+            return (await connection.execute(statement)).rowcount == 1
+
+    async def cancel(self, run_id: str, reason: str, at: str) -> bool:
+        statement = (
+            update(job_runs)
+            .where(job_runs.c.id == run_id, job_runs.c.status == RUNNING)
+            .values(
+                status=FAILED,
+                last_error=reason,
+                updated_at=at,
+                ended_at=at,
+                next_attempt_at=None,
+                **_NO_LEASE,
+            )
+        )
+        async with self._operation("cancel"), self._dialect.single_statement() as connection:
+            return (await connection.execute(statement)).rowcount == 1
+
+    async def resume(self, run_id: str, at: str) -> bool:
+        revive = (
+            update(job_runs)
+            .where(job_runs.c.id == run_id, job_runs.c.status == FAILED)
+            .values(
+                status=RUNNING,
+                attempts=0,
+                lease_takeovers=0,
+                updated_at=at,
+                ended_at=None,
+                next_attempt_at=None,
+                **_NO_LEASE,
+            )
+        )
+        # Failed steps get their attempts back; completed ones keep their memo.
+        refill = (
+            update(job_steps)
+            .where(job_steps.c.run_id == run_id, job_steps.c.result.is_(None))
+            .values(attempts=0)
+        )
+        try:
+            async with self._operation("resume"), self._engine.begin() as connection:
+                if (await connection.execute(revive)).rowcount != 1:
+                    return False
+                await connection.execute(refill)
+                return True
+        except StoreError as error:
+            if isinstance(error.__cause__, IntegrityError):
+                raise JobConflictError(
+                    f"run {run_id} cannot resume: another run of its key is live",
+                    "job_run_key_live",
+                ) from error.__cause__
+            raise
+
+    async def release(self, run_id: str) -> bool:
+        statement = (
+            update(job_runs)
+            .where(
+                job_runs.c.id == run_id,
+                job_runs.c.status == RUNNING,
+                job_runs.c.lease_owner.is_not(None),
+            )
+            .values(next_attempt_at=None, **_NO_LEASE)
+        )
+        async with self._operation("release"), self._dialect.single_statement() as connection:
+            return (await connection.execute(statement)).rowcount == 1
+
+    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+        doomed = (
+            select(job_runs.c.id)
+            .where(
+                job_runs.c.status.in_(statuses),
+                job_runs.c.status != RUNNING,
+                job_runs.c.ended_at < ended_before,
+            )
+            .order_by(job_runs.c.id)
+            .limit(batch_size)
+        )
+        deleted = 0
+        while True:
+            async with self._operation("prune"), self._engine.begin() as connection:
+                ids = list((await connection.execute(doomed)).scalars())
+                if ids:
+                    await connection.execute(delete(job_steps).where(job_steps.c.run_id.in_(ids)))
+                    await connection.execute(
+                        delete(job_runs).where(job_runs.c.id.in_(ids), job_runs.c.status != RUNNING)
+                    )
+            deleted += len(ids)
+            if len(ids) < batch_size:
+                return deleted

@@ -1,0 +1,111 @@
+"""What an operator does by hand: cancel, resume, release, prune.
+
+Each action is one conditional write, so it can race a pass in flight safely:
+the pass's own writes are fenced on its lease and on ``status = 'running'``, so
+after a cancel or a release the pass writes nothing more.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from jobrun._core.formats import Clock, format_instant, system_clock
+from jobrun._core.port import OperatorStore
+from jobrun._core.records import JobRun, JobRunStatus, job_run_of
+from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
+
+PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
+
+
+async def _record(store: OperatorStore, run_id: str) -> JobRun:
+    row = await store.get(run_id)
+    if row is None:
+        raise JobRunNotFoundError(run_id)
+    return job_run_of(row)
+
+
+async def cancel_job_run(
+    store: OperatorStore, run_id: str, reason: str, *, clock: Clock = system_clock
+) -> JobRun:
+    """Fail a running run now, with ``reason`` on the record.
+
+    A pass in flight notices at its next step (its write is refused) and stops.
+    The ledger is kept, so :func:`resume_job_run` does not repeat finished steps.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise JobValidationError(
+            "a cancellation needs a reason for the record",
+            [{"path": "reason", "message": "empty or not a str"}],
+        )
+    if not await store.cancel(run_id, f"cancelled: {reason}", format_instant(clock())):
+        record = await _record(store, run_id)
+        raise JobConflictError(
+            f"run {run_id} is {record.status}, not running; nothing to cancel",
+            "job_run_not_running",
+        )
+    return await _record(store, run_id)
+
+
+async def resume_job_run(
+    store: OperatorStore, run_id: str, *, clock: Clock = system_clock
+) -> JobRun:
+    """Put a failed run back to running, from its last committed cursor.
+
+    Its last pass's completed steps are kept (not repeated); attempts start
+    again from zero. Refused while another run of the same key is live.
+    """
+    if not await store.resume(run_id, format_instant(clock())):
+        record = await _record(store, run_id)
+        raise JobConflictError(
+            f"run {run_id} is {record.status}, not failed; only a failed run can resume",
+            "job_run_not_failed",
+        )
+    return await _record(store, run_id)
+
+
+async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
+    """Clear a run's lease by hand so any driver may take it at once.
+
+    Returns whether a lease was held. The holder, if still alive, is refused at
+    its next write and stops.
+    """
+    if await store.release(run_id):
+        return True
+    await _record(store, run_id)
+    return False
+
+
+async def prune_job_runs(
+    store: OperatorStore,
+    *,
+    older_than: timedelta | datetime,
+    statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
+    batch_size: int = 500,
+    clock: Clock = system_clock,
+) -> int:
+    """Delete finished runs that ended before a cutoff, with their ledgers.
+
+    ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
+    Running runs are never deleted. Works in batches of ``batch_size`` runs, one
+    short transaction each. Returns how many runs were deleted.
+    """
+    wanted = tuple(statuses)
+    unknown = [status for status in wanted if status not in PRUNABLE]
+    if not wanted or unknown:
+        raise JobValidationError(
+            f"statuses must be drawn from done and failed, got {list(wanted)!r}",
+            [{"path": "statuses", "message": f"not prunable: {unknown!r}"}],
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(older_than, timedelta):
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative, got {older_than}")
+        cutoff = clock() - older_than
+    elif isinstance(older_than, datetime):
+        cutoff = older_than
+    else:
+        raise TypeError(
+            f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
+        )
+    return await store.prune(format_instant(cutoff), wanted, batch_size)

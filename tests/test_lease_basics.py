@@ -1,0 +1,115 @@
+"""Lease basics on every backend: claim, fence, takeover, hand-back."""
+
+from __future__ import annotations
+
+import jobrun
+from jobrun._core.formats import format_instant
+from jobrun._core.records import ClaimRequest, StepRow
+
+
+def _claim_request(clock, token: str, lease_ms: int = 1000) -> ClaimRequest:
+    from jobrun._core.formats import add_milliseconds
+
+    now_at = format_instant(clock())
+    return ClaimRequest(now_at, token, "zombie:1", {("m", "j"): add_milliseconds(now_at, lease_ms)})
+
+
+async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out(store, clock):
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    claimed = await store.claim(_claim_request(clock, "OLD-TOKEN"))
+    assert claimed is not None and claimed.id == run.id
+    assert claimed.lease_owner == "OLD-TOKEN"
+    # While the lease holds, nobody else can claim the run.
+    assert await store.claim(_claim_request(clock, "OTHER")) is None
+    assert await store.record_step(run.id, StepRow("a", "1", 1, None), "t", "OLD-TOKEN")
+
+    ran: list[str] = []
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j", lease_ms=1000)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        ran.append(await p.step("a", lambda: 99))
+        return jobrun.PassResult(cursor="next")
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert report.attempted == 0, "a held lease is not due"
+
+    clock.advance(seconds=2)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.advanced) == (1, 1)
+    assert ran == [1], "the step the zombie committed is a memo hit for the new holder"
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.lease_takeovers == 0, "a commit resets the takeover count"
+    assert record.cursor == "next"
+    assert record.lease_driver is None
+
+    # The zombie wakes up: every write it tries is refused.
+    assert not await store.record_step(run.id, StepRow("b", "2", 1, None), "t", "OLD-TOKEN")
+    assert not await store.extend_lease(run.id, "OLD-TOKEN", "2999-01-01T00:00:00.000Z")
+    assert await store.steps(run.id) == {}
+
+
+async def test_cancel_during_a_pass_supersedes_it(store, clock):
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    bodies: list[str] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("first", lambda: bodies.append("first"))
+        await jobrun.cancel_job_run(store, p.run.id, "operator said so", clock=clock)
+        await p.step("second", lambda: bodies.append("second"))
+        await p.step("third", lambda: bodies.append("third"))
+        return jobrun.PassResult(cursor="never")
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert report.superseded == 1
+    assert (report.advanced, report.failed, report.retrying) == (0, 0, 0)
+    assert bodies == ["first", "second"], "the pass stops at the first refused write"
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.status == "failed"
+    assert record.last_error == "cancelled: operator said so"
+    assert record.cursor is None
+
+    resumed = await jobrun.resume_job_run(store, run.id, clock=clock)
+    assert resumed.status == "running"
+    bodies.clear()
+
+    @registry.job("m", "j2")
+    async def unused(p: jobrun.JobPass) -> None:
+        return None
+
+    registry2 = jobrun.JobRegistry()
+
+    @registry2.job("m", "j")
+    async def finish(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("first", lambda: bodies.append("first"))
+        return jobrun.PassResult(done=True)
+
+    report = await jobrun.run_due_jobs(store, registry2, clock=clock)
+    assert report.completed == 1
+    assert bodies == [], "the step committed before the cancel is not repeated"
+
+
+async def test_prune_and_release(store, clock):
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        return jobrun.PassResult(done=True)
+
+    done = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    live = await jobrun.start_job_run(store, module_id="m", job="j", instance="x", clock=clock)
+    claimed = await store.claim(_claim_request(clock, "T"))
+    assert claimed is not None and claimed.id == live.id
+    assert await jobrun.release_job_lease(store, live.id)
+    assert not await jobrun.release_job_lease(store, live.id)
+    clock.advance(seconds=10)
+    from datetime import timedelta
+
+    assert await jobrun.prune_job_runs(store, older_than=timedelta(seconds=5), clock=clock) == 1
+    assert await jobrun.get_job_run(store, done.id) is None
+    assert await jobrun.get_job_run(store, live.id) is not None
