@@ -7,6 +7,7 @@ its result as it completes so that it never runs again.
 
 from jobrun._core.actions import (
     cancel_job_run,
+    job_run_health,
     prune_job_runs,
     release_job_lease,
     resume_job_run,
@@ -19,6 +20,7 @@ from jobrun._core.records import (
     DriveError,
     JobDriveReport,
     JobRun,
+    JobRunHealth,
     JobRunStatus,
     RunKey,
     job_run_list_limit,
@@ -52,6 +54,7 @@ __all__ = [
     "JobRegistry",
     "JobRun",
     "JobRunError",
+    "JobRunHealth",
     "JobRunNotFoundError",
     "JobRunStatus",
     "JobRunStore",
@@ -71,6 +74,7 @@ __all__ = [
     "assert_queue_safe",
     "cancel_job_run",
     "get_job_run",
+    "job_run_health",
     "job_run_list_limit",
     "job_runs",
     "prune_job_runs",

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
+    HealthCounts,
     JobRunStatus,
     RunFilter,
     RunPatch,
@@ -223,6 +224,21 @@ class MemoryJobRunStore:
             row, next_attempt_at=None, lease_owner=None, lease_driver=None, lease_began_at=None
         )
         return True
+
+    async def health(self, now_at: str) -> HealthCounts:
+        live = [row for row in self.runs.values() if row.status == JobRunStatus.RUNNING]
+        waiting = [
+            row.next_attempt_at or row.started_at
+            for row in live
+            if row.lease_owner is None and (row.next_attempt_at or row.started_at) <= now_at
+        ]
+        return HealthCounts(
+            running=len(live),
+            due=len(waiting),
+            leased=sum(1 for row in live if row.lease_owner is not None),
+            failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
+            oldest_due_at=min(waiting, default=None),
+        )
 
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
         doomed = [

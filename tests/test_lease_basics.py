@@ -17,7 +17,8 @@ def _claim_request(clock, token: str, lease_ms: int = 1000) -> ClaimRequest:
 async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out(store, clock):
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     claimed = await store.claim(_claim_request(clock, "OLD-TOKEN"))
-    assert claimed is not None and claimed.id == run.id
+    assert claimed is not None
+    assert claimed.id == run.id
     assert claimed.lease_owner == "OLD-TOKEN"
     # While the lease holds, nobody else can claim the run.
     assert await store.claim(_claim_request(clock, "OTHER")) is None
@@ -104,7 +105,8 @@ async def test_prune_and_release(store, clock):
     await jobrun.run_due_jobs(store, registry, clock=clock)
     live = await jobrun.start_job_run(store, module_id="m", job="j", instance="x", clock=clock)
     claimed = await store.claim(_claim_request(clock, "T"))
-    assert claimed is not None and claimed.id == live.id
+    assert claimed is not None
+    assert claimed.id == live.id
     assert await jobrun.release_job_lease(store, live.id)
     assert not await jobrun.release_job_lease(store, live.id)
     clock.advance(seconds=10)
@@ -113,3 +115,26 @@ async def test_prune_and_release(store, clock):
     assert await jobrun.prune_job_runs(store, older_than=timedelta(seconds=5), clock=clock) == 1
     assert await jobrun.get_job_run(store, done.id) is None
     assert await jobrun.get_job_run(store, live.id) is not None
+
+
+async def test_health_counts(store, clock):
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j", retry=jobrun.RetryPolicy(max_attempts=1))
+    async def handler(p: jobrun.JobPass) -> None:
+        raise RuntimeError("boom")
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="fails", clock=clock)
+    clock.advance(seconds=1)
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="a", clock=clock)
+    clock.advance(seconds=3)
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="b", clock=clock)
+    claimed = await store.claim(_claim_request(clock, "T"))
+    assert claimed is not None
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.leased, health.failed) == (2, 1, 1, 1)
+    assert health.oldest_due_age_s == 0.0, "the older live run is the leased one"
+    clock.advance(seconds=2)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert health.oldest_due_age_s == 2.0

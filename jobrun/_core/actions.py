@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from jobrun._core.formats import Clock, format_instant, system_clock
+from jobrun._core.formats import Clock, format_instant, parse_instant, system_clock
 from jobrun._core.port import OperatorStore
-from jobrun._core.records import JobRun, JobRunStatus, job_run_of
+from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
@@ -73,6 +73,22 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
         return True
     await _record(store, run_id)
     return False
+
+
+async def job_run_health(store: OperatorStore, *, clock: Clock = system_clock) -> JobRunHealth:
+    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age."""
+    now = clock()
+    counts = await store.health(format_instant(now))
+    waited_s = 0.0
+    if counts.oldest_due_at is not None:
+        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
+    return JobRunHealth(
+        running=counts.running,
+        due=counts.due,
+        leased=counts.leased,
+        failed=counts.failed,
+        oldest_due_age_s=waited_s,
+    )
 
 
 async def prune_job_runs(

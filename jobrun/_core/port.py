@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from jobrun._core.records import ClaimRequest, RunFilter, RunPatch, RunRow, StepRow
+from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunPatch, RunRow, StepRow
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
@@ -116,6 +116,11 @@ class JobRunStore(Protocol):
 
 class OperatorStore(JobRunStore, Protocol):
     """What operators do by hand. Every action is conditional on the run's status."""
+
+    async def health(self, now_at: str) -> HealthCounts:
+        """Counts of running, due (not leased, due by ``now_at``), leased and failed
+        runs, and the due instant of the run that has waited longest."""
+        ...
 
     async def cancel(self, run_id: str, reason: str, at: str) -> bool:
         """A ``running`` run becomes ``failed`` with ``reason``; its lease is cleared

@@ -150,6 +150,33 @@ class JobRun:
     lease_takeovers: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class HealthCounts:
+    """Raw counts for a dashboard, as the store reads them (times as stored text)."""
+
+    running: int
+    due: int
+    leased: int
+    failed: int
+    oldest_due_at: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRunHealth:
+    """How the job runs of one database are doing, for dashboards and alerts.
+
+    ``due`` counts live runs that could start now (not leased, not backing off);
+    ``oldest_due_age_s`` is how long the longest-waiting of them has waited
+    (0 when none), the number to alert on when drivers fall behind.
+    """
+
+    running: int
+    due: int
+    leased: int
+    failed: int
+    oldest_due_age_s: float
+
+
 @dataclass(slots=True)
 class DriveError:
     run_id: str

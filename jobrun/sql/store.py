@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import Text, and_, case, delete, exists, literal, select, tuple_, update
+from sqlalchemy import Text, and_, case, delete, exists, func, literal, select, tuple_, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,6 +18,7 @@ from jobrun._core.port import (
 )
 from jobrun._core.records import (
     ClaimRequest,
+    HealthCounts,
     JobRunStatus,
     RunFilter,
     RunPatch,
@@ -358,6 +359,23 @@ class SqlJobRunStore:
         )
         async with self._operation("release"), self._dialect.single_statement() as connection:
             return (await connection.execute(statement)).rowcount == 1
+
+    async def health(self, now_at: str) -> HealthCounts:
+        runs = job_runs.c
+        live = runs.status == RUNNING
+        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        # Finished runs are kept forever; every filter here leads with status so
+        # the history is never scanned (done runs are not counted at all).
+        query = select(
+            func.count().filter(live),
+            func.count().filter(waiting),
+            func.count().filter(and_(live, runs.lease_owner.is_not(None))),
+            func.count().filter(runs.status == FAILED),
+            func.min(DUE_AT).filter(waiting),
+        ).where(runs.status.in_([RUNNING, FAILED]))
+        async with self._operation("health"), self._dialect.single_statement() as connection:
+            row = (await connection.execute(query)).one()
+        return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
         doomed = (
