@@ -9,6 +9,7 @@
 * The pass commit: one Postgres statement (a data-modifying CTE deletes the
   ledger while the UPDATE writes the run); on SQLite two statements in one
   transaction.
+* Reads: autocommit on Postgres; a plain connection on SQLite.
 * Connection set-up for SQLite: WAL, a busy timeout, ``synchronous=NORMAL``.
 """
 
@@ -58,6 +59,17 @@ class Dialect:
                 yield connection
         else:
             async with self._engine.begin() as connection:
+                yield connection
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for reads: autocommit on Postgres (one round trip);
+        on SQLite no transaction at all, which saves the commit's thread hop."""
+        if self._autocommit is not None:
+            async with self._autocommit.connect() as connection:
+                yield connection
+        else:
+            async with self._engine.connect() as connection:
                 yield connection
 
 
