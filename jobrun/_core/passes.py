@@ -19,7 +19,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
-from jobrun._core.formats import Clock, decode_counters, decode_json, encode_json, format_instant
+from jobrun._core.formats import (
+    Clock,
+    decode_counters,
+    decode_json,
+    encode_json,
+    encode_json_within,
+    format_instant,
+)
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
@@ -166,11 +173,7 @@ class JobPass:
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
-            stored = encode_json(value)
-            size = len(stored.encode("utf-8"))
-            cap = self._store.limits.max_step_result_bytes
-            if size > cap:
-                raise ValueError(f"result is {size} bytes of JSON, over the {cap}-byte cap")
+            stored = encode_json_within(value, self._store.limits.max_step_result_bytes)
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
