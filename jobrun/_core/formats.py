@@ -62,9 +62,12 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 class OverCapError(ValueError):
     """A value's JSON is larger than the cap it must fit."""
 
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"more than {max_bytes} bytes of JSON, over the {max_bytes}-byte cap")
+    def __init__(self, max_bytes: int, size: int) -> None:
+        # ``size`` is what was encoded when the cap was passed: a lower bound, since
+        # encoding stops there rather than expanding a huge value in full.
+        super().__init__(f"at least {size} bytes of JSON, over the {max_bytes}-byte cap")
         self.max_bytes = max_bytes
+        self.size = size
 
 
 def encode_json_within(value: Any, max_bytes: int) -> str:
@@ -79,7 +82,7 @@ def encode_json_within(value: Any, max_bytes: int) -> str:
         chunks.append(chunk)
         size += len(chunk.encode("utf-8"))
         if size > max_bytes:
-            raise OverCapError(max_bytes)
+            raise OverCapError(max_bytes, size)
     return "".join(chunks)
 
 
