@@ -27,6 +27,7 @@ from jobrun._core.formats import (
     encode_json_within,
     format_instant,
 )
+from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
@@ -79,7 +80,12 @@ class PassOutcome:
 
 
 def cap_error_text(text: str) -> str:
-    """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut."""
+    """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut.
+
+    A NUL (which Postgres text cannot hold) is shown escaped, so an exception
+    message can never make the failure record itself fail.
+    """
+    text = text.replace("\x00", "\\x00")
     encoded = text.encode("utf-8")
     if len(encoded) <= MAX_ERROR_TEXT_BYTES:
         return text
@@ -145,12 +151,7 @@ class JobPass:
         The result is stored as JSON before this returns and comes back decoded
         from that JSON, the same on the first run as on a replay.
         """
-        if not isinstance(name, str):
-            raise TypeError(f"step name must be a str, got {type(name).__name__}")
-        if not name:
-            raise JobValidationError(
-                "step name must not be empty", [{"path": "step", "message": "empty name"}]
-            )
+        require_name(name, "step name")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step retry must be a RetryPolicy, got {type(retry).__name__}")
         # The reuse check comes first: it also catches a name whose first call failed.
