@@ -23,7 +23,11 @@ def format_instant(moment: datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError(f"timestamps must be timezone-aware, got naive {moment!r}")
     utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    # Not strftime: its %Y does not zero-pad years before 1000 on glibc.
+    return (
+        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T"
+        f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}.{utc.microsecond // 1000:03d}Z"
+    )
 
 
 def parse_instant(text: str) -> datetime:
@@ -52,14 +56,51 @@ def encode_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class OverCapError(ValueError):
+    """A value's JSON is larger than the cap it must fit."""
+
+    def __init__(self, max_bytes: int, size: int) -> None:
+        # ``size`` is what was encoded when the cap was passed: a lower bound, since
+        # encoding stops there rather than expanding a huge value in full.
+        super().__init__(f"at least {size} bytes of JSON, over the {max_bytes}-byte cap")
+        self.max_bytes = max_bytes
+        self.size = size
+
+
+def encode_json_within(value: Any, max_bytes: int) -> str:
+    """``encode_json``, stopped as soon as the text passes ``max_bytes`` of UTF-8.
+
+    Encoding piece by piece matters: a value that shares one sub-list many times
+    is small in memory but can expand to gigabytes of text.
+    """
+    chunks: list[str] = []
+    size = 0
+    for chunk in _ENCODER.iterencode(value):
+        chunks.append(chunk)
+        size += len(chunk.encode("utf-8"))
+        if size > max_bytes:
+            raise OverCapError(max_bytes, size)
+    return "".join(chunks)
+
+
 def _refuse_constant(token: str) -> Any:
     raise ValueError(f"{token} is not portable JSON")
+
+
+def _finite_float(token: str) -> float:
+    number = float(token)
+    if not math.isfinite(number):
+        raise ValueError(f"{token} does not fit a finite float")
+    return number
 
 
 def decode_json(text: str, column: str) -> Any:
     """Decode one stored JSON column; the error names the column and says JSON."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError, TypeError) as error:
         raise MalformedColumnError(column, error) from error
 

@@ -23,8 +23,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias
 
-from jobrun._core.formats import Clock, decode_counters, decode_json, encode_json, format_instant
+from jobrun._core.formats import (
+    Clock,
+    decode_counters,
+    decode_json,
+    encode_json,
+    encode_json_within,
+    format_instant,
+)
 from jobrun._core.lease import Lease, LeaseKeeper
+from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
@@ -81,7 +89,12 @@ class PassOutcome:
 
 
 def cap_error_text(text: str) -> str:
-    """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut."""
+    """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut.
+
+    A NUL (which Postgres text cannot hold) is shown escaped, so an exception
+    message can never make the failure record itself fail.
+    """
+    text = text.replace("\x00", "\\x00")
     encoded = text.encode("utf-8")
     if len(encoded) <= MAX_ERROR_TEXT_BYTES:
         return text
@@ -151,12 +164,7 @@ class JobPass:
         The result is stored as JSON before this returns and comes back decoded
         from that JSON, the same on the first run as on a replay.
         """
-        if not isinstance(name, str):
-            raise TypeError(f"step name must be a str, got {type(name).__name__}")
-        if not name:
-            raise JobValidationError(
-                "step name must not be empty", [{"path": "step", "message": "empty name"}]
-            )
+        require_name(name, "step name")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step retry must be a RetryPolicy, got {type(retry).__name__}")
         # The reuse check comes first: it also catches a name whose first call failed.
@@ -182,11 +190,7 @@ class JobPass:
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
-            stored = encode_json(value)
-            size = len(stored.encode("utf-8"))
-            cap = self._store.limits.max_step_result_bytes
-            if size > cap:
-                raise ValueError(f"result is {size} bytes of JSON, over the {cap}-byte cap")
+            stored = encode_json_within(value, self._store.limits.max_step_result_bytes)
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.

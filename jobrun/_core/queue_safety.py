@@ -11,9 +11,9 @@ than silently reshaped.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
-from jobrun._core.formats import encode_json
+from jobrun._core.formats import OverCapError, encode_json_within
 from jobrun.errors import JobValidationError
 
 MAX_DEPTH = 256
@@ -22,9 +22,18 @@ MAX_DEPTH = 256
 _LEAF_TYPES = (type(None), bool, int, str)
 
 
+class _BadKey:
+    """Stands, in walk order, for a dict key that is not a ``str``."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+
 def _describe(value: Any) -> str:
     kind = type(value)
-    if isinstance(value, float):
+    if kind is float:
         return f"{value!r}, which JSON cannot store"
     if callable(value) and kind.__name__ in {"function", "builtin_function_or_method", "method"}:
         return "a function"
@@ -41,18 +50,24 @@ def queue_safety_problem(value: Any, root: str) -> tuple[str, str] | None:
     exhaust the Python stack; cycles are detected on the ancestor chain only (a
     sub-object shared by two siblings is fine).
     """
-    # Stack entries: (value, path, depth) to visit, or (None, id, -1) to leave a
-    # container and drop it from the ancestor chain.
+    # Stack entries: (value, path, depth) to visit, or (container, path, -1 - depth)
+    # to leave a container: drop it from the ancestor chain and remember that its
+    # whole subtree passed at that depth, so a shared sub-object is walked once per
+    # depth rather than once per path (a DAG of doubling lists would be exponential).
     stack: list[tuple[Any, str, int]] = [(value, root, 0)]
     ancestors: set[int] = set()
+    passed_at_depth: dict[int, int] = {}
     while stack:
         current, path, depth = stack.pop()
         if depth < 0:
-            ancestors.discard(int(path))
+            ancestors.discard(id(current))
+            passed_at_depth[id(current)] = max(passed_at_depth.get(id(current), -1), -1 - depth)
             continue
         kind = type(current)
         if kind in _LEAF_TYPES:
             continue
+        if kind is _BadKey:
+            return path, f"a {type(current.key).__name__} key (keys must be str)"
         if kind is float:
             if math.isfinite(current):
                 continue
@@ -61,17 +76,21 @@ def queue_safety_problem(value: Any, root: str) -> tuple[str, str] | None:
             return path, _describe(current)
         if id(current) in ancestors:
             return path, "a cycle back to a value already on this path"
+        if passed_at_depth.get(id(current), -1) >= depth:
+            continue
         if depth >= MAX_DEPTH:
             return path, f"nested more than {MAX_DEPTH} levels deep"
         ancestors.add(id(current))
-        stack.append((None, str(id(current)), -1))
+        stack.append((current, path, -1 - depth))
         children: list[tuple[Any, str, int]] = []
         if kind is list:
             children = [(item, f"{path}.{index}", depth + 1) for index, item in enumerate(current)]
         else:
             for key, item in current.items():
                 if type(key) is not str:
-                    return f"{path}.{key}", f"a {type(key).__name__} key (keys must be str)"
+                    # Reported when the walk reaches it, after earlier siblings' subtrees.
+                    children.append((_BadKey(key), f"{path}.{key}", depth + 1))
+                    break
                 children.append((item, f"{path}.{key}", depth + 1))
         stack.extend(reversed(children))
     return None
@@ -88,14 +107,17 @@ def assert_queue_safe(value: Any, root: str) -> None:
 def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
     """Check ``value``, encode it, and refuse it when the JSON is over ``max_bytes``."""
     assert_queue_safe(value, root)
-    text = encode_json(value)
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
-        _refuse(root, root, f"{size} bytes of JSON", f"is over the {max_bytes}-byte cap")
-    return text
+    try:
+        return encode_json_within(value, max_bytes)
+    except OverCapError as error:
+        # Both numbers go into the message itself, not only into ``errors``.
+        _refuse(root, root, str(error), "is too large to carry")
+    except ValueError as error:
+        # Python refuses to print ints of more than 4300 digits.
+        _refuse(root, root, "a value JSON text cannot hold", f"({error})")
 
 
-def _refuse(root: str, path: str, what: str, why: str) -> None:
+def _refuse(root: str, path: str, what: str, why: str) -> NoReturn:
     raise JobValidationError(
         f"{root} is not queue-safe: {path} is {what}; a run carries ids and configuration, "
         "not bytes, objects or functions",

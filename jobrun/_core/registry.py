@@ -6,20 +6,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from jobrun._core.lease import DEFAULT_LEASE_MS, DEFAULT_MAX_TAKEOVERS, check_lease_ms
+from jobrun._core.names import require_name
 from jobrun._core.passes import Handler
 from jobrun._core.retry import RetryPolicy
-from jobrun.errors import JobConflictError, JobValidationError
-
-
-def require_name(value: object, argument: str) -> str:
-    """A key part must be a non-empty ``str``; the error names the argument."""
-    if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
-    if not value:
-        raise JobValidationError(
-            f"{argument} must not be empty", [{"path": argument, "message": "empty string"}]
-        )
-    return value
+from jobrun.errors import JobConflictError
 
 
 @dataclass(frozen=True, slots=True)

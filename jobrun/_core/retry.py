@@ -15,8 +15,9 @@ class RetryPolicy:
     ``max_attempts`` counts every attempt including the first; reaching it fails
     the run. The wait before attempt ``n + 1`` is
     ``min(base_delay_ms * 2 ** (n - 1), max_delay_ms)`` times a jitter in
-    [0.8, 1.2); a zero wait is never jittered, so ``base_delay_ms=0`` retries in
-    the same instant (which tests rely on).
+    [0.8, 1.2] (reaching 1.2 only by float rounding); a zero wait is never
+    jittered, so ``base_delay_ms=0`` retries in the same instant (which tests
+    rely on).
     """
 
     max_attempts: int = 5

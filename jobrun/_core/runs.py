@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import (
@@ -17,7 +18,6 @@ from jobrun._core.records import (
     job_run_of,
     status_filter,
 )
-from jobrun._core.registry import require_name
 
 
 async def start_job_run(
@@ -37,8 +37,7 @@ async def start_job_run(
     """
     require_name(module_id, "module_id")
     require_name(job, "job")
-    if not isinstance(instance, str):
-        raise TypeError(f"instance must be a str, got {type(instance).__name__}")
+    require_name(instance, "instance", allow_empty=True)
     payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
     at = format_instant(clock())
     row = RunRow(

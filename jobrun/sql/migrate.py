@@ -9,8 +9,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun.sql.schema import VERSION_TABLE
 
@@ -45,17 +46,42 @@ def current_revision(connection: Connection) -> str | None:
     return context.get_current_revision()
 
 
+# Any fixed number, the same in every process: the key of jobrun's migration lock on Postgres.
+_POSTGRES_MIGRATION_LOCK = 0x6A6F6272756E  # "jobrun"
+
+
+async def _take_turns(connection: AsyncConnection) -> None:
+    """Hold a database-wide lock until the migration's transaction ends.
+
+    Several workers that call :func:`upgrade` at start-up then migrate one after
+    the other: the later ones find the head already recorded instead of failing
+    on tables that already exist. On SQLite, ``BEGIN IMMEDIATE`` also makes the
+    DDL one transaction (the driver would otherwise run it outside any).
+    """
+    if connection.dialect.name == "postgresql":
+        await connection.execute(
+            text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_MIGRATION_LOCK}
+        )
+    elif connection.dialect.name == "sqlite":
+        raw = await connection.get_raw_connection()
+        if not getattr(raw.driver_connection, "in_transaction", True):
+            await connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
     """Bring jobrun's tables on ``engine`` up to ``revision`` (default: the newest).
 
     Runs on one of the engine's own connections, in one transaction; only
-    jobrun's tables and its version table are touched.
+    jobrun's tables and its version table are touched. Safe to call from many
+    processes at once.
     """
     async with engine.begin() as connection:
+        await _take_turns(connection)
         await connection.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     """Take jobrun's tables back to ``revision`` (default: none at all)."""
     async with engine.begin() as connection:
+        await _take_turns(connection)
         await connection.run_sync(lambda sync: command.downgrade(alembic_config(sync), revision))

@@ -1,0 +1,36 @@
+# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
+# Both build .venv first, and rebuild it only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test clean
+
+venv: $(STAMP)
+
+# The stamp records "installed from this pyproject.toml"; an existing .venv is
+# reused as is (never recreated over another interpreter).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) \
+		and "jobrun needs Python 3.11 or newer: make PYTHON=python3.11 ...")' \
+		&& $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: venv
+	$(BIN)/python examples/walk_demo.py
+
+# Postgres tests run when JOBRUN_TEST_POSTGRES_URL is set and skip otherwise.
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		.import_linter_cache .hypothesis
+	rm -f demo.db demo.db-wal demo.db-shm

@@ -1,0 +1,684 @@
+"""The driver, ``run_due_jobs``: which runs it picks, how many passes it gives, what it reports.
+
+Every test here runs on the memory store, SQLite and Postgres (the ``store`` fixture).
+Rows that the public API cannot produce (hundreds of unregistered runs, malformed
+JSON) are written by hand: through the engine on SQL backends, into ``store.runs``
+on the memory store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import jobrun
+from jobrun._core.records import RunRow
+from jobrun.sql.schema import job_runs as runs_table
+from jobrun.testing import FakeClock
+
+NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
+
+
+def fixed_random() -> float:
+    """Jitter factor exactly 1.0 (0.8 + 0.5 * 0.4), so backoff is predictable."""
+    return 0.5
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def hand_made_row(index: int, *, module_id: str = "elsewhere", job: str = "theirs") -> RunRow:
+    """A due, running row whose id sorts before every minted ULID, in ``index`` order."""
+    at = "2025-12-31T00:00:00.000Z"
+    return RunRow(
+        id=f"{index:026d}",
+        module_id=module_id,
+        job=job,
+        instance=f"i{index}",
+        payload="null",
+        status="running",
+        cursor=None,
+        counters="{}",
+        attempts=0,
+        last_error=None,
+        started_at=at,
+        updated_at=at,
+        next_attempt_at=None,
+        ended_at=None,
+    )
+
+
+async def put_rows(store: Any, engine: AsyncEngine | None, rows: list[RunRow]) -> None:
+    if engine is None:
+        for row in rows:
+            store.runs[row.id] = row
+        return
+    async with engine.begin() as connection:
+        await connection.execute(insert(runs_table), [dataclasses.asdict(row) for row in rows])
+
+
+async def set_columns(store: Any, engine: AsyncEngine | None, run_id: str, **values: Any) -> None:
+    """Overwrite columns of one row behind jobrun's back."""
+    if engine is None:
+        store.runs[run_id] = dataclasses.replace(store.runs[run_id], **values)
+        return
+    async with engine.begin() as connection:
+        await connection.execute(
+            update(runs_table).where(runs_table.c.id == run_id).values(**values)
+        )
+
+
+class SpyStore:
+    """Wraps a store, recording due() reads and every write, with a hook after commits."""
+
+    WRITES = ("start_or_join", "patch", "commit_pass", "record_step")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.due_pages: list[int] = []
+        self.writes: list[str] = []
+        self.after_commit: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def scanned(self) -> int:
+        return sum(self.due_pages)
+
+    async def due(self, now_at: str, limit: int, after_id: str | None) -> list[RunRow]:
+        rows = await self.inner.due(now_at, limit, after_id)
+        self.due_pages.append(len(rows))
+        return rows
+
+    async def start_or_join(self, row: RunRow) -> Any:
+        self.writes.append("start_or_join")
+        return await self.inner.start_or_join(row)
+
+    async def patch(self, run_id: str, patch: Any) -> None:
+        self.writes.append("patch")
+        await self.inner.patch(run_id, patch)
+
+    async def commit_pass(self, run_id: str, patch: Any) -> None:
+        self.writes.append("commit_pass")
+        await self.inner.commit_pass(run_id, patch)
+        if self.after_commit is not None:
+            await self.after_commit(run_id)
+
+    async def record_step(self, run_id: str, row: Any, recorded_at: str) -> None:
+        self.writes.append("record_step")
+        await self.inner.record_step(run_id, row, recorded_at)
+
+
+def finishing_registry(module_id: str = "mine", job: str = "walk") -> tuple[Any, list[str]]:
+    """A registry whose one job completes in a single pass, logging the run ids it sees."""
+    registry = jobrun.JobRegistry()
+    seen: list[str] = []
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        seen.append(p.run.id)
+        return jobrun.PassResult(cursor="end", done=True)
+
+    registry.register(module_id, job, handler)
+    return registry, seen
+
+
+async def start(store: Any, clock: FakeClock, instance: str = "default", **kw: Any) -> Any:
+    kw.setdefault("module_id", "mine")
+    kw.setdefault("job", "walk")
+    return await jobrun.start_job_run(store, instance=instance, clock=clock, **kw)
+
+
+# --- limit counts runnable runs ---------------------------------------------------------
+
+
+async def test_limit_counts_runnable_runs_and_leaves_unregistered_rows_untouched(
+    store, engine, clock
+):
+    registry, seen = finishing_registry()
+    # Oldest first: unregistered, registered, unregistered, unregistered, registered, registered.
+    await put_rows(store, engine, [hand_made_row(1)])
+    first = await start(store, clock, "a")
+    # Rows inserted after a start need ids that sort after it: reuse the minted order.
+    second_foreign = await start(store, clock, "x", module_id="elsewhere", job="theirs")
+    third_foreign = await start(store, clock, "y", module_id="elsewhere", job="theirs")
+    second = await start(store, clock, "b")
+    third = await start(store, clock, "c")
+    foreign_ids = [hand_made_row(1).id, second_foreign.id, third_foreign.id]
+    foreign_before = [await store.get(run_id) for run_id in foreign_ids]
+
+    report = await jobrun.run_due_jobs(store, registry, limit=2, clock=clock)
+
+    assert report.attempted == 2
+    assert report.completed == 2
+    assert report.errors == []
+    assert seen == [first.id, second.id]
+    assert [await store.get(run_id) for run_id in foreign_ids] == foreign_before
+    left = await jobrun.get_job_run(store, third.id)
+    assert left is not None
+    assert (left.status, left.cursor, left.attempts) == ("running", None, 0)
+
+    # The leftover is still due on the next call; the foreign rows still are not counted.
+    report = await jobrun.run_due_jobs(store, registry, limit=2, clock=clock)
+    assert (report.attempted, report.completed) == (1, 1)
+    assert seen[-1] == third.id
+    assert [await store.get(run_id) for run_id in foreign_ids] == foreign_before
+
+
+async def test_unregistered_runs_alone_make_an_empty_report(store, engine, clock):
+    registry, seen = finishing_registry()
+    await put_rows(store, engine, [hand_made_row(i) for i in range(3)])
+    before = [await store.get(hand_made_row(i).id) for i in range(3)]
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+
+    assert report == jobrun.JobDriveReport()
+    assert seen == []
+    assert [await store.get(hand_made_row(i).id) for i in range(3)] == before
+
+
+# --- the scan cap ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("unregistered", "reached"),
+    [(499, True), (500, False), (600, False)],
+    ids=["499-before-reached", "500-before-not-reached", "600-before-not-reached"],
+)
+async def test_scan_cap_with_limit_one(store, engine, clock, unregistered, reached):
+    """Pages are ``limit`` rows; paging stops once 500 rows have been scanned."""
+    registry, seen = finishing_registry()
+    await put_rows(store, engine, [hand_made_row(i) for i in range(unregistered)])
+    run = await start(store, clock)
+    spy = SpyStore(store)
+
+    report = await jobrun.run_due_jobs(spy, registry, limit=1, clock=clock)
+
+    assert report.attempted == (1 if reached else 0)
+    assert seen == ([run.id] if reached else [])
+    assert set(spy.due_pages) == {1}
+    assert spy.scanned == 500
+    assert spy.writes == (["commit_pass"] if reached else [])
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.status == ("done" if reached else "running")
+
+
+async def test_scan_cap_is_checked_before_each_page_so_the_last_page_overshoots(
+    store, engine, clock
+):
+    """With limit 7, 72 pages make 504 rows; the 72nd page is read whole, the 73rd never."""
+    registry, seen = finishing_registry()
+    await put_rows(store, engine, [hand_made_row(i) for i in range(503)])
+    on_last_page = await start(store, clock, "row-504")
+    past_the_cap = await start(store, clock, "row-505")
+    spy = SpyStore(store)
+
+    report = await jobrun.run_due_jobs(spy, registry, limit=7, clock=clock)
+
+    assert spy.due_pages == [7] * 72
+    assert spy.scanned == 504
+    assert report.attempted == 1
+    assert seen == [on_last_page.id]
+    later = await jobrun.get_job_run(store, past_the_cap.id)
+    assert later is not None
+    assert (later.status, later.attempts) == ("running", 0)
+
+
+async def test_short_page_ends_the_scan(store, engine, clock):
+    registry, seen = finishing_registry()
+    await put_rows(store, engine, [hand_made_row(i) for i in range(4)])
+    run = await start(store, clock)
+    spy = SpyStore(store)
+
+    report = await jobrun.run_due_jobs(spy, registry, limit=3, clock=clock)
+
+    assert report.attempted == 1
+    assert seen == [run.id]
+    assert spy.due_pages == [3, 2]
+
+
+# --- order and due-ness --------------------------------------------------------------------
+
+
+async def test_oldest_run_first(store, clock):
+    registry, seen = finishing_registry()
+    runs = [await start(store, clock, name) for name in ("one", "two", "three")]
+    assert sorted(run.id for run in runs) == [run.id for run in runs]
+
+    report = await jobrun.run_due_jobs(store, registry, limit=2, clock=clock)
+
+    assert report.attempted == 2
+    assert seen == [runs[0].id, runs[1].id]
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert seen == [run.id for run in runs]
+
+
+async def test_run_in_backoff_is_due_exactly_when_the_clock_reaches_it(store, clock):
+    registry = jobrun.JobRegistry()
+    calls: list[int] = []
+
+    def flaky(p: jobrun.JobPass) -> jobrun.PassResult:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("not yet")
+        return jobrun.PassResult(done=True)
+
+    registry.register("mine", "walk", flaky, retry=jobrun.RetryPolicy(base_delay_ms=1000))
+    run = await start(store, clock)
+
+    first = await jobrun.run_due_jobs(store, registry, clock=clock, random=fixed_random)
+    assert (first.attempted, first.retrying) == (1, 1)
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.next_attempt_at == clock() + timedelta(milliseconds=1000)
+
+    assert await jobrun.run_due_jobs(store, registry, clock=clock) == jobrun.JobDriveReport()
+    clock.advance(milliseconds=999)
+    assert await jobrun.run_due_jobs(store, registry, clock=clock) == jobrun.JobDriveReport()
+    assert len(calls) == 1
+
+    clock.advance(milliseconds=1)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.completed) == (1, 1)
+    assert len(calls) == 2
+
+
+# --- passes per run ------------------------------------------------------------------------
+
+
+def counting_registry(finish_at: int) -> tuple[Any, list[Any]]:
+    """Each pass sees the cursor, hands cursor + 1 forward, and is done at ``finish_at``."""
+    registry = jobrun.JobRegistry()
+    cursors: list[Any] = []
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        cursors.append(p.cursor)
+        following = (p.cursor or 0) + 1
+        return jobrun.PassResult(cursor=following, done=following >= finish_at)
+
+    registry.register("mine", "walk", handler)
+    return registry, cursors
+
+
+async def test_max_passes_gives_several_passes_in_one_call(store, clock):
+    registry, cursors = counting_registry(finish_at=10)
+    run = await start(store, clock)
+
+    report = await jobrun.run_due_jobs(store, registry, max_passes=3, clock=clock)
+
+    assert (report.attempted, report.advanced, report.completed) == (1, 3, 0)
+    assert cursors == [None, 1, 2]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert (record.status, record.cursor) == ("running", 3)
+
+
+async def test_max_passes_stops_when_the_run_is_done(store, clock):
+    registry, cursors = counting_registry(finish_at=2)
+    run = await start(store, clock)
+
+    report = await jobrun.run_due_jobs(store, registry, max_passes=5, clock=clock)
+
+    assert (report.attempted, report.advanced, report.completed) == (1, 1, 1)
+    assert cursors == [None, 1]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert (record.status, record.cursor) == ("done", 2)
+
+
+async def test_max_passes_stops_at_a_failed_pass(store, clock):
+    registry = jobrun.JobRegistry()
+    calls: list[Any] = []
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        calls.append(p.cursor)
+        if p.cursor == 1:
+            raise RuntimeError("page 2 broke")
+        return jobrun.PassResult(cursor=1)
+
+    registry.register("mine", "walk", handler, retry=NO_WAIT)
+    await start(store, clock)
+
+    report = await jobrun.run_due_jobs(store, registry, max_passes=5, clock=clock)
+
+    assert (report.attempted, report.advanced, report.retrying) == (1, 1, 1)
+    assert calls == [None, 1]
+
+
+@pytest.mark.parametrize("max_passes", [0, -5])
+async def test_max_passes_below_one_behaves_as_one(store, clock, max_passes):
+    registry, cursors = counting_registry(finish_at=10)
+    await start(store, clock)
+
+    report = await jobrun.run_due_jobs(store, registry, max_passes=max_passes, clock=clock)
+
+    assert (report.attempted, report.advanced) == (1, 1)
+    assert cursors == [None]
+
+
+async def test_kept_cursor_between_passes_is_the_one_the_store_holds(store, clock):
+    registry = jobrun.JobRegistry()
+    cursors: list[Any] = []
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult | None:
+        cursors.append(p.cursor)
+        if len(cursors) == 1:
+            return jobrun.PassResult(cursor={"page": 2})
+        return None  # change nothing: keep the committed cursor
+
+    registry.register("mine", "walk", handler)
+    run = await start(store, clock)
+
+    report = await jobrun.run_due_jobs(store, registry, max_passes=3, clock=clock)
+
+    assert report.advanced == 3
+    assert cursors == [None, {"page": 2}, {"page": 2}]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.cursor == {"page": 2}
+
+
+async def test_next_pass_rereads_the_row_rather_than_trusting_memory(store, engine, clock):
+    registry, cursors = counting_registry(finish_at=100)
+    run = await start(store, clock)
+    spy = SpyStore(store)
+
+    async def operator_moves_cursor(run_id: str) -> None:
+        await set_columns(store, engine, run_id, cursor="40", counters='{"moved":1}')
+
+    spy.after_commit = operator_moves_cursor
+    report = await jobrun.run_due_jobs(spy, registry, max_passes=2, clock=clock)
+
+    assert report.advanced == 2
+    assert cursors == [None, 40]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.counters == {"moved": 1}
+
+
+async def test_passes_stop_when_the_run_stopped_running_between_them(store, engine, clock):
+    registry, cursors = counting_registry(finish_at=100)
+    run = await start(store, clock)
+    spy = SpyStore(store)
+
+    async def operator_fails_it(run_id: str) -> None:
+        await set_columns(store, engine, run_id, status="failed")
+
+    spy.after_commit = operator_fails_it
+    report = await jobrun.run_due_jobs(spy, registry, max_passes=5, clock=clock)
+
+    assert (report.attempted, report.advanced, report.failed) == (1, 1, 0)
+    assert cursors == [None]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.status == "failed"
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+async def test_report_counts_every_outcome_and_names_failing_runs(store, clock):
+    registry = jobrun.JobRegistry()
+
+    def advance(p: jobrun.JobPass) -> jobrun.PassResult:
+        return jobrun.PassResult(cursor=1)
+
+    def complete(p: jobrun.JobPass) -> jobrun.PassResult:
+        return jobrun.PassResult(done=True)
+
+    def retry(p: jobrun.JobPass) -> None:
+        raise ConnectionError("upstream down")
+
+    def fail(p: jobrun.JobPass) -> None:
+        raise KeyError("customer")
+
+    registry.register("m", "advance", advance)
+    registry.register("m", "complete", complete)
+    registry.register("m", "retry", retry, retry=NO_WAIT)
+    registry.register("m", "fail", fail, retry=jobrun.RetryPolicy(max_attempts=1))
+    runs = {
+        name: await jobrun.start_job_run(store, module_id="m", job=name, clock=clock)
+        for name in ("advance", "retry", "complete", "fail")
+    }
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+
+    assert (report.attempted, report.advanced, report.completed) == (4, 1, 1)
+    assert (report.retrying, report.failed) == (1, 1)
+    assert [(error.run_id, error.error) for error in report.errors] == [
+        (runs["retry"].id, "ConnectionError: upstream down"),
+        (runs["fail"].id, "KeyError: 'customer'"),
+    ]
+    retried = await jobrun.get_job_run(store, runs["retry"].id)
+    failed = await jobrun.get_job_run(store, runs["fail"].id)
+    assert retried is not None
+    assert failed is not None
+    assert (retried.status, retried.attempts, retried.last_error) == (
+        "running",
+        1,
+        "ConnectionError: upstream down",
+    )
+    assert (failed.status, failed.attempts, failed.last_error) == (
+        "failed",
+        1,
+        "KeyError: 'customer'",
+    )
+    assert failed.ended_at == clock()
+
+
+async def test_one_failing_run_does_not_stop_the_others(store, clock):
+    registry = jobrun.JobRegistry()
+    seen: list[str] = []
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        seen.append(p.run.instance)
+        if p.run.instance == "bad":
+            raise ValueError("broken input")
+        return jobrun.PassResult(done=True)
+
+    registry.register("mine", "walk", handler, retry=NO_WAIT)
+    for name in ("first", "bad", "last"):
+        await start(store, clock, name)
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+
+    assert seen == ["first", "bad", "last"]
+    assert (report.attempted, report.completed, report.retrying) == (3, 2, 1)
+    statuses = {run.instance: run.status for run in await jobrun.job_runs(store)}
+    assert statuses == {"first": "done", "bad": "running", "last": "done"}
+
+
+# --- argument checks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit", [0, -1, 1.5, 2.0, True, False, "5", None], ids=lambda value: repr(value)
+)
+async def test_limit_must_be_a_positive_int(store, clock, limit):
+    registry, seen = finishing_registry()
+    await start(store, clock)
+
+    with pytest.raises((TypeError, jobrun.JobValidationError), match="limit"):
+        await jobrun.run_due_jobs(store, registry, limit=limit, clock=clock)
+
+    assert seen == []
+    [run] = await jobrun.job_runs(store)
+    assert (run.status, run.attempts, run.cursor) == ("running", 0, None)
+
+
+@pytest.mark.parametrize("max_passes", [True, 2.0, "2", None], ids=lambda value: repr(value))
+async def test_max_passes_must_be_an_int(store, clock, max_passes):
+    registry, seen = finishing_registry()
+    await start(store, clock)
+
+    with pytest.raises(TypeError, match="max_passes"):
+        await jobrun.run_due_jobs(store, registry, max_passes=max_passes, clock=clock)
+
+    assert seen == []
+
+
+async def test_limit_zero_is_a_validation_error_with_its_code(store):
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.run_due_jobs(store, jobrun.JobRegistry(), limit=0)
+    assert caught.value.code == "validation_failed"
+    assert "limit" in str(caught.value)
+
+
+# --- nothing due -------------------------------------------------------------------------
+
+
+async def test_a_drive_with_nothing_due_writes_nothing(store, engine, clock):
+    registry = jobrun.JobRegistry()
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        if p.run.instance == "waiting":
+            raise RuntimeError("later")
+        return jobrun.PassResult(done=True)
+
+    registry.register("mine", "walk", handler, retry=jobrun.RetryPolicy(base_delay_ms=60_000))
+    await start(store, clock, "finished")
+    await start(store, clock, "waiting")
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    await put_rows(store, engine, [hand_made_row(1)])  # a due run of a job not registered here
+    before = await jobrun.job_runs(store)
+    assert {run.status for run in before} == {"done", "running"}
+
+    spy = SpyStore(store)
+    report = await jobrun.run_due_jobs(spy, registry, max_passes=3, clock=clock)
+
+    assert report == jobrun.JobDriveReport()
+    assert spy.writes == []
+    assert await jobrun.job_runs(store) == before
+
+
+async def test_an_empty_store_makes_an_empty_report(store, clock):
+    registry, _ = finishing_registry()
+    spy = SpyStore(store)
+    assert await jobrun.run_due_jobs(spy, registry, clock=clock) == jobrun.JobDriveReport()
+    assert spy.writes == []
+    assert spy.due_pages == [0]
+
+
+# --- malformed rows ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("column", "text"),
+    [
+        ("payload", "not json at all"),
+        ("cursor", "{unclosed"),
+        ("counters", "nope"),
+        ("counters", "[1, 2]"),
+        ("counters", '{"seen": NaN}'),
+        ("counters", '{"seen": "many"}'),
+        ("payload", '{"x": Infinity}'),
+    ],
+    ids=[
+        "payload-garbage",
+        "cursor-garbage",
+        "counters-garbage",
+        "counters-not-object",
+        "counters-nan",
+        "counters-not-number",
+        "payload-infinity",
+    ],
+)
+async def test_a_malformed_row_fails_its_pass_and_the_drive_carries_on(
+    store, engine, clock, column, text
+):
+    registry = jobrun.JobRegistry()
+    seen: list[str] = []
+
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        seen.append(p.run.instance)
+        return jobrun.PassResult(done=True)
+
+    registry.register("mine", "walk", handler, retry=NO_WAIT)
+    bad = await start(store, clock, "bad")
+    good = await start(store, clock, "good")
+    await set_columns(store, engine, bad.id, **{column: text})
+    before = await store.get(bad.id)
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+
+    assert seen == ["good"]
+    assert (report.attempted, report.completed, report.retrying) == (2, 1, 1)
+    [error] = report.errors
+    assert error.run_id == bad.id
+    assert "JSON" in error.error
+    assert column in error.error
+    after = await store.get(bad.id)
+    assert after is not None
+    assert after.status == "running"
+    assert after.attempts == 1
+    assert after.last_error == error.error
+    # A failed pass writes the stored cursor and counters back as they were.
+    assert (after.payload, after.cursor, after.counters) == (
+        before.payload,
+        before.cursor,
+        before.counters,
+    )
+    done = await jobrun.get_job_run(store, good.id)
+    assert done is not None
+    assert done.status == "done"
+
+
+async def test_a_malformed_row_fails_for_good_once_attempts_are_spent(store, engine, clock):
+    registry = jobrun.JobRegistry()
+    registry.register("mine", "walk", lambda p: None, retry=jobrun.RetryPolicy(max_attempts=2))
+    run = await start(store, clock)
+    await set_columns(store, engine, run.id, cursor="nope")
+
+    for _ in range(3):
+        await jobrun.run_due_jobs(store, registry, clock=clock, random=fixed_random)
+        clock.advance(seconds=5)
+
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert (record.status, record.attempts) == ("failed", 2)
+    assert record.last_error is not None
+    assert "JSON" in record.last_error
+    assert "cursor" in record.last_error
+    assert record.decode_error is not None
+    assert "cursor" in record.decode_error
+
+
+async def test_a_row_with_an_unknown_status_is_never_driven(store, engine, clock):
+    registry, seen = finishing_registry()
+    odd = await start(store, clock, "odd")
+    await set_columns(store, engine, odd.id, status="paused")
+    normal = await start(store, clock, "normal")
+    before = await store.get(odd.id)
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+
+    assert report.attempted == 1
+    assert seen == [normal.id]
+    assert await store.get(odd.id) == before
+
+
+async def test_timestamps_in_another_iso_form_do_not_stop_a_pass(store, engine, clock):
+    registry, seen = finishing_registry()
+    run = await start(store, clock)
+    await set_columns(
+        store,
+        engine,
+        run.id,
+        started_at="2025-12-31T23:00:00+00:00",
+        updated_at="2025-12-31 23:00:00",
+    )
+
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+
+    assert (report.attempted, report.completed) == (1, 1)
+    assert seen == [run.id]
+    row = await store.get(run.id)
+    assert row is not None
+    assert row.updated_at == "2026-01-01T00:00:00.000Z"
+    assert row.ended_at == "2026-01-01T00:00:00.000Z"

@@ -1,0 +1,614 @@
+"""Contract tests for steps: the per-pass ledger, memo replay, step retries.
+
+Every test runs on the memory store, SQLite and Postgres (the ``store`` fixture).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import jobrun
+from jobrun._core.records import RunRow, StepRow
+from jobrun.testing import FakeClock, MemoryJobRunStore
+
+MODULE = "crm"
+JOB = "walk"
+NOW_TEXT = "2026-01-01T00:00:00.000Z"
+IMMEDIATE = jobrun.RetryPolicy(base_delay_ms=0)
+
+
+# --- helpers ---------------------------------------------------------------
+
+
+def registry_for(handler: Any, retry: jobrun.RetryPolicy | None = None) -> jobrun.JobRegistry:
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=retry)
+    return registry
+
+
+async def start(store: Any, clock: FakeClock) -> str:
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    return run.id
+
+
+async def drive(
+    store: Any, registry: jobrun.JobRegistry, clock: FakeClock, **options: Any
+) -> jobrun.JobDriveReport:
+    options.setdefault("random", lambda: 0.5)
+    return await jobrun.run_due_jobs(store, registry, clock=clock, **options)
+
+
+async def row_of(store: Any, run_id: str) -> RunRow:
+    row = await store.get(run_id)
+    assert row is not None
+    return row
+
+
+def iso(moment: datetime) -> str:
+    """Stored timestamp text, written out independently of jobrun's formatter."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def counting(calls: dict[str, int], name: str, value: Any = None) -> Callable[[], Any]:
+    """A step body that counts its calls and returns ``value``."""
+
+    def body() -> Any:
+        calls[name] = calls.get(name, 0) + 1
+        return value
+
+    return body
+
+
+def failing(calls: dict[str, int], name: str, message: str = "boom") -> Callable[[], Any]:
+    def body() -> Any:
+        calls[name] = calls.get(name, 0) + 1
+        raise RuntimeError(message)
+
+    return body
+
+
+def sized_store(store: Any, engine: AsyncEngine | None, **limits: int) -> Any:
+    """A store of the same backend with other size caps."""
+    if engine is None:
+        return MemoryJobRunStore(jobrun.StoreLimits(**limits))
+    return jobrun.SqlJobRunStore(engine, **limits)
+
+
+@contextmanager
+def ledger_statements(engine: AsyncEngine | None) -> Iterator[list[str]]:
+    """SQL statements that touch the step ledger while the block runs ([] for memory)."""
+    seen: list[str] = []
+    if engine is None:
+        yield seen
+        return
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "_substrat_job_steps" in statement:
+            seen.append(statement.lstrip().split(None, 1)[0].upper())
+
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+
+
+class CountingStore:
+    """Wraps a store and counts the ledger calls the pass makes."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.ledger_reads = 0
+        self.ledger_writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def steps(self, run_id: str) -> dict[str, StepRow]:
+        self.ledger_reads += 1
+        return await self._inner.steps(run_id)
+
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str) -> None:
+        self.ledger_writes += 1
+        await self._inner.record_step(run_id, row, recorded_at)
+
+
+# --- durability and replay ---------------------------------------------------
+
+
+async def test_completed_steps_survive_a_later_failure_and_replay_without_calling_fn(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: dict[str, int] = {}
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        a = await p.step("a", counting(calls, "a", 1))
+        b = await p.step("b", counting(calls, "b", "two"))
+        c = await p.step("c", failing(calls, "c") if "c" not in calls else counting(calls, "c", 3))
+        return jobrun.PassResult(cursor=[a, b, c])
+
+    registry = registry_for(handler, IMMEDIATE)
+    run_id = await start(store, clock)
+
+    first = await drive(store, registry, clock)
+    assert first.retrying == 1
+    ledger = await store.steps(run_id)
+    assert ledger["a"] == StepRow("a", "1", 1, None)
+    assert ledger["b"] == StepRow("b", '"two"', 1, None)
+    assert ledger["c"].result is None
+    assert ledger["c"].attempts == 1
+    assert ledger["c"].last_error == "RuntimeError: boom"
+
+    second = await drive(store, registry, clock)
+    assert second.advanced == 1
+    assert calls == {"a": 1, "b": 1, "c": 2}
+    assert (await row_of(store, run_id)).cursor == '[1,"two",3]'
+    assert await store.steps(run_id) == {}
+
+
+async def test_memo_hits_cost_one_ledger_read_and_a_fresh_step_one_write(
+    store: Any, engine: AsyncEngine | None, clock: FakeClock
+) -> None:
+    names = ["s1", "s2", "s3", "s4"]
+    calls: dict[str, int] = {}
+    counted = CountingStore(store)
+    snapshots: list[tuple[int, int, list[str]]] = []
+
+    async def handler(p: jobrun.JobPass) -> None:
+        calls["pass"] = calls.get("pass", 0) + 1
+        for name in names:
+            assert await p.step(name, counting(calls, name, name.upper())) == name.upper()
+        if calls["pass"] == 1:
+            raise RuntimeError("first pass stops here")
+        snapshots.append((counted.ledger_reads, counted.ledger_writes, list(statements)))
+        await p.step("fresh", counting(calls, "fresh", 0))
+        snapshots.append((counted.ledger_reads, counted.ledger_writes, list(statements)))
+
+    registry = registry_for(handler, IMMEDIATE)
+    run_id = await start(store, clock)
+    with ledger_statements(engine) as statements:
+        await drive(counted, registry, clock)
+    assert counted.ledger_writes == len(names)
+    assert len(await store.steps(run_id)) == len(names)
+
+    counted.ledger_reads = counted.ledger_writes = 0
+    with ledger_statements(engine) as statements:
+        report = await drive(counted, registry, clock)
+    assert report.advanced == 1
+    assert calls == {"pass": 2, **dict.fromkeys(names, 1), "fresh": 1}
+    (reads, writes, sql), (reads_after, writes_after, sql_after) = snapshots
+    # Replaying four completed steps: one ledger read, no write.
+    assert (reads, writes) == (1, 0)
+    # A fresh step: exactly one more write, no further read.
+    assert (reads_after, writes_after) == (1, 1)
+    if engine is not None:
+        assert sql == ["SELECT"]
+        assert sql_after == ["SELECT", "INSERT"]
+
+
+async def test_step_values_come_back_through_json_on_the_first_run_too(
+    store: Any, clock: FakeClock
+) -> None:
+    seen: list[list[Any]] = []
+
+    async def handler(p: jobrun.JobPass) -> None:
+        values = [
+            await p.step("tuple", lambda: (1, 2)),
+            await p.step("nested", lambda: {"k": (3, (4,))}),
+            await p.step("int-keys", lambda: {1: "a"}),
+            await p.step("nothing", lambda: None),
+            await p.step("async", _async_value),
+        ]
+        seen.append(values)
+        if len(seen) == 1:
+            raise RuntimeError("replay next")
+
+    registry = registry_for(handler, IMMEDIATE)
+    run_id = await start(store, clock)
+    await drive(store, registry, clock)
+    expected = [[1, 2], {"k": [3, [4]]}, {"1": "a"}, None, {"from": "coroutine"}]
+    assert seen[0] == expected
+    ledger = await store.steps(run_id)
+    assert ledger["tuple"].result == "[1,2]"
+    assert ledger["nothing"].result == "null"
+
+    await drive(store, registry, clock)
+    assert seen[1] == expected
+
+
+async def _async_value() -> dict[str, str]:
+    return {"from": "coroutine"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [datetime(2026, 1, 1, tzinfo=UTC), {1, 2}, math.nan],
+    ids=["datetime", "set", "nan"],
+)
+async def test_a_value_json_cannot_store_fails_that_steps_attempt(
+    store: Any, clock: FakeClock, value: Any
+) -> None:
+    async def handler(p: jobrun.JobPass) -> None:
+        await p.step("keep", lambda: "fine")
+        # One attempt allowed for this step: a step failure fails the run at once,
+        # while the job's own policy (5 attempts) would only retry it.
+        await p.step("when", lambda: value, retry=jobrun.RetryPolicy(max_attempts=1))
+
+    registry = registry_for(handler)
+    run_id = await start(store, clock)
+    report = await drive(store, registry, clock)
+
+    assert report.failed == 1
+    row = await row_of(store, run_id)
+    assert row.status == "failed"
+    assert row.last_error is not None
+    assert row.last_error.startswith("step 'when' failed: ")
+    assert report.errors[0].error == row.last_error
+    ledger = await store.steps(run_id)
+    assert ledger["when"].result is None
+    assert ledger["when"].attempts == 1
+    assert ledger["when"].last_error
+    assert ledger["keep"].result == '"fine"'
+
+
+async def test_a_step_result_over_the_stores_cap_fails_that_step(
+    store: Any, engine: AsyncEngine | None, clock: FakeClock
+) -> None:
+    capped = sized_store(store, engine, max_step_result_bytes=32)
+    exactly_at_cap = "x" * 30  # 32 bytes of JSON with its quotes
+
+    async def handler(p: jobrun.JobPass) -> None:
+        assert await p.step("fits", lambda: exactly_at_cap) == exactly_at_cap
+        await p.step("big", lambda: "y" * 100)
+
+    registry = registry_for(handler)
+    run_id = await start(capped, clock)
+    report = await drive(capped, registry, clock)
+
+    assert report.retrying == 1
+    row = await row_of(capped, run_id)
+    assert row.last_error is not None
+    assert row.last_error.startswith("step 'big' failed: ")
+    assert "32" in row.last_error
+    ledger = await capped.steps(run_id)
+    assert ledger["fits"].result == f'"{exactly_at_cap}"'
+    assert ledger["big"].result is None
+    assert ledger["big"].attempts == 1
+
+
+# --- names -------------------------------------------------------------------
+
+
+async def test_reusing_a_step_name_in_one_pass_is_a_conflict(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+    caught: list[BaseException] = []
+
+    async def catching(p: jobrun.JobPass) -> None:
+        await p.step("a", counting(calls, "a", 1))
+        try:
+            await p.step("a", counting(calls, "again", 2))
+        except jobrun.StepReusedError as error:
+            caught.append(error)
+
+    run_id = await start(store, clock)
+    report = await drive(store, registry_for(catching), clock)
+
+    # Caught by the handler: the pass commits normally.
+    assert report.advanced == 1
+    assert calls == {"a": 1}
+    (error,) = caught
+    assert isinstance(error, jobrun.JobConflictError)
+    assert isinstance(error, jobrun.JobRunError)
+    assert error.code == "conflict"
+    assert error.reason == "job_step_reused"
+    assert "'a'" in str(error)
+    assert (await row_of(store, run_id)).attempts == 0
+
+
+async def test_an_uncaught_step_name_reuse_fails_the_pass(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+
+    async def handler(p: jobrun.JobPass) -> None:
+        await p.step("a", counting(calls, "a", 1))
+        await p.step("a", counting(calls, "again", 2))
+
+    run_id = await start(store, clock)
+    report = await drive(store, registry_for(handler), clock)
+
+    assert report.retrying == 1
+    row = await row_of(store, run_id)
+    assert row.attempts == 1
+    assert row.last_error is not None
+    assert "'a'" in row.last_error
+    assert row.cursor is None
+    assert calls == {"a": 1}
+    # The first call's result stays in the ledger for the next pass.
+    assert (await store.steps(run_id))["a"].result == "1"
+
+
+async def test_reuse_is_refused_even_when_the_first_call_failed(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: dict[str, int] = {}
+    caught: list[BaseException] = []
+
+    async def handler(p: jobrun.JobPass) -> None:
+        try:
+            await p.step("a", failing(calls, "a"))
+        except jobrun.StepFailedError as error:
+            caught.append(error)
+        try:
+            await p.step("a", counting(calls, "second", 2))
+        except jobrun.StepReusedError as error:
+            caught.append(error)
+
+    run_id = await start(store, clock)
+    report = await drive(store, registry_for(handler), clock)
+
+    assert [type(error) for error in caught] == [jobrun.StepFailedError, jobrun.StepReusedError]
+    assert calls == {"a": 1}
+    assert report.advanced == 1
+    assert (await row_of(store, run_id)).status == "running"
+
+
+async def test_reuse_is_refused_after_a_memo_hit(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+
+    async def handler(p: jobrun.JobPass) -> None:
+        await p.step("a", counting(calls, "a", 1))
+        if calls.get("a") == 1 and "boom" not in calls:
+            calls["boom"] = 1
+            raise RuntimeError("replay")
+        await p.step("a", counting(calls, "second", 2))
+
+    run_id = await start(store, clock)
+    await drive(store, registry_for(handler, IMMEDIATE), clock)
+    report = await drive(store, registry_for(handler, IMMEDIATE), clock)
+
+    assert report.retrying == 1
+    assert "second" not in calls
+    row = await row_of(store, run_id)
+    assert row.attempts == 2
+    assert row.last_error is not None
+    assert "'a'" in row.last_error
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("", jobrun.JobValidationError), (3, TypeError), (None, TypeError), (b"a", TypeError)],
+    ids=["empty", "int", "none", "bytes"],
+)
+async def test_a_step_name_must_be_a_non_empty_str(
+    store: Any, clock: FakeClock, name: Any, expected: type[BaseException]
+) -> None:
+    calls: dict[str, int] = {}
+    caught: list[BaseException] = []
+
+    async def handler(p: jobrun.JobPass) -> None:
+        try:
+            await p.step(name, counting(calls, "body", 1))
+        except Exception as error:
+            caught.append(error)
+            raise
+
+    run_id = await start(store, clock)
+    report = await drive(store, registry_for(handler), clock)
+
+    (error,) = caught
+    assert isinstance(error, expected)
+    assert calls == {}
+    assert report.retrying == 1
+    assert await store.steps(run_id) == {}
+
+
+# --- the spent guard -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prior_error", "cause"),
+    [("RuntimeError: upstream down", "RuntimeError: upstream down"), (None, "exhausted")],
+    ids=["with-error", "without-error"],
+)
+async def test_a_spent_step_is_not_called_and_nothing_is_written(
+    store: Any,
+    engine: AsyncEngine | None,
+    clock: FakeClock,
+    prior_error: str | None,
+    cause: str,
+) -> None:
+    calls: dict[str, int] = {}
+    caught: list[jobrun.StepFailedError] = []
+
+    async def handler(p: jobrun.JobPass) -> None:
+        try:
+            await p.step("s", counting(calls, "s", 1))
+        except jobrun.StepFailedError as error:
+            caught.append(error)
+            raise
+
+    run_id = await start(store, clock)
+    prior = StepRow("s", None, 3, prior_error)
+    await store.record_step(run_id, prior, NOW_TEXT)
+
+    registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=3))
+    with ledger_statements(engine) as statements:
+        report = await drive(store, registry, clock)
+
+    assert calls == {}
+    (error,) = caught
+    assert error.attempts == 3
+    assert await store.steps(run_id) == {"s": prior}
+    if engine is not None:
+        assert statements == ["SELECT"]
+    # Judged by the step's three spent attempts: the run fails now.
+    assert report.failed == 1
+    row = await row_of(store, run_id)
+    assert row.status == "failed"
+    assert row.last_error == f"step 's' failed: {cause}"
+    assert row.attempts == 1
+
+
+async def test_a_memo_hit_wins_over_the_spent_guard(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+    seen: list[Any] = []
+
+    async def handler(p: jobrun.JobPass) -> None:
+        seen.append(await p.step("s", counting(calls, "s", "fresh")))
+
+    run_id = await start(store, clock)
+    await store.record_step(run_id, StepRow("s", '"memo"', 7, None), NOW_TEXT)
+    registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=1))
+    report = await drive(store, registry, clock)
+
+    assert seen == ["memo"]
+    assert calls == {}
+    assert report.advanced == 1
+
+
+# --- step policies and what is judged ---------------------------------------------
+
+
+async def test_a_step_policy_replaces_the_job_policy_wholesale(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: dict[str, int] = {}
+
+    async def handler(p: jobrun.JobPass) -> None:
+        await p.step("s", failing(calls, "s"), retry=jobrun.RetryPolicy(max_attempts=2))
+
+    # The job would allow 5 attempts with no wait; the step gets neither.
+    job_policy = jobrun.RetryPolicy(max_attempts=5, base_delay_ms=0, max_delay_ms=0)
+    registry = registry_for(handler, job_policy)
+    run_id = await start(store, clock)
+
+    first = await drive(store, registry, clock)
+    assert first.retrying == 1
+    row = await row_of(store, run_id)
+    # Base delay back at its default of 1000 ms (random 0.5 gives a factor of 1).
+    assert row.next_attempt_at == iso(clock() + timedelta(milliseconds=1000))
+
+    assert (await drive(store, registry, clock)).attempted == 0
+    clock.advance(seconds=1)
+    second = await drive(store, registry, clock)
+    assert second.failed == 1
+    row = await row_of(store, run_id)
+    assert row.status == "failed"
+    assert row.attempts == 2
+    assert row.next_attempt_at is None
+    assert row.ended_at == iso(clock())
+    assert calls == {"s": 2}
+    assert (await store.steps(run_id))["s"].attempts == 2
+
+
+async def test_a_step_may_allow_more_attempts_than_its_job(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+    step_policy = jobrun.RetryPolicy(max_attempts=4, base_delay_ms=0)
+
+    async def handler(p: jobrun.JobPass) -> None:
+        await p.step("s", failing(calls, "s"), retry=step_policy)
+
+    registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=2, base_delay_ms=0))
+    run_id = await start(store, clock)
+
+    outcomes = []
+    for _ in range(4):
+        report = await drive(store, registry, clock)
+        outcomes.append("failed" if report.failed else "retrying" if report.retrying else "?")
+    # Run attempts passed the job's 2 long ago; only the step's 4 count.
+    assert outcomes == ["retrying", "retrying", "retrying", "failed"]
+    row = await row_of(store, run_id)
+    assert row.attempts == 4
+    assert calls == {"s": 4}
+
+
+async def test_a_non_step_failure_is_judged_by_run_attempts(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+    generous = jobrun.RetryPolicy(max_attempts=10, base_delay_ms=0)
+
+    async def handler(p: jobrun.JobPass) -> None:
+        if calls.get("s", 0) < 2:
+            await p.step("s", failing(calls, "s"), retry=generous)
+        await p.step("s", counting(calls, "s", "ok"), retry=generous)
+        raise ValueError("after the step")
+
+    registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0))
+    run_id = await start(store, clock)
+
+    assert (await drive(store, registry, clock)).retrying == 1
+    assert (await drive(store, registry, clock)).retrying == 1
+    # The first non-step failure, but the third consecutive failed pass: the job's
+    # three attempts are spent, counting the step failures before it.
+    third = await drive(store, registry, clock)
+    assert third.failed == 1
+    row = await row_of(store, run_id)
+    assert row.status == "failed"
+    assert row.attempts == 3
+    assert row.last_error == "ValueError: after the step"
+    assert (await store.steps(run_id))["s"] == StepRow("s", '"ok"', 3, None)
+
+
+async def test_backoff_uses_the_counter_of_the_failure_kind(store: Any, clock: FakeClock) -> None:
+    calls: dict[str, int] = {}
+
+    async def handler(p: jobrun.JobPass) -> None:
+        passes = calls["pass"] = calls.get("pass", 0) + 1
+        if passes == 1:
+            raise RuntimeError("outside any step")
+        if passes == 2:
+            await p.step("s", failing(calls, "s"))
+        await p.step("s", counting(calls, "s"))
+        raise RuntimeError("outside again")
+
+    registry = registry_for(handler, jobrun.RetryPolicy(base_delay_ms=100))
+    run_id = await start(store, clock)
+
+    observed = []
+    for _ in range(3):
+        failed_at = clock()
+        await drive(store, registry, clock)
+        row = await row_of(store, run_id)
+        observed.append((row.attempts, row.next_attempt_at, failed_at))
+        clock.advance(seconds=10)
+
+    # Run attempts 1 -> 100 ms; a step's first failure (run attempts 2) -> 100 ms,
+    # by the step's own count; run attempts 3 -> 400 ms.
+    assert [(attempts, at) for attempts, at, _ in observed] == [
+        (1, iso(observed[0][2] + timedelta(milliseconds=100))),
+        (2, iso(observed[1][2] + timedelta(milliseconds=100))),
+        (3, iso(observed[2][2] + timedelta(milliseconds=400))),
+    ]
+
+
+async def test_run_attempts_count_failed_passes_and_reset_on_commit(
+    store: Any, clock: FakeClock
+) -> None:
+    script = ["fail", "fail-step", "commit", "fail"]
+    position: dict[str, int] = {"at": 0}
+
+    async def handler(p: jobrun.JobPass) -> None:
+        action = script[position["at"]]
+        position["at"] += 1
+        if action == "fail":
+            raise RuntimeError("nope")
+        if action == "fail-step":
+            await p.step("s", failing({}, "s"))
+
+    registry = registry_for(handler, IMMEDIATE)
+    run_id = await start(store, clock)
+
+    observed = []
+    for _ in script:
+        await drive(store, registry, clock)
+        row = await row_of(store, run_id)
+        observed.append((row.attempts, row.last_error is None, row.next_attempt_at))
+    at = iso(clock())
+    assert observed == [(1, False, at), (2, False, at), (0, True, None), (1, False, at)]
