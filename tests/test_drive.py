@@ -54,6 +54,8 @@ def hand_made_row(index: int, *, module_id: str = "elsewhere", job: str = "their
 
 
 async def put_rows(store: Any, engine: AsyncEngine | None, rows: list[RunRow]) -> None:
+    if not rows:
+        return
     if engine is None:
         for row in rows:
             store.runs[row.id] = row
@@ -74,45 +76,40 @@ async def set_columns(store: Any, engine: AsyncEngine | None, run_id: str, **val
 
 
 class SpyStore:
-    """Wraps a store, recording due() reads and every write, with a hook after commits."""
-
-    WRITES = ("start_or_join", "patch", "commit_pass", "record_step")
+    """Wraps a store, recording claims and every write, with a hook after commits."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.due_pages: list[int] = []
+        self.claims: list[str | None] = []
         self.writes: list[str] = []
         self.after_commit: Any = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    @property
-    def scanned(self) -> int:
-        return sum(self.due_pages)
-
-    async def due(self, now_at: str, limit: int, after_id: str | None) -> list[RunRow]:
-        rows = await self.inner.due(now_at, limit, after_id)
-        self.due_pages.append(len(rows))
-        return rows
+    async def claim(self, request: Any) -> RunRow | None:
+        row = await self.inner.claim(request)
+        self.claims.append(None if row is None else row.id)
+        return row
 
     async def start_or_join(self, row: RunRow) -> Any:
         self.writes.append("start_or_join")
         return await self.inner.start_or_join(row)
 
-    async def patch(self, run_id: str, patch: Any) -> None:
+    async def patch(self, run_id: str, patch: Any, token: str) -> bool:
         self.writes.append("patch")
-        await self.inner.patch(run_id, patch)
+        return bool(await self.inner.patch(run_id, patch, token))
 
-    async def commit_pass(self, run_id: str, patch: Any) -> None:
+    async def commit_pass(self, run_id: str, patch: Any, token: str) -> bool:
         self.writes.append("commit_pass")
-        await self.inner.commit_pass(run_id, patch)
+        written = bool(await self.inner.commit_pass(run_id, patch, token))
         if self.after_commit is not None:
             await self.after_commit(run_id)
+        return written
 
-    async def record_step(self, run_id: str, row: Any, recorded_at: str) -> None:
+    async def record_step(self, run_id: str, row: Any, recorded_at: str, token: str) -> bool:
         self.writes.append("record_step")
-        await self.inner.record_step(run_id, row, recorded_at)
+        return bool(await self.inner.record_step(run_id, row, recorded_at, token))
 
 
 def finishing_registry(module_id: str = "mine", job: str = "walk") -> tuple[Any, list[str]]:
@@ -182,16 +179,13 @@ async def test_unregistered_runs_alone_make_an_empty_report(store, engine, clock
     assert [await store.get(hand_made_row(i).id) for i in range(3)] == before
 
 
-# --- the scan cap ------------------------------------------------------------------------
+# --- claims: only registered jobs, however many others wait ---------------------------------
 
 
-@pytest.mark.parametrize(
-    ("unregistered", "reached"),
-    [(499, True), (500, False), (600, False)],
-    ids=["499-before-reached", "500-before-not-reached", "600-before-not-reached"],
-)
-async def test_scan_cap_with_limit_one(store, engine, clock, unregistered, reached):
-    """Pages are ``limit`` rows; paging stops once 500 rows have been scanned."""
+@pytest.mark.parametrize("unregistered", [0, 499, 600])
+async def test_unregistered_runs_never_hide_a_registered_one(store, engine, clock, unregistered):
+    """The claim asks the database for registered jobs only, so no scan cap applies:
+    a run behind any number of other deployments' runs is reached with limit 1."""
     registry, seen = finishing_registry()
     await put_rows(store, engine, [hand_made_row(i) for i in range(unregistered)])
     run = await start(store, clock)
@@ -199,38 +193,17 @@ async def test_scan_cap_with_limit_one(store, engine, clock, unregistered, reach
 
     report = await jobrun.run_due_jobs(spy, registry, limit=1, clock=clock)
 
-    assert report.attempted == (1 if reached else 0)
-    assert seen == ([run.id] if reached else [])
-    assert set(spy.due_pages) == {1}
-    assert spy.scanned == 500
-    assert spy.writes == (["commit_pass"] if reached else [])
+    assert report.attempted == 1
+    assert seen == [run.id]
+    assert spy.claims == [run.id], "limit 1: one claim, and it is the registered run"
+    assert spy.writes == ["commit_pass"]
     record = await jobrun.get_job_run(store, run.id)
     assert record is not None
-    assert record.status == ("done" if reached else "running")
+    assert record.status == "done"
+    assert record.lease_driver is None, "the outcome clears the lease"
 
 
-async def test_scan_cap_is_checked_before_each_page_so_the_last_page_overshoots(
-    store, engine, clock
-):
-    """With limit 7, 72 pages make 504 rows; the 72nd page is read whole, the 73rd never."""
-    registry, seen = finishing_registry()
-    await put_rows(store, engine, [hand_made_row(i) for i in range(503)])
-    on_last_page = await start(store, clock, "row-504")
-    past_the_cap = await start(store, clock, "row-505")
-    spy = SpyStore(store)
-
-    report = await jobrun.run_due_jobs(spy, registry, limit=7, clock=clock)
-
-    assert spy.due_pages == [7] * 72
-    assert spy.scanned == 504
-    assert report.attempted == 1
-    assert seen == [on_last_page.id]
-    later = await jobrun.get_job_run(store, past_the_cap.id)
-    assert later is not None
-    assert (later.status, later.attempts) == ("running", 0)
-
-
-async def test_short_page_ends_the_scan(store, engine, clock):
+async def test_the_drive_claims_until_nothing_is_due(store, engine, clock):
     registry, seen = finishing_registry()
     await put_rows(store, engine, [hand_made_row(i) for i in range(4)])
     run = await start(store, clock)
@@ -240,7 +213,20 @@ async def test_short_page_ends_the_scan(store, engine, clock):
 
     assert report.attempted == 1
     assert seen == [run.id]
-    assert spy.due_pages == [3, 2]
+    assert spy.claims == [run.id, None]
+
+
+async def test_one_drive_never_claims_a_run_twice(store, clock):
+    """A run that is due again right after its pass waits for the next call."""
+    registry, cursors = counting_registry(finish_at=100)
+    run = await start(store, clock)
+    spy = SpyStore(store)
+
+    report = await jobrun.run_due_jobs(spy, registry, limit=50, max_passes=2, clock=clock)
+
+    assert (report.attempted, report.advanced) == (1, 2)
+    assert spy.claims == [run.id, None]
+    assert cursors == [None, 1]
 
 
 # --- order and due-ness --------------------------------------------------------------------
@@ -384,40 +370,45 @@ async def test_kept_cursor_between_passes_is_the_one_the_store_holds(store, cloc
     assert record.cursor == {"page": 2}
 
 
-async def test_next_pass_rereads_the_row_rather_than_trusting_memory(store, engine, clock):
+async def test_an_operator_cancel_between_passes_supersedes_the_next_one(store, clock):
+    """The lease carries over between passes; a cancel clears it, so the next
+    pass's fenced writes are refused and it is counted as superseded."""
     registry, cursors = counting_registry(finish_at=100)
     run = await start(store, clock)
     spy = SpyStore(store)
 
-    async def operator_moves_cursor(run_id: str) -> None:
-        await set_columns(store, engine, run_id, cursor="40", counters='{"moved":1}')
+    async def operator_cancels(run_id: str) -> None:
+        if len(cursors) == 1:
+            await jobrun.cancel_job_run(store, run_id, "stop it", clock=clock)
 
-    spy.after_commit = operator_moves_cursor
-    report = await jobrun.run_due_jobs(spy, registry, max_passes=2, clock=clock)
-
-    assert report.advanced == 2
-    assert cursors == [None, 40]
-    record = await jobrun.get_job_run(store, run.id)
-    assert record is not None
-    assert record.counters == {"moved": 1}
-
-
-async def test_passes_stop_when_the_run_stopped_running_between_them(store, engine, clock):
-    registry, cursors = counting_registry(finish_at=100)
-    run = await start(store, clock)
-    spy = SpyStore(store)
-
-    async def operator_fails_it(run_id: str) -> None:
-        await set_columns(store, engine, run_id, status="failed")
-
-    spy.after_commit = operator_fails_it
+    spy.after_commit = operator_cancels
     report = await jobrun.run_due_jobs(spy, registry, max_passes=5, clock=clock)
 
-    assert (report.attempted, report.advanced, report.failed) == (1, 1, 0)
-    assert cursors == [None]
+    assert (report.attempted, report.advanced, report.superseded, report.failed) == (1, 1, 1, 0)
+    assert cursors == [None, 1]
     record = await jobrun.get_job_run(store, run.id)
     assert record is not None
-    assert record.status == "failed"
+    assert (record.status, record.cursor) == ("failed", 1)
+    assert record.last_error == "cancelled: stop it"
+
+
+async def test_a_run_failed_behind_the_drivers_back_takes_no_further_write(
+    store, engine, clock
+):
+    registry, cursors = counting_registry(finish_at=100)
+    run = await start(store, clock)
+    spy = SpyStore(store)
+
+    async def somebody_fails_it(run_id: str) -> None:
+        await set_columns(store, engine, run_id, status="failed")
+
+    spy.after_commit = somebody_fails_it
+    report = await jobrun.run_due_jobs(spy, registry, max_passes=5, clock=clock)
+
+    assert (report.attempted, report.advanced, report.superseded) == (1, 1, 1)
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert (record.status, record.cursor) == ("failed", 1)
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -562,7 +553,7 @@ async def test_an_empty_store_makes_an_empty_report(store, clock):
     spy = SpyStore(store)
     assert await jobrun.run_due_jobs(spy, registry, clock=clock) == jobrun.JobDriveReport()
     assert spy.writes == []
-    assert spy.due_pages == [0]
+    assert spy.claims == [None]
 
 
 # --- malformed rows ------------------------------------------------------------------------

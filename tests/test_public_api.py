@@ -34,6 +34,12 @@ REQUIRED_NAMES = {
     "JobValidationError",
     "JobConflictError",
     "StepReusedError",
+    "cancel_job_run",
+    "resume_job_run",
+    "release_job_lease",
+    "prune_job_runs",
+    "job_run_health",
+    "LeaseLostError",
 }
 
 EXPECTED_CODES = {
@@ -44,6 +50,8 @@ EXPECTED_CODES = {
     "PassTimeoutError": "pass_timeout",
     "SchemaOutdatedError": "schema_outdated",
     "StoreError": "store_failed",
+    "LeaseLostError": "lease_lost",
+    "JobRunNotFoundError": "not_found",
 }
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import RunRow, StepRow
+from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun.testing import FakeClock, MemoryJobRunStore
 
 MODULE = "crm"
@@ -37,6 +37,18 @@ def registry_for(handler: Any, retry: jobrun.RetryPolicy | None = None) -> jobru
 async def start(store: Any, clock: FakeClock) -> str:
     run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
     return run.id
+
+
+async def plant_step(store: Any, run_id: str, row: StepRow) -> None:
+    """Leave a ledger row as an earlier pass would have: claim the run, record the
+    row under that lease, then hand the lease back."""
+    far = "9999-12-31T00:00:00.000Z"
+    request = ClaimRequest(far, "PLANTER", "test:0", {(MODULE, JOB): far})
+    claimed = await store.claim(request)
+    assert claimed is not None
+    assert claimed.id == run_id
+    assert await store.record_step(run_id, row, NOW_TEXT, "PLANTER")
+    assert await store.release(run_id)
 
 
 async def drive(
@@ -117,9 +129,9 @@ class CountingStore:
         self.ledger_reads += 1
         return await self._inner.steps(run_id)
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str) -> None:
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
         self.ledger_writes += 1
-        await self._inner.record_step(run_id, row, recorded_at)
+        return bool(await self._inner.record_step(run_id, row, recorded_at, token))
 
 
 # --- durability and replay ---------------------------------------------------
@@ -437,7 +449,7 @@ async def test_a_spent_step_is_not_called_and_nothing_is_written(
 
     run_id = await start(store, clock)
     prior = StepRow("s", None, 3, prior_error)
-    await store.record_step(run_id, prior, NOW_TEXT)
+    await plant_step(store, run_id, prior)
 
     registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=3))
     with ledger_statements(engine) as statements:
@@ -465,7 +477,7 @@ async def test_a_memo_hit_wins_over_the_spent_guard(store: Any, clock: FakeClock
         seen.append(await p.step("s", counting(calls, "s", "fresh")))
 
     run_id = await start(store, clock)
-    await store.record_step(run_id, StepRow("s", '"memo"', 7, None), NOW_TEXT)
+    await plant_step(store, run_id, StepRow("s", '"memo"', 7, None))
     registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=1))
     report = await drive(store, registry, clock)
 
