@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -46,6 +50,27 @@ def current_revision(connection: Connection) -> str | None:
     return context.get_current_revision()
 
 
+# Alembic keeps the migration in progress in module globals (``alembic.context``,
+# ``alembic.op``), so two migrations in one process, even on different databases,
+# must not interleave, whichever event loop or thread runs them.
+_ALEMBIC_IN_USE = threading.Lock()
+
+
+@asynccontextmanager
+async def _alembic_turn() -> AsyncIterator[None]:
+    acquiring = asyncio.ensure_future(asyncio.to_thread(_ALEMBIC_IN_USE.acquire))
+    try:
+        await asyncio.shield(acquiring)
+    except asyncio.CancelledError:
+        # The thread still gets the lock; hand it straight back when it does.
+        acquiring.add_done_callback(lambda _: _ALEMBIC_IN_USE.release())
+        raise
+    try:
+        yield
+    finally:
+        _ALEMBIC_IN_USE.release()
+
+
 # Any fixed number, the same in every process: the key of jobrun's migration lock on Postgres.
 _POSTGRES_MIGRATION_LOCK = 0x6A6F6272756E  # "jobrun"
 
@@ -73,15 +98,15 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 
     Runs on one of the engine's own connections, in one transaction; only
     jobrun's tables and its version table are touched. Safe to call from many
-    processes at once.
+    processes, threads and tasks at once.
     """
-    async with engine.begin() as connection:
+    async with _alembic_turn(), engine.begin() as connection:
         await _take_turns(connection)
         await connection.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     """Take jobrun's tables back to ``revision`` (default: none at all)."""
-    async with engine.begin() as connection:
+    async with _alembic_turn(), engine.begin() as connection:
         await _take_turns(connection)
         await connection.run_sync(lambda sync: command.downgrade(alembic_config(sync), revision))
