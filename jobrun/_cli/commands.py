@@ -1,0 +1,1 @@
+"""The operator commands (db, runs, show, watch, start, cancel, resume, release, prune)."""

@@ -1,0 +1,1 @@
+"""The ``jobrun worker`` command."""
