@@ -1,1 +1,424 @@
-"""The operator commands (db, runs, show, watch, start, cancel, resume, release, prune)."""
+"""The operator commands (db, runs, show, watch, start, cancel, resume, release, prune, health).
+
+Each command is wiring only: parse the arguments, open the store from ``--url``
+(or ``JOBRUN_DATABASE_URL``), call jobrun's public functions inside
+:func:`jobrun._cli.connect.run_action`, and print through
+:mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import click
+from alembic.util import CommandError
+
+from jobrun._cli.app import cli
+from jobrun._cli.connect import open_engine, open_store, run_action, url_option
+from jobrun._cli.params import Duration, JsonValue
+from jobrun._cli.render import (
+    console,
+    dumps,
+    health_json,
+    health_table,
+    run_json,
+    run_view,
+    runs_table,
+    step_json,
+)
+from jobrun._cli.render import now as utc_now
+from jobrun._cli.schema_check import SchemaState, check, revisions
+from jobrun._cli.watching import watch as watch_run
+from jobrun._core.actions import (
+    cancel_job_run,
+    job_run_health,
+    prune_job_runs,
+    release_job_lease,
+    resume_job_run,
+)
+from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
+from jobrun._core.runs import get_job_run, job_runs, start_job_run
+from jobrun.errors import JobRunNotFoundError
+from jobrun.sql.migrate import upgrade
+from jobrun.sql.store import SqlJobRunStore
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
+)
+run_id_argument = click.argument("run_id", metavar="RUN_ID")
+
+
+async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
+    run = await get_job_run(store, run_id)
+    if run is None:
+        raise JobRunNotFoundError(run_id)
+    return run
+
+
+# -- db -----------------------------------------------------------------------------
+
+
+@cli.group()
+def db() -> None:
+    """Create, migrate and check jobrun's tables (Alembic revisions shipped with jobrun)."""
+
+
+def _revision(value: str | None) -> str:
+    return value or "none (no jobrun schema)"
+
+
+@db.command("upgrade")
+@url_option
+def db_upgrade(url: str) -> None:
+    """Migrate jobrun's tables to the newest revision, creating them if needed.
+
+    Only jobrun's tables and its own version table are touched; a host's tables
+    and its alembic_version stay as they are. A SQLite file is created if missing.
+
+    \b
+    Example:
+      jobrun db upgrade --url sqlite+aiosqlite:///app.db
+    """
+
+    async def act() -> tuple[SchemaState, SchemaState]:
+        async with open_engine(url, create=True) as engine:
+            before = await revisions(engine)
+            try:
+                await upgrade(engine)
+            except CommandError as error:
+                raise click.ClickException(f"cannot upgrade: {error}") from error
+            return before, await revisions(engine)
+
+    before, after = run_action(act)
+    if before.current == after.current:
+        click.echo(f"already at head: {_revision(after.current)}")
+    else:
+        click.echo(f"upgraded from {_revision(before.current)} to {after.current} (head)")
+
+
+@db.command("current")
+@url_option
+def db_current(url: str) -> None:
+    """Print the database's jobrun revision and the head this jobrun ships.
+
+    \b
+    Example:
+      jobrun db current --url postgresql+asyncpg://app@db.internal/app
+    """
+
+    async def act() -> SchemaState:
+        async with open_engine(url) as engine:
+            return await revisions(engine)
+
+    state = run_action(act)
+    note = "" if state.at_head else "  (behind or unknown: run `jobrun db upgrade`)"
+    click.echo(f"current: {_revision(state.current)}{note}")
+    click.echo(f"head:    {state.head}")
+
+
+@db.command("check")
+@url_option
+def db_check(url: str) -> None:
+    """Exit 1 if jobrun's schema has drifted: not at head, or tables that differ.
+
+    Differences are what Alembic's autogenerate comparison finds between
+    jobrun's tables in the database and the tables this jobrun defines; other
+    tables in the database are ignored.
+
+    \b
+    Example:
+      JOBRUN_DATABASE_URL=sqlite+aiosqlite:///app.db jobrun db check || alert
+    """
+
+    async def act() -> SchemaState:
+        async with open_engine(url) as engine:
+            return await check(engine)
+
+    state = run_action(act)
+    if not state.at_head:
+        click.echo(
+            f"drift: the database is at {_revision(state.current)}, head is {state.head}; "
+            "run `jobrun db upgrade`"
+        )
+    for difference in state.differences:
+        click.echo(f"drift: {difference}")
+    if state.drifted:
+        raise SystemExit(1)
+    click.echo(f"ok: at head {state.head}, jobrun's tables match")
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+@cli.command("runs")
+@url_option
+@click.option("--module", "-m", "module_id", help="Only runs of this module id.")
+@click.option("--job", "-j", help="Only runs of this job.")
+@click.option("--instance", "-i", help="Only runs of this instance.")
+@click.option(
+    "--status", "-s", type=click.Choice(["running", "done", "failed"]), help="Only this status."
+)
+@click.option(
+    "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True,
+    help="At most this many runs (500 at most).",
+)  # fmt: skip
+@json_option
+def runs(
+    url: str,
+    module_id: str | None,
+    job: str | None,
+    instance: str | None,
+    status: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List runs, newest first.
+
+    \b
+    Example:
+      jobrun runs --url sqlite+aiosqlite:///app.db --module shop --status failed
+      jobrun runs --json --limit 500 | jq '.[] | select(.attempts > 3) | .id'
+    """
+
+    async def act() -> list[JobRun]:
+        async with open_store(url) as store:
+            return await job_runs(
+                store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
+            )
+
+    found = run_action(act)
+    if as_json:
+        click.echo(dumps([run_json(run) for run in found]))
+    elif not found:
+        click.echo("no runs match")
+    else:
+        console().print(runs_table(found, utc_now()))
+
+
+@cli.command("show")
+@url_option
+@run_id_argument
+@json_option
+def show(url: str, run_id: str, as_json: bool) -> None:
+    """Show one run in full: its record, its lease and its step ledger.
+
+    The ledger holds the steps of the pass in flight (or of the last pass that
+    failed); it is emptied each time a pass commits.
+
+    \b
+    Example:
+      jobrun show --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB
+    """
+
+    async def act() -> tuple[JobRun, dict[str, Any]]:
+        async with open_store(url) as store:
+            run = await _existing(store, run_id)
+            return run, await store.steps(run_id)
+
+    run, steps = run_action(act)
+    if as_json:
+        ledger = [step_json(row) for row in steps.values()]
+        click.echo(dumps({"run": run_json(run), "steps": ledger}))
+    else:
+        console().print(run_view(run, steps, utc_now()))
+
+
+@cli.command("watch")
+@url_option
+@run_id_argument
+@click.option(
+    "--interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+    metavar="SECONDS", help="Seconds between polls.",
+)  # fmt: skip
+def watch(url: str, run_id: str, interval: float) -> None:
+    """Follow a run live until it ends; exit 0 when it is done, 1 when it failed.
+
+    Shows the counters with their rate per second between polls, the cursor,
+    attempts, the last error and who holds the lease. When the counters include
+    `total`, a progress bar shows the work done over it: the counter `done` if
+    there is one, else `objects`, else the largest other counter.
+
+    \b
+    Example:
+      jobrun watch --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB --interval 2
+    """
+    out = console()
+
+    async def act() -> JobRun:
+        async with open_store(url) as store:
+            return await watch_run(store, run_id, interval, out)
+
+    final = run_action(act)
+    if final.status == "done":
+        out.print(f"run {final.id} is done")
+        return
+    out.print(f"run {final.id} {final.status}: {final.last_error or 'no error recorded'}")
+    raise SystemExit(1)
+
+
+# -- acting -------------------------------------------------------------------------
+
+
+class _StartRecorder(SqlJobRunStore):
+    """A store that remembers whether its last start inserted a run or joined one."""
+
+    inserted = False
+
+    async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
+        stored, self.inserted = await super().start_or_join(row)
+        return stored, self.inserted
+
+
+@cli.command("start")
+@url_option
+@click.argument("module_id", metavar="MODULE")
+@click.argument("job", metavar="JOB")
+@click.option(
+    "--instance", "-i", default=DEFAULT_INSTANCE, show_default=True,
+    help="The instance part of the run's key.",
+)  # fmt: skip
+@click.option("--payload", type=JsonValue(), default=None, help="The run's payload, as JSON.")
+def start(url: str, module_id: str, job: str, instance: str, payload: Any) -> None:
+    """Start a run of MODULE/JOB, or join the live run of the same key.
+
+    Prints `started RUN_ID` when a new run was inserted, `joined RUN_ID` when a
+    run of the key was already live (its payload is kept, this one is ignored).
+    A driver that registers the job picks the run up.
+
+    \b
+    Example:
+      jobrun start --url sqlite+aiosqlite:///app.db shop reindex -i shop-42 \\
+          --payload '{"shop": "shop-42"}'
+    """
+
+    async def act() -> tuple[JobRun, bool]:
+        async with open_engine(url) as engine:
+            store = _StartRecorder(engine)
+            run = await start_job_run(
+                store, module_id=module_id, job=job, instance=instance, payload=payload
+            )
+            return run, store.inserted
+
+    run, inserted = run_action(act)
+    click.echo(f"{'started' if inserted else 'joined'} {run.id}")
+
+
+@cli.command("cancel")
+@url_option
+@run_id_argument
+@click.option("--reason", required=True, help="Why, for the record (stored as the last error).")
+def cancel(url: str, run_id: str, reason: str) -> None:
+    """Fail a running run now. A pass in flight stops at its next step.
+
+    \b
+    Example:
+      jobrun cancel --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB \\
+          --reason "wrong shop"
+    """
+
+    async def act() -> JobRun:
+        async with open_store(url) as store:
+            return await cancel_job_run(store, run_id, reason)
+
+    run = run_action(act)
+    click.echo(f"cancelled {run.id}: {run.last_error}")
+
+
+@cli.command("resume")
+@url_option
+@run_id_argument
+def resume(url: str, run_id: str) -> None:
+    """Put a failed run back to running, from its last committed cursor.
+
+    Completed steps of its last pass are not repeated; attempts start again.
+
+    \b
+    Example:
+      jobrun resume --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB
+    """
+
+    async def act() -> JobRun:
+        async with open_store(url) as store:
+            return await resume_job_run(store, run_id)
+
+    run = run_action(act)
+    click.echo(f"resumed {run.id}")
+
+
+@cli.command("release")
+@url_option
+@run_id_argument
+def release(url: str, run_id: str) -> None:
+    """Clear a run's lease so any driver may take it at once.
+
+    Use it when the holder is known to be dead; a holder still alive is refused
+    at its next write and stops.
+
+    \b
+    Example:
+      jobrun release --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB
+    """
+
+    async def act() -> tuple[JobRun, bool]:
+        async with open_store(url) as store:
+            before = await _existing(store, run_id)
+            return before, await release_job_lease(store, run_id)
+
+    before, released = run_action(act)
+    if released:
+        click.echo(f"released the lease of {run_id} (was held by {before.lease_driver})")
+    else:
+        click.echo(f"{run_id} held no lease; nothing to release")
+
+
+@cli.command("prune")
+@url_option
+@click.option(
+    "--older-than", type=Duration(), required=True, metavar="DURATION",
+    help="Delete runs that ended longer ago than this: 7d, 12h, 30m, 45s, 2w, 1d12h.",
+)  # fmt: skip
+@click.option(
+    "--status", "statuses", type=click.Choice(["done", "failed"]), multiple=True,
+    help="Which finished runs (repeatable); default: done only.",
+)  # fmt: skip
+def prune(url: str, older_than: timedelta, statuses: tuple[str, ...]) -> None:
+    """Delete finished runs (and their ledgers) that ended before a cutoff.
+
+    Running runs are never deleted.
+
+    \b
+    Example:
+      jobrun prune --url sqlite+aiosqlite:///app.db --older-than 30d --status done --status failed
+    """
+
+    async def act() -> int:
+        async with open_store(url) as store:
+            return await prune_job_runs(
+                store, older_than=older_than, statuses=statuses or ("done",)
+            )
+
+    deleted = run_action(act)
+    click.echo(f"pruned {deleted} run{'' if deleted == 1 else 's'}")
+
+
+@cli.command("health")
+@url_option
+@json_option
+def health(url: str, as_json: bool) -> None:
+    """Counts for a dashboard: running, due now, leased, failed, and the oldest due wait.
+
+    \b
+    Example:
+      jobrun health --url sqlite+aiosqlite:///app.db --json
+    """
+
+    async def act() -> Any:
+        async with open_store(url) as store:
+            return await job_run_health(store)
+
+    counts = run_action(act)
+    if as_json:
+        click.echo(dumps(health_json(counts)))
+    else:
+        console().print(health_table(counts))

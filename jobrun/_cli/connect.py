@@ -1,0 +1,169 @@
+"""From a ``--url`` to a working store, and from jobrun's errors to one-line messages.
+
+Every command goes through :func:`run_action`: it runs the command's coroutine
+and turns the failures an operator can cause or meet (a bad URL, a server that
+does not answer, a schema that is behind, an unknown run id) into a message on
+stderr and exit status 1, never a traceback. Invalid input that the library
+refuses (a bad name, an empty reason) is a usage error: exit status 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from sqlalchemy import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from jobrun.errors import (
+    JobConflictError,
+    JobRunNotFoundError,
+    JobValidationError,
+    SchemaOutdatedError,
+    StoreError,
+)
+from jobrun.sql.store import SqlJobRunStore
+
+T = TypeVar("T")
+
+URL_ENVVAR = "JOBRUN_DATABASE_URL"
+CONNECT_TIMEOUT_S = 10
+# The asyncio driver jobrun uses when a URL names only the database kind.
+_DEFAULT_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+}
+
+url_option = click.option(
+    "--url",
+    envvar=URL_ENVVAR,
+    show_envvar=True,
+    required=True,
+    metavar="URL",
+    help="Database URL, e.g. sqlite+aiosqlite:///app.db or "
+    "postgresql+asyncpg://user@host/db (sqlite:// and postgresql:// get those drivers).",
+)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def parse_url(text: str) -> URL:
+    """Parse and check a database URL; a plain ``sqlite://`` or ``postgresql://`` gets
+    jobrun's asyncio driver. Raises ``click.ClickException`` (exit 1) when unusable."""
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError) as error:
+        raise click.ClickException(f"cannot parse the database URL {text!r}") from error
+    url = url.set(drivername=_DEFAULT_DRIVERS.get(url.drivername, url.drivername))
+    shown = url.render_as_string(hide_password=True)
+    if url.get_backend_name() not in ("sqlite", "postgresql"):
+        raise click.ClickException(
+            f"unsupported database in URL {shown}: jobrun works with sqlite and postgresql"
+        )
+    try:
+        dialect = url.get_dialect()
+    except NoSuchModuleError as error:
+        raise click.ClickException(
+            f"unknown database driver in URL {shown}: use sqlite+aiosqlite or postgresql+asyncpg"
+        ) from error
+    if not dialect.is_async:
+        raise click.ClickException(
+            f"driver {url.get_driver_name()!r} in URL {shown} is not an asyncio driver: "
+            "use sqlite+aiosqlite or postgresql+asyncpg"
+        )
+    return url
+
+
+def shown_url(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite URL, or ``None`` for other databases and in-memory ones."""
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:") or url.query.get("uri") == "true":
+        return None  # a URI filename: let SQLite interpret it
+    return Path(database)
+
+
+def make_engine(url: URL) -> AsyncEngine:
+    connect_args: dict[str, Any] = {}
+    if url.get_backend_name() == "postgresql" and "timeout" not in url.query:
+        connect_args["timeout"] = CONNECT_TIMEOUT_S
+    try:
+        return create_async_engine(url, connect_args=connect_args)
+    except (ImportError, SQLAlchemyError) as error:
+        raise click.ClickException(
+            f"cannot use the database URL {shown_url(url)}: {first_line(error)}"
+        ) from error
+
+
+async def probe(engine: AsyncEngine) -> None:
+    """Open one connection, so that an unreachable server is reported as such."""
+    try:
+        async with engine.connect():
+            pass
+    except (SQLAlchemyError, OSError, TimeoutError) as error:
+        raise click.ClickException(
+            f"cannot connect to the database at {shown_url(engine.url)}: {first_line(error)}"
+        ) from error
+
+
+@asynccontextmanager
+async def open_engine(url_text: str, *, create: bool = False) -> AsyncIterator[AsyncEngine]:
+    """An engine that has connected once, disposed of on exit.
+
+    Unless ``create`` is set, a SQLite file must exist already: reading a
+    database that is not there would otherwise create an empty one.
+    """
+    url = parse_url(url_text)
+    path = sqlite_file(url)
+    if path is not None and not create and not path.exists():
+        raise click.ClickException(
+            f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url_text}`"
+        )
+    engine = make_engine(url)
+    try:
+        await probe(engine)
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@asynccontextmanager
+async def open_store(url_text: str) -> AsyncIterator[SqlJobRunStore]:
+    async with open_engine(url_text) as engine:
+        yield SqlJobRunStore(engine)
+
+
+def outdated_message(error: SchemaOutdatedError) -> str:
+    where = "has no jobrun schema" if error.found is None else f"is at revision {error.found}"
+    return (
+        f"the database {where}, and this jobrun needs revision {error.expected}: "
+        "run `jobrun db upgrade`"
+    )
+
+
+def run_action(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a command's coroutine; known failures become click exceptions (exit 1 or 2)."""
+    try:
+        return asyncio.run(action())
+    except SchemaOutdatedError as error:
+        raise click.ClickException(outdated_message(error)) from error
+    except JobValidationError as error:
+        raise click.UsageError(error.message) from error
+    except (JobRunNotFoundError, JobConflictError, StoreError) as error:
+        raise click.ClickException(error.message) from error
+    except (SQLAlchemyError, OSError) as error:
+        raise click.ClickException(f"database error: {first_line(error)}") from error

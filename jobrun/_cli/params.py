@@ -1,0 +1,65 @@
+"""Argument types the commands share: durations and JSON values."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    # click 8.2 made ParamType generic; at run time the plain class works on every click.
+    DurationBase = click.ParamType[timedelta, Any]
+    JsonBase = click.ParamType[Any, Any]
+else:
+    DurationBase = JsonBase = click.ParamType
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``7d``, ``12h``, ``30m``, ``45s``, ``2w``, or a sum of them such as ``1d12h``."""
+    compact = text.strip().lower()
+    if not compact or _PART.sub("", compact):
+        raise ValueError(f"{text!r} is not a duration: use a number and a unit, e.g. 7d, 12h, 30m")
+    seconds = sum(float(amount) * _UNITS[unit] for amount, unit in _PART.findall(compact))
+    return timedelta(seconds=seconds)
+
+
+class Duration(DurationBase):
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+def _refuse_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+class JsonValue(JsonBase):
+    """Any JSON text, decoded; NaN and Infinity are refused as jobrun refuses them."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            decoded = json.loads(value, parse_constant=_refuse_constant)
+        except ValueError as error:
+            self.fail(f"not valid JSON: {error}", param, ctx)
+        if isinstance(decoded, float) and not math.isfinite(decoded):
+            self.fail("numbers must be finite", param, ctx)
+        return decoded
