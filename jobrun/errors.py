@@ -151,7 +151,8 @@ class SchemaOutdatedError(JobRunError):
         where = "has no jobrun schema" if found is None else f"is at revision {found!r}"
         super().__init__(
             f"the database {where}; jobrun needs revision {expected!r}. Run "
-            "`await jobrun.upgrade(engine)` or `alembic upgrade head -x url=...` first"
+            "`await jobrun.upgrade(engine)` or "
+            "`JOBRUN_DATABASE_URL=<url> alembic upgrade head` first"
         )
         self.found = found
         self.expected = expected

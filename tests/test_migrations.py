@@ -1,14 +1,20 @@
 """jobrun's Alembic revisions: one head, exactly the metadata, only jobrun's tables.
 
 Every database test runs on SQLite (a file) and on Postgres (an empty database).
+
+Alembic's autogenerate comparison cannot see the claim's expression index on
+SQLite (SQLAlchemy does not reflect expression indexes there), so ``_diff`` also
+compares every index's DDL as the database's own catalog keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import multiprocessing
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +25,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, inspect, text
+from sqlalchemy import Column, Index, Integer, MetaData, func, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,8 +45,27 @@ from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
 REPO = Path(__file__).resolve().parents[1]
 ALEMBIC = Path(sys.executable).with_name("alembic")
 JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps"}
+DUE_AT_INDEX = "_substrat_job_runs_due_at"
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+# Autogenerate on SQLite cannot compare the expression index _substrat_job_runs_due_at:
+# SQLAlchemy's inspector warns that it skips reflecting it, and Alembic warns that it
+# therefore skips comparing it. Exactly these two warnings are expected in the SQLite
+# tests that call ``_diff``, which checks that index from SQLite's catalog instead.
+REFLECTION_SKIPPED = pytest.mark.filterwarnings(
+    f"ignore:Skipped unsupported reflection of expression-based index {DUE_AT_INDEX}$"
+    ":sqlalchemy.exc.SAWarning"
+)
+COMPARISON_SKIPPED = pytest.mark.filterwarnings(
+    f"ignore:autogenerate skipping metadata-specified expression-based index '{DUE_AT_INDEX}'"
+    ":UserWarning"
+)
+CANNOT_COMPARE_ON_SQLITE = [REFLECTION_SKIPPED, COMPARISON_SKIPPED]
+DIFF_BACKENDS = [
+    pytest.param("sqlite", id="sqlite", marks=CANNOT_COMPARE_ON_SQLITE),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
 
@@ -84,14 +109,48 @@ def _jobrun_tables_only(
     return type_ != "table" or name in JOBRUN_TABLES
 
 
+def _stored_index_ddl(connection: Connection) -> dict[str, str]:
+    """Each jobrun index's CREATE INDEX as the database keeps it, in the metadata's spelling.
+
+    SQLite's ``sqlite_master`` keeps the statement's text; Postgres's ``pg_indexes``
+    renders the definition it stored, with a schema, ``USING btree``, ``::text``
+    casts, brackets round the predicate and upper-case function names.
+    """
+    if connection.dialect.name == "sqlite":
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    else:
+        tables = ", ".join(f"'{table}'" for table in sorted(JOBRUN_TABLES))
+        query = (
+            "SELECT indexname, indexdef FROM pg_indexes "
+            f"WHERE tablename IN ({tables}) AND right(indexname, 5) <> '_pkey'"
+        )
+    stored = {}
+    for name, ddl in connection.exec_driver_sql(query):
+        ddl = " ".join(ddl.split()).replace(" ON public.", " ON ").replace(" USING btree", "")
+        ddl = re.sub(r" WHERE \((.*)\)$", r" WHERE \1", re.sub(r"::[a-z ]+", "", ddl))
+        stored[name] = re.sub(r"\b[A-Z_]+(?=\()", lambda function: function[0].lower(), ddl)
+    return stored
+
+
+def _index_ddl(target: MetaData, dialect: Dialect) -> dict[str, str]:
+    return {
+        str(index.name): " ".join(str(CreateIndex(index).compile(dialect=dialect)).split())
+        for table in target.tables.values()
+        for index in table.indexes
+    }
+
+
 async def _diff(engine: AsyncEngine, target: MetaData = metadata) -> list[Any]:
-    """Alembic's autogenerate diff between the database and ``target``.
+    """Alembic's autogenerate diff between the database and ``target``, plus index DDL.
 
     Note: Alembic compares an index by name, uniqueness and columns only; the
     WHERE clause of a partial index is not part of its comparison (Alembic
     1.20, ``DefaultImpl.compare_indexes``; its docs list only "basic changes in
-    indexes" among what autogenerate detects). The predicate is checked by
-    reflection in test_schema.py and by ``test_offline_sql_is_the_metadatas_ddl``.
+    indexes" among what autogenerate detects), and on SQLite it skips expression
+    indexes altogether. So each index's stored DDL is compared too, and any
+    difference is reported as ``("index_ddl", name, stored, expected)``. The
+    predicate is also checked by reflection in test_schema.py and by
+    ``test_offline_sql_is_the_metadatas_ddl``.
     """
 
     def compare(connection: Connection) -> list[Any]:
@@ -104,7 +163,15 @@ async def _diff(engine: AsyncEngine, target: MetaData = metadata) -> list[Any]:
                 "compare_server_default": True,
             },
         )
-        return list(compare_metadata(context, target))
+        found = list(compare_metadata(context, target))
+        stored = _stored_index_ddl(connection)
+        expected = _index_ddl(target, connection.dialect)
+        found.extend(
+            ("index_ddl", name, stored.get(name), expected.get(name))
+            for name in sorted(stored.keys() | expected.keys())
+            if stored.get(name) != expected.get(name)
+        )
+        return found
 
     async with engine.connect() as connection:
         return await connection.run_sync(compare)
@@ -150,24 +217,40 @@ def test_one_head_and_it_is_the_schema_revision() -> None:
     assert migrations_directory() == REPO / "migrations"
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)
 async def test_upgrade_builds_exactly_the_metadata(blank: AsyncEngine) -> None:
     assert await _revision(blank) is None
     await jobrun.upgrade(blank)
     assert await _revision(blank) == SCHEMA_REVISION
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
     assert await _diff(blank) == []
-    # The comparison can see a difference (it is not vacuous, e.g. filtered to nothing).
+    # The comparison can see a difference (it is not vacuous, e.g. filtered to nothing),
+    # the claim's expression index included: here it orders by the other coalesce.
     drifted = MetaData()
     for table in metadata.tables.values():
         table.to_metadata(drifted)
     drifted.tables["_substrat_job_steps"].append_column(Column("extra", Integer))
-    drifted.tables["_substrat_job_runs"].c.counters.server_default = None
-    kinds = sorted(
-        change[0][0] if isinstance(change, list) else change[0]
-        for change in await _diff(blank, drifted)
-    )
-    assert kinds == ["add_column", "modify_default"]
+    runs = drifted.tables["_substrat_job_runs"]
+    runs.c.counters.server_default = None
+    (due_at,) = (index for index in runs.indexes if index.name == DUE_AT_INDEX)
+    runs.indexes.remove(due_at)
+    Index(DUE_AT_INDEX, runs.c.status, func.coalesce(runs.c.started_at, runs.c.next_attempt_at))
+    changes = await _diff(blank, drifted)
+    kinds = sorted(change[0][0] if isinstance(change, list) else change[0] for change in changes)
+    if blank.dialect.name == "postgresql":
+        # Postgres reflects expression indexes, so Alembic sees this change itself.
+        assert kinds == [
+            "add_column",
+            "add_index",
+            "index_ddl",
+            "modify_default",
+            "remove_index",
+        ]
+    else:
+        assert kinds == ["add_column", "index_ddl", "modify_default"]
+    (index_change,) = (change for change in changes if change[0] == "index_ddl")
+    assert index_change[1] == DUE_AT_INDEX
+    assert "coalesce(next_attempt_at, started_at), id)" in index_change[2]
 
 
 @pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
@@ -184,7 +267,7 @@ async def test_host_tables_and_host_alembic_version_are_left_alone(blank: AsyncE
     assert before == ([(1, "tea")], [("host_rev_42",)])
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)
 async def test_downgrade_to_base_and_upgrade_again(blank: AsyncEngine) -> None:
     await jobrun.upgrade(blank)
     await _insert_run(blank, "0" * 26)
@@ -201,7 +284,7 @@ async def test_downgrade_to_base_and_upgrade_again(blank: AsyncEngine) -> None:
         assert runs.scalar_one() == 0
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)
 async def test_upgrade_is_idempotent_and_keeps_data(blank: AsyncEngine) -> None:
     await jobrun.upgrade(blank)
     await _insert_run(blank, "0" * 26)
@@ -235,7 +318,7 @@ def _upgrade_in_process(url: str, barrier: Any, outcomes: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)
 async def test_workers_upgrading_one_database_at_once_all_succeed(
     blank_url: str, blank: AsyncEngine
 ) -> None:
@@ -291,13 +374,43 @@ async def test_a_failed_upgrade_leaves_nothing_behind(blank: AsyncEngine) -> Non
     assert await _tables(blank) == {"_substrat_job_steps"}
 
 
+def _one_line(ddl: object) -> str:
+    return " ".join(str(ddl).split())
+
+
+def _replay(statements: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """What a chain of jobrun DDL statements leaves: each table's and index's DDL.
+
+    A column added later is folded into its table's CREATE TABLE, after the
+    columns already there, as the database would show the table afterwards.
+    """
+    tables: dict[str, str] = {}
+    indexes: dict[str, str] = {}
+    for statement in statements:
+        if match := re.fullmatch(r"CREATE TABLE (\w+) \(.*\)", statement):
+            tables[match[1]] = statement
+        elif match := re.fullmatch(r"ALTER TABLE (\w+) ADD COLUMN (.+)", statement):
+            columns, constraints, tail = tables[match[1]].rpartition(", PRIMARY KEY")
+            tables[match[1]] = f"{columns}, {match[2]}{constraints}{tail}"
+        elif match := re.fullmatch(r"CREATE (?:UNIQUE )?INDEX (\w+) ON .+", statement):
+            indexes[match[1]] = statement
+        elif match := re.fullmatch(r"DROP INDEX (\w+)", statement):
+            del indexes[match[1]]
+        else:
+            raise AssertionError(f"unexpected DDL on jobrun's tables: {statement}")
+    return tables, indexes
+
+
 @pytest.mark.parametrize("dialect", [sqlite.dialect(), postgresql.dialect()], ids=lambda d: d.name)
 def test_offline_sql_is_the_metadatas_ddl(
     dialect: Dialect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The revision's DDL, rendered by ``alembic upgrade --sql``, is the metadata's, verbatim.
+    """The revisions' DDL, rendered by ``alembic upgrade --sql``, builds the metadata verbatim.
 
-    This is what covers the partial index's WHERE clause on both dialects
+    Replayed in order (0001 creates, 0002 adds the lease columns and swaps the
+    due index for the expression index), the statements leave exactly the
+    metadata's CREATE TABLE and CREATE INDEX text. This is what covers the
+    partial index's WHERE clause and the index expression on both dialects
     without a server, where autogenerate's comparison cannot (see ``_diff``).
     """
     url = {"sqlite": "sqlite+aiosqlite:///unused.db", "postgresql": "postgresql+asyncpg://x/y"}
@@ -307,15 +420,17 @@ def test_offline_sql_is_the_metadatas_ddl(
     command.upgrade(config, "head", sql=True)
     script = config.output_buffer.getvalue()
     statements = "\n".join(line for line in script.splitlines() if not line.startswith("--"))
-    rendered = [" ".join(part.split()) for part in statements.split(";")]
-    jobrun_ddl = [part for part in rendered if "_substrat_job_" in part]
-    expected = []
-    for table in metadata.sorted_tables:
-        expected.append(str(CreateTable(table).compile(dialect=dialect)))
-        expected.extend(str(CreateIndex(index).compile(dialect=dialect)) for index in table.indexes)
-    assert sorted(jobrun_ddl) == sorted(" ".join(part.split()) for part in expected)
-    assert any("WHERE status = 'running'" in part for part in jobrun_ddl)
+    rendered = [_one_line(part) for part in statements.split(";")]
+    tables, indexes = _replay([part for part in rendered if "_substrat_job_" in part])
+    assert tables == {
+        table.name: _one_line(CreateTable(table).compile(dialect=dialect))
+        for table in metadata.sorted_tables
+    }
+    assert indexes == _index_ddl(metadata, dialect)
+    assert "WHERE status = 'running'" in indexes["_substrat_job_runs_live_key"]
+    assert "(status, coalesce(next_attempt_at, started_at), id)" in indexes[DUE_AT_INDEX]
     assert f"CREATE TABLE {VERSION_TABLE}" in script
+    assert f"SET version_num='{SCHEMA_REVISION}'" in script
     assert "CREATE TABLE alembic_version" not in script
 
 
@@ -340,6 +455,9 @@ async def _alembic(*args: str, database_url: str | None = None) -> tuple[int, st
 async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngine) -> None:
     code, output = await _alembic("-x", f"url={blank_url}", "upgrade", "head")
     assert code == 0, output
+    # From the command line, alembic.ini's logging set-up applies: Alembic says what it ran.
+    assert "INFO  [alembic.runtime.migration] Running upgrade  -> 0001" in output
+    assert f"INFO  [alembic.runtime.migration] Running upgrade 0001 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
     assert await _revision(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")
@@ -350,6 +468,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert await _tables(blank) == {VERSION_TABLE}
 
 
+@REFLECTION_SKIPPED  # a SQLite database, compared by _diff
+@COMPARISON_SKIPPED
 async def test_alembic_command_line_with_environment_url(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'from-env.db'}"
     code, output = await _alembic("upgrade", "head", database_url=url)
@@ -361,6 +481,51 @@ async def test_alembic_command_line_with_environment_url(tmp_path: Path) -> None
         assert await _diff(engine) == []
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+async def test_a_failed_command_line_upgrade_leaves_nothing_behind(
+    blank_url: str, blank: AsyncEngine
+) -> None:
+    """The command line migrates in one transaction too (on SQLite as well)."""
+    async with blank.begin() as connection:
+        await connection.execute(text("CREATE TABLE _substrat_job_steps (x INTEGER)"))
+    code, output = await _alembic("-x", f"url={blank_url}", "upgrade", "head")
+    assert code != 0
+    assert "_substrat_job_steps" in output
+    assert await _tables(blank) == {"_substrat_job_steps"}
+
+
+def _logging_state() -> list[Any]:
+    loggers = [logging.getLogger(name) for name in ("", "alembic", "sqlalchemy.engine", "host")]
+    return [(list(log.handlers), log.level, log.propagate, log.disabled) for log in loggers]
+
+
+async def test_jobrun_upgrade_leaves_the_hosts_logging_alone(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Inside a host's process the logging set-up is the host's: no handler, level or
+    disabled logger changes, and nothing is printed, even when the Alembic config
+    that carries the connection also names an ini file with logging sections."""
+    logging.getLogger("host").info("a logger the host made before migrating")
+    before = _logging_state()
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'quiet.db'}")
+    try:
+        await jobrun.upgrade(engine)
+        await downgrade(engine, "0001")
+
+        def with_ini_file(connection: Connection) -> None:
+            config = alembic_config(connection)
+            config.config_file_name = str(REPO / "alembic.ini")
+            command.upgrade(config, "head")
+
+        async with engine.begin() as connection:
+            await connection.run_sync(with_ini_file)
+        assert await _revision(engine) == SCHEMA_REVISION
+    finally:
+        await engine.dispose()
+    assert _logging_state() == before
+    assert capfd.readouterr() == ("", "")
 
 
 async def test_alembic_command_line_without_url_fails_clearly(tmp_path: Path) -> None:
