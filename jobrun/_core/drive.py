@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random as random_module
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
-from jobrun._core.lease import Lease, default_driver_name
+from jobrun._core.lease import MIN_LEASE_MS, Lease, default_driver_name
+from jobrun._core.observe import (
+    LOG_PASSES,
+    PassObserver,
+    PassProbe,
+    PassStart,
+    start_watch,
+    was_taken_over,
+)
 from jobrun._core.passes import OpenScope, PassOutcome, fail_run, hand_back, run_job_pass
 from jobrun._core.port import JobRunStore
-from jobrun._core.records import ClaimRequest, DriveError, JobDriveReport, JobRunStatus, RunRow
+from jobrun._core.records import (
+    ClaimRequest,
+    DriveError,
+    JobDriveReport,
+    JobRunStatus,
+    RunKey,
+    RunRow,
+)
 from jobrun._core.registry import JobRegistry, RegisteredJob
 from jobrun.errors import JobValidationError
 
@@ -54,7 +71,21 @@ async def _claim(
         (job.module_id, job.name): Lease(token, driver, job.lease_ms).expiry_after(now_at)
         for job in jobs
     }
-    row = await store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids))
+    claiming = asyncio.ensure_future(
+        store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids))
+    )
+    try:
+        # Shielded: a claim interrupted in flight may land anyway, so its answer is
+        # still awaited below and the lease it took handed back.
+        row = await asyncio.shield(claiming)
+    except Exception:
+        raise
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            taken = await asyncio.shield(claiming)
+            if taken is not None:
+                await hand_back(store, taken, Lease(token, driver, MIN_LEASE_MS))
+        raise
     if row is None:
         return None
     registered = registry.get(row.module_id, row.job)
@@ -72,6 +103,25 @@ async def _fail_for_takeovers(
     return await fail_run(store, row, reason, lease, clock)
 
 
+def _key_of(row: RunRow) -> RunKey:
+    return RunKey(row.id, row.module_id, row.job, row.instance)
+
+
+async def _observed(
+    probe: PassProbe | None, running: Coroutine[Any, Any, PassOutcome]
+) -> PassOutcome:
+    """Await a pass, telling its probe (if watched) how it ended."""
+    if probe is None:
+        return await running
+    try:
+        outcome = await running
+    except BaseException:
+        probe.end("interrupted")
+        raise
+    probe.end(outcome.status, outcome.error)
+    return outcome
+
+
 async def run_due_jobs(
     store: JobRunStore,
     registry: JobRegistry,
@@ -84,6 +134,7 @@ async def run_due_jobs(
     pass_timeout_s: float | None = None,
     driver_name: str | None = None,
     stop: asyncio.Event | None = None,
+    observer: PassObserver | None = None,
 ) -> JobDriveReport:
     """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
 
@@ -92,6 +143,9 @@ async def run_due_jobs(
     A run's failure is recorded on the run and reported, never raised; only the
     store's own failures (a lost database) escape. When ``stop`` is set, no new
     run is claimed and the run in hand gets no further pass.
+
+    ``observer`` hears each pass and its steps (see ``jobrun.PassObserver``); by
+    default they are logged on the ``jobrun.pass`` and ``jobrun.step`` loggers.
     """
     _check_count(limit, "limit")
     if limit < 1:
@@ -103,6 +157,7 @@ async def run_due_jobs(
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
     driver = driver_name or default_driver_name()
+    watcher = LOG_PASSES if observer is None else observer
     report = JobDriveReport()
     driven: set[str] = set()
     while report.attempted < limit and not (stop is not None and stop.is_set()):
@@ -116,30 +171,41 @@ async def run_due_jobs(
             _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, clock))
             continue
         current = row
+        taken_over = was_taken_over(row)
         for number in range(passes):
             if number > 0 and stop is not None and stop.is_set():
                 # Asked to stop between passes: the lease kept for this pass goes back.
                 await hand_back(store, current, lease)
                 break
             last = number + 1 >= passes
-            outcome = await run_job_pass(
-                store=store,
-                row=current,
-                handler=registered.handler,
-                retry=registered.retry,
-                clock=clock,
-                random=random,
-                open_scope=scope_opener,
-                lease=lease,
-                timeout_s=pass_timeout_s,
-                # After this driver's own commit the ledger is known to be empty.
-                ledger_known_empty=number > 0,
-                keep_lease=not last,
+            start = PassStart(_key_of(current), driver, number + 1, current.attempts, taken_over)
+            probe = start_watch(watcher, start)
+            outcome = await _observed(
+                probe,
+                run_job_pass(
+                    store=store,
+                    row=current,
+                    handler=registered.handler,
+                    retry=registered.retry,
+                    clock=clock,
+                    random=random,
+                    open_scope=scope_opener,
+                    lease=lease,
+                    timeout_s=pass_timeout_s,
+                    # After this driver's own commit the ledger is known to be empty.
+                    ledger_known_empty=number > 0,
+                    keep_lease=not last,
+                    probe=probe,
+                ),
             )
+            taken_over = False
             _count(report, row.id, outcome)
             if outcome.status != "advanced" or last or outcome.row is None:
                 break
             if outcome.row.status != JobRunStatus.RUNNING.value:
                 break
             current = outcome.row
+            if current.lease_owner is not None:
+                # The commit handed the lease on under a fresh token.
+                lease = Lease(current.lease_owner, lease.driver, lease.lease_ms)
     return report

@@ -30,9 +30,11 @@ from jobrun._core.formats import (
     encode_json,
     encode_json_within,
     format_instant,
+    mint_run_id,
 )
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.names import require_name
+from jobrun._core.observe import PassProbe
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
@@ -119,6 +121,7 @@ class JobPass:
         ledger_known_empty: bool,
         lease: Lease,
         keeper: LeaseKeeper,
+        probe: PassProbe | None = None,
     ) -> None:
         self.run = RunKey(row.id, row.module_id, row.job, row.instance)
         self.payload = payload
@@ -133,6 +136,7 @@ class JobPass:
         self._scope_task: asyncio.Future[Any] | None = None
         self._lease = lease
         self._keeper = keeper
+        self._probe = probe
 
     def count(self, name: str, by: int | float = 1) -> None:
         """Add ``by`` to a counter; it is committed with the pass, dropped if the pass fails."""
@@ -164,6 +168,21 @@ class JobPass:
         The result is stored as JSON before this returns and comes back decoded
         from that JSON, the same on the first run as on a replay.
         """
+        probe = self._probe
+        if probe is None:
+            return await self._step(name, fn, retry)
+        return await probe.around_step(
+            name, lambda: self._step(name, fn, retry), lambda: self._attempt_of(name)
+        )
+
+    def _attempt_of(self, name: str) -> int | None:
+        """After a step returned: ``None`` if the ledger answered it, else the attempt that ran."""
+        prior = None if self._ledger is None else self._ledger.get(name)
+        if prior is not None and prior.result is not None:
+            return None
+        return (prior.attempts if prior is not None else 0) + 1
+
+    async def _step(self, name: str, fn: Callable[[], Any], retry: RetryPolicy | None) -> Any:
         require_name(name, "step name")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step retry must be a RetryPolicy, got {type(retry).__name__}")
@@ -243,6 +262,7 @@ async def run_job_pass(
     timeout_s: float | None = None,
     ledger_known_empty: bool = False,
     keep_lease: bool = False,
+    probe: PassProbe | None = None,
 ) -> PassOutcome:
     """Run one pass of ``row``, which this driver holds under ``lease``.
 
@@ -277,6 +297,7 @@ async def run_job_pass(
             ledger_known_empty=ledger_known_empty,
             lease=lease,
             keeper=keeper,
+            probe=probe,
         )
         budget = asyncio.timeout(timeout_s)
         try:
@@ -296,6 +317,11 @@ async def run_job_pass(
             cursor_text = encode_queue_safe(next_cursor, "cursor", store.limits.max_cursor_bytes)
         at = format_instant(clock())
         kept = keep_lease and not done
+        # A lease handed on gets a fresh token. Should this commit land unseen (its
+        # reply lost, or the pass interrupted while awaiting it), the failure record
+        # or hand-back this pass writes next, fenced on the old token, then misses
+        # and can never write the pre-commit state over the commit.
+        successor = replace(lease, token=mint_run_id()) if kept else None
         patch = RunPatch(
             status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
             cursor=cursor_text,
@@ -307,17 +333,22 @@ async def run_job_pass(
             # expiry, unless it hands the lease to this driver's next pass.
             next_attempt_at=lease.expiry_after(at) if kept else None,
             ended_at=at if done else None,
-            lease_owner=lease.token if kept else None,
+            lease_owner=successor.token if successor is not None else None,
             lease_driver=lease.driver if kept else None,
             lease_began_at=at if kept else None,
             lease_takeovers=0,
         )
-        if not await store.commit_pass(row.id, patch, lease.token):
+        committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
+        try:
+            applied = await store.commit_pass(row.id, patch, lease.token)
+        except BaseException:
+            if successor is not None:
+                # If the commit landed after all, give back the lease it handed on.
+                await hand_back(store, committed, successor)
+            raise
+        if not applied:
             return PassOutcome("superseded")
-        return PassOutcome(
-            "completed" if done else "advanced",
-            row=replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS}),
-        )
+        return PassOutcome("completed" if done else "advanced", row=committed)
     except LeaseLostError:
         return PassOutcome("superseded")
     except Exception as error:
