@@ -13,6 +13,16 @@ from jobrun._core.actions import (
     resume_job_run,
 )
 from jobrun._core.drive import run_due_jobs
+from jobrun._core.observe import (
+    LOG_PASSES,
+    LoggingObserver,
+    PassEnd,
+    PassObserver,
+    PassStart,
+    PassWatch,
+    StepEnd,
+    observe_all,
+)
 from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
 from jobrun._core.port import JobRunStore, OperatorStore, StoreLimits
 from jobrun._core.queue_safety import assert_queue_safe
@@ -42,11 +52,13 @@ from jobrun.errors import (
 )
 from jobrun.sql.migrate import upgrade
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.worker import run_worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "KEEP_CURSOR",
+    "LOG_PASSES",
     "DriveError",
     "JobConflictError",
     "JobDriveReport",
@@ -60,13 +72,19 @@ __all__ = [
     "JobRunStore",
     "JobValidationError",
     "LeaseLostError",
+    "LoggingObserver",
     "OperatorStore",
+    "PassEnd",
+    "PassObserver",
     "PassResult",
+    "PassStart",
     "PassTimeoutError",
+    "PassWatch",
     "RetryPolicy",
     "RunKey",
     "SchemaOutdatedError",
     "SqlJobRunStore",
+    "StepEnd",
     "StepFailedError",
     "StepReusedError",
     "StoreError",
@@ -77,10 +95,12 @@ __all__ = [
     "job_run_health",
     "job_run_list_limit",
     "job_runs",
+    "observe_all",
     "prune_job_runs",
     "release_job_lease",
     "resume_job_run",
     "run_due_jobs",
+    "run_worker",
     "start_job_run",
     "upgrade",
 ]

@@ -40,6 +40,11 @@ REQUIRED_NAMES = {
     "prune_job_runs",
     "job_run_health",
     "LeaseLostError",
+    "run_worker",
+    "PassObserver",
+    "PassWatch",
+    "observe_all",
+    "LOG_PASSES",
 }
 
 EXPECTED_CODES = {

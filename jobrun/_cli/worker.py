@@ -1,1 +1,297 @@
-"""The ``jobrun worker`` command."""
+"""The ``jobrun worker`` command: drive due runs of one or more databases until signalled.
+
+Wiring only: the loop itself is :func:`jobrun.run_worker`. This module loads the
+``--app`` registry, sets up logging (the library never does), installs the
+signal handlers and, with ``--metrics-port``, serves Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+
+from jobrun._cli.app import cli
+from jobrun._cli.connect import (
+    first_line,
+    make_engine,
+    outdated_message,
+    parse_url,
+    sqlite_file,
+)
+from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
+from jobrun._core.registry import JobRegistry
+from jobrun.errors import SchemaOutdatedError, StoreError
+from jobrun.worker import DEFAULT_INTERVAL_S, HealthCallback, run_worker
+
+log = logging.getLogger("jobrun.worker")
+
+# What every LogRecord has; anything else on a record came through ``extra=``.
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the record's extra fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(
+            (key, value) for key, value in vars(record).items() if key not in _RECORD_FIELDS
+        )
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def _configure_logging(level: str, style: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if style == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("jobrun").setLevel(level.upper())
+
+
+def load_registry(spec: str) -> JobRegistry:
+    """``package.module:attribute`` (the attribute may be dotted) to the JobRegistry it names."""
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise click.BadParameter(
+            f"{spec!r} is not of the form package.module:registry", param_hint="--app"
+        )
+    # Like other app servers: the working directory is importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {first_line(error)}", param_hint="--app"
+        ) from error
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError as error:
+            raise click.BadParameter(
+                f"{module_name!r} has no attribute {attribute!r}", param_hint="--app"
+            ) from error
+    if not isinstance(found, JobRegistry):
+        raise click.BadParameter(
+            f"{spec} is a {type(found).__name__}, not a jobrun.JobRegistry", param_hint="--app"
+        )
+    return found
+
+
+def _metrics(port: int, host: str) -> tuple[PassObserver, HealthCallback]:
+    try:
+        from jobrun.prometheus import WorkerMetrics
+    except ImportError as error:
+        raise click.ClickException(
+            "--metrics-port needs prometheus-client: pip install 'jobrun[prometheus]'"
+        ) from error
+    metrics = WorkerMetrics()
+    try:
+        metrics.serve(port, host)
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot serve metrics on {host}:{port}: {first_line(error)}"
+        ) from error
+    log.info("serving metrics on http://%s:%d/metrics", host, port)
+    return metrics, metrics.record_health
+
+
+async def _work(
+    urls: tuple[str, ...],
+    registry: JobRegistry,
+    observer: PassObserver,
+    on_health: HealthCallback | None,
+    options: dict[str, Any],
+) -> bool:
+    """Run the worker until a signal; ``True`` when it stopped gracefully."""
+    engines = [make_engine(parse_url(url)) for url in urls]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    forced = False
+
+    def on_signal(signum: int) -> None:
+        nonlocal forced
+        name = signal.Signals(signum).name
+        if not stop.is_set():
+            log.info(
+                "%s: stopping; passes in flight finish (send it again to cancel them)",
+                name,
+            )
+            stop.set()
+        elif not forced:
+            forced = True
+            log.info("%s again: cancelling passes in flight; their leases go back", name)
+            task.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await run_worker(
+            engines, registry, observer=observer, on_health=on_health, stop=stop, **options
+        )
+    except asyncio.CancelledError:
+        if not forced:
+            raise
+        task.uncancel()
+        return False
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        for engine in engines:
+            await engine.dispose()
+    return True
+
+
+@cli.command("worker")
+@click.option(
+    "--url",
+    "urls",
+    multiple=True,
+    required=True,
+    metavar="URL",
+    help="A database to drive; repeat for several (each gets its own drivers).",
+)
+@click.option(
+    "--app",
+    "app",
+    required=True,
+    metavar="MODULE:REGISTRY",
+    help="The JobRegistry to run, by import path, e.g. myapp.jobs:registry.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_INTERVAL_S,
+    show_default=True,
+    help="Seconds between polls of an idle database (idle polls back off up to this).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Runs one driver takes per round before looking again.",
+)
+@click.option(
+    "--max-passes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Passes a run gets per claim before it goes back in line.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Passes in flight at once, across all databases.",
+)
+@click.option(
+    "--pass-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds a pass may take before it is failed (and retried).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=1, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (needs jobrun[prometheus]).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address the metrics server binds.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Level of the jobrun loggers (info: one line per pass; debug: per step).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object per line with the structured fields (run_id, outcome, ...).",
+)
+def worker(
+    urls: tuple[str, ...],
+    app: str,
+    interval: float,
+    limit: int,
+    max_passes: int,
+    concurrency: int,
+    pass_timeout: float | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Drive the due runs of the given databases until SIGTERM or SIGINT.
+
+    The first signal stops gracefully: nothing new is claimed, passes in flight
+    finish, exit status 0. A second signal cancels the passes in flight (each
+    hands its lease back at once) and exits with status 1. On Postgres the worker
+    LISTENs for new runs and starts them at once; otherwise an idle database is
+    polled once per --interval.
+
+    \b
+    Example:
+      jobrun worker --app myapp.jobs:registry --url postgresql+asyncpg://app@db/app \\
+          --concurrency 4 --metrics-port 9464
+    """
+    registry = load_registry(app)
+    for url in urls:
+        path = sqlite_file(parse_url(url))
+        if path is not None and not path.exists():
+            raise click.ClickException(
+                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
+            )
+    _configure_logging(log_level, log_format)
+    observer: PassObserver = LOG_PASSES
+    on_health: HealthCallback | None = None
+    if metrics_port is not None:
+        metrics, on_health = _metrics(metrics_port, metrics_host)
+        observer = observe_all(LOG_PASSES, metrics)
+    options = {
+        "interval_s": interval,
+        "limit": limit,
+        "max_passes": max_passes,
+        "concurrency": concurrency,
+        "pass_timeout_s": pass_timeout,
+    }
+    try:
+        graceful = asyncio.run(_work(urls, registry, observer, on_health, options))
+    except SchemaOutdatedError as error:
+        raise click.ClickException(outdated_message(error)) from error
+    except StoreError as error:
+        raise click.ClickException(error.message) from error
+    except OSError as error:
+        raise click.ClickException(f"database error: {first_line(error)}") from error
+    if not graceful:
+        sys.exit(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -46,6 +47,16 @@ FAILED = JobRunStatus.FAILED.value
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
+# Postgres: the channel a new run is announced on, with ``notify_payload`` as payload.
+NOTIFY_CHANNEL = "jobrun_started"
+_NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
+
+
+def notify_payload(row: RunRow) -> str:
+    """``["module_id", "job"]`` as JSON (a module id may itself contain ``/``); empty when
+    too long for a notification (listeners then wake for any job)."""
+    text = json.dumps([row.module_id, row.job])
+    return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
 
 
 _PATCH_COLUMNS = tuple(RunPatch.__dataclass_fields__)
@@ -202,6 +213,12 @@ class SqlJobRunStore:
                     # whatever number of hosts race here.
                     inserted = await connection.execute(self._insert_run.values(values))
                     if inserted.rowcount == 1:
+                        if self._dialect.is_postgres:
+                            # Wake listening workers (``jobrun worker``) now rather than at
+                            # their next poll; the insert is already committed (autocommit).
+                            await connection.execute(
+                                select(func.pg_notify(NOTIFY_CHANNEL, notify_payload(row)))
+                            )
                         return row, True
                     found = (await connection.execute(live)).mappings().first()
                 if found is not None:

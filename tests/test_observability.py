@@ -1,0 +1,433 @@
+"""Observation: the structured log lines, the observer protocol, OpenTelemetry spans and
+Prometheus metrics.
+
+Most tests use the memory store (the hooks live in the core); the takeover test runs on
+every backend because it depends on what each store leaves on a taken-over run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry, generate_latest
+
+import jobrun
+from jobrun._core import observe
+from jobrun._core.formats import add_milliseconds, format_instant
+from jobrun._core.records import ClaimRequest
+from jobrun.otel import TracingObserver
+from jobrun.prometheus import WorkerMetrics
+from jobrun.testing import FakeClock, MemoryJobRunStore
+
+NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
+
+
+class Recorder:
+    """An observer that writes down every call."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def pass_started(self, start: jobrun.PassStart) -> jobrun.PassWatch | None:
+        self.events.append(("pass_started", start))
+        return self
+
+    def step_started(self, name: str) -> None:
+        self.events.append(("step_started", name))
+
+    def step_ended(self, end: jobrun.StepEnd) -> None:
+        self.events.append(("step_ended", end))
+
+    def pass_ended(self, end: jobrun.PassEnd) -> None:
+        self.events.append(("pass_ended", end))
+
+    def of(self, kind: str) -> list[Any]:
+        return [payload for name, payload in self.events if name == kind]
+
+
+def flaky_registry() -> jobrun.JobRegistry:
+    """``m/j``: pass 1 runs ``a`` then fails in ``b``; pass 2 replays ``a`` (memo) and
+    completes ``b``."""
+    registry = jobrun.JobRegistry()
+    calls = {"b": 0}
+
+    def b() -> str:
+        calls["b"] += 1
+        if calls["b"] == 1:
+            raise RuntimeError("upstream hiccup")
+        return "fine"
+
+    @registry.job("m", "j", retry=NO_WAIT)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("a", lambda: 1)
+        await p.step("b", b)
+        return jobrun.PassResult(done=True)
+
+    return registry
+
+
+async def two_passes(observer: jobrun.PassObserver | None = None) -> tuple[str, list[Any]]:
+    store = MemoryJobRunStore()
+    registry = flaky_registry()
+    run = await jobrun.start_job_run(store, module_id="m", job="j", instance="i-1")
+    reports = []
+    for _ in range(2):
+        reports.append(await jobrun.run_due_jobs(store, registry, observer=observer))
+    return run.id, reports
+
+
+# --- logging --------------------------------------------------------------------------------
+
+
+async def test_each_pass_logs_one_info_line_with_its_fields(caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.INFO, logger="jobrun")
+    run_id, _ = await two_passes()
+    records = [record for record in caplog.records if record.name == "jobrun.pass"]
+    assert [record.levelno for record in records] == [logging.INFO, logging.INFO]
+    first, second = records
+    for record in records:
+        assert record.run_id == run_id  # type: ignore[attr-defined]
+        assert (record.module_id, record.job, record.instance) == ("m", "j", "i-1")  # type: ignore[attr-defined]
+        assert record.duration_ms >= 0  # type: ignore[attr-defined]
+    assert (first.outcome, first.steps_run, first.memo_hits, first.steps_failed) == (  # type: ignore[attr-defined]
+        "retrying",
+        1,
+        0,
+        1,
+    )
+    assert "upstream hiccup" in first.error  # type: ignore[attr-defined]
+    assert (second.outcome, second.steps_run, second.memo_hits) == ("completed", 1, 1)  # type: ignore[attr-defined]
+    message = second.getMessage()
+    assert message.startswith("pass m/j[i-1] completed in ")
+    assert "1 step run, 1 memo hit" in message
+    assert run_id in message
+    # INFO only: no per-step lines.
+    assert not [record for record in caplog.records if record.name == "jobrun.step"]
+
+
+async def test_debug_adds_a_line_per_step(caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    await two_passes()
+    ended = [
+        (record.step, record.outcome)  # type: ignore[attr-defined]
+        for record in caplog.records
+        if record.name == "jobrun.step" and hasattr(record, "outcome")
+    ]
+    assert ended == [("a", "ran"), ("b", "failed"), ("a", "memo"), ("b", "ran")]
+    started = [r for r in caplog.records if r.name == "jobrun.pass" and r.levelno == logging.DEBUG]
+    assert len(started) == 2
+
+
+def test_the_library_configures_no_handlers():
+    assert logging.getLogger("jobrun").handlers == []
+    assert logging.getLogger("jobrun.pass").handlers == []
+    assert logging.getLogger("jobrun").level == logging.NOTSET
+
+
+async def test_nothing_is_watched_when_the_loggers_are_off(monkeypatch: pytest.MonkeyPatch):
+    quiet = logging.getLogger("jobrun.test-quiet")
+    monkeypatch.setattr(quiet, "level", logging.WARNING)
+    observer = jobrun.LoggingObserver(quiet, quiet)
+    probes: list[object] = []
+    real = observe.PassProbe.__init__
+
+    def counting(self: observe.PassProbe, *args: Any) -> None:
+        probes.append(self)
+        real(self, *args)
+
+    monkeypatch.setattr(observe.PassProbe, "__init__", counting)
+    _, reports = await two_passes(observer)
+    assert reports[1].completed == 1
+    assert probes == [], "a pass nobody listens to gets no probe, so its steps do no extra work"
+
+
+# --- the observer protocol ------------------------------------------------------------------
+
+
+async def test_an_observer_hears_passes_and_steps_in_order():
+    recorder = Recorder()
+    run_id, _ = await two_passes(recorder)
+    kinds = [kind for kind, _ in recorder.events]
+    assert (
+        kinds
+        == [
+            "pass_started",
+            "step_started",
+            "step_ended",
+            "step_started",
+            "step_ended",
+            "pass_ended",
+        ]
+        * 2
+    )
+    starts = recorder.of("pass_started")
+    assert [(s.run.id, s.number, s.attempts, s.taken_over) for s in starts] == [
+        (run_id, 1, 0, False),
+        (run_id, 1, 1, False),
+    ]
+    steps = recorder.of("step_ended")
+    assert [(s.name, s.outcome, s.attempt) for s in steps] == [
+        ("a", "ran", 1),
+        ("b", "failed", 1),
+        ("a", "memo", 0),
+        ("b", "ran", 2),
+    ]
+    assert "upstream hiccup" in steps[1].error
+    ends = recorder.of("pass_ended")
+    assert [(e.outcome, e.steps_run, e.memo_hits, e.steps_failed) for e in ends] == [
+        ("retrying", 1, 0, 1),
+        ("completed", 1, 1, 0),
+    ]
+
+
+async def test_passes_under_one_lease_are_numbered():
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        page = p.cursor or 0
+        return jobrun.PassResult(cursor=page + 1, done=page == 2)
+
+    store = MemoryJobRunStore()
+    await jobrun.start_job_run(store, module_id="m", job="j")
+    recorder = Recorder()
+    await jobrun.run_due_jobs(store, registry, max_passes=5, observer=recorder)
+    assert [s.number for s in recorder.of("pass_started")] == [1, 2, 3]
+    assert [e.outcome for e in recorder.of("pass_ended")] == ["advanced", "advanced", "completed"]
+
+
+async def test_observe_all_tells_each_and_observe_none_tells_nobody():
+    first, second = Recorder(), Recorder()
+    await two_passes(jobrun.observe_all(first, second))
+    assert first.events == second.events
+    assert len(first.events) == 12
+    silent = jobrun.observe_all()
+    start = first.of("pass_started")[0]
+    assert silent.pass_started(start) is None
+
+
+async def test_a_failing_observer_does_not_fail_the_pass(caplog: pytest.LogCaptureFixture):
+    class Broken(Recorder):
+        def step_ended(self, end: jobrun.StepEnd) -> None:
+            raise RuntimeError("observer bug")
+
+        def pass_ended(self, end: jobrun.PassEnd) -> None:
+            raise RuntimeError("observer bug")
+
+    class BrokenAtStart:
+        def pass_started(self, start: jobrun.PassStart) -> jobrun.PassWatch | None:
+            raise RuntimeError("observer bug")
+
+    caplog.set_level(logging.WARNING, logger="jobrun")
+    for observer in (Broken(), BrokenAtStart()):
+        _, reports = await two_passes(observer)  # type: ignore[arg-type]
+        assert (reports[0].retrying, reports[1].completed) == (1, 1)
+    assert any("observer failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_cancelled_pass_ends_interrupted():
+    registry = jobrun.JobRegistry()
+    entered = asyncio.Event()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> None:
+        async def forever() -> None:
+            entered.set()
+            await asyncio.sleep(3600)
+
+        await p.step("wait", forever)
+
+    store = MemoryJobRunStore()
+    run = await jobrun.start_job_run(store, module_id="m", job="j")
+    recorder = Recorder()
+    task = asyncio.create_task(jobrun.run_due_jobs(store, registry, observer=recorder))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [(e.name, e.outcome) for e in recorder.of("step_ended")] == [("wait", "error")]
+    assert [e.outcome for e in recorder.of("pass_ended")] == ["interrupted"]
+    assert store.runs[run.id].lease_owner is None, "the lease was handed back"
+
+
+async def test_a_takeover_is_reported(store: Any, clock: FakeClock):
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    now_at = format_instant(clock())
+    # A driver claims the run and dies without a word.
+    zombie = ClaimRequest(now_at, "ZOMBIE", "zombie:1", {("m", "j"): add_milliseconds(now_at, 500)})
+    assert await store.claim(zombie) is not None
+    clock.advance(seconds=1)
+
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j", lease_ms=500, retry=NO_WAIT)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        if p.cursor is None:
+            raise RuntimeError("first pass after the takeover fails")
+        return jobrun.PassResult(done=True)
+
+    metrics = WorkerMetrics(CollectorRegistry())
+    recorder = Recorder()
+    observer = jobrun.observe_all(recorder, metrics)
+    await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
+    # The failed pass wrote its own error over the takeover note: not a takeover again.
+    await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
+    assert [s.taken_over for s in recorder.of("pass_started")] == [True, False]
+    assert [s.run.id for s in recorder.of("pass_started")] == [run.id, run.id]
+    taken = metrics.registry.get_sample_value(
+        "jobrun_lease_takeovers_total", {"module_id": "m", "job": "j"}
+    )
+    assert taken == 1
+
+
+# --- OpenTelemetry --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def test_a_pass_is_a_span_and_each_step_a_child_span(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+):
+    provider, exporter = spans
+    user_tracer = provider.get_tracer("host")
+    registry = jobrun.JobRegistry()
+
+    def fetch() -> int:
+        with user_tracer.start_as_current_span("host.fetch"):
+            return 7
+
+    passes = 0
+
+    @registry.job("shop", "reindex", retry=NO_WAIT)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        nonlocal passes
+        passes += 1
+        await p.step("fetch", fetch)
+        if passes == 1:
+            await p.step("explode", lambda: 1 / 0)
+        return jobrun.PassResult(done=True)
+
+    store = MemoryJobRunStore()
+    run = await jobrun.start_job_run(store, module_id="shop", job="reindex", instance="s-42")
+    observer = TracingObserver(tracer_provider=provider)
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+
+    finished: list[ReadableSpan] = list(exporter.get_finished_spans())
+    passes = [span for span in finished if span.name == "jobrun.pass"]
+    steps = [span for span in finished if span.name == "jobrun.step"]
+    assert len(passes) == 2
+    assert len(steps) == 3
+    key = {
+        "jobrun.run_id": run.id,
+        "jobrun.module_id": "shop",
+        "jobrun.job": "reindex",
+        "jobrun.instance": "s-42",
+    }
+    first, second = sorted(passes, key=lambda span: span.start_time or 0)
+    for span in passes:
+        assert span.attributes is not None
+        assert {name: span.attributes[name] for name in key} == key
+        assert span.parent is None
+    assert first.attributes is not None
+    assert second.attributes is not None
+    assert first.attributes["jobrun.pass.outcome"] == "retrying"
+    assert first.status.status_code == trace.StatusCode.ERROR
+    assert second.attributes["jobrun.pass.outcome"] == "completed"
+    assert second.attributes["jobrun.pass.memo_hits"] == 1
+    assert second.status.status_code == trace.StatusCode.UNSET
+
+    def children(parent: ReadableSpan) -> list[tuple[Any, ...]]:
+        assert parent.context is not None
+        found = []
+        for span in sorted(steps, key=lambda span: span.start_time or 0):
+            assert span.parent is not None
+            assert span.context is not None
+            if span.parent.span_id == parent.context.span_id:
+                assert span.context.trace_id == parent.context.trace_id
+                assert span.attributes is not None
+                assert span.attributes["jobrun.run_id"] == run.id
+                found.append(
+                    (
+                        span.attributes["jobrun.step.name"],
+                        span.attributes["jobrun.step.outcome"],
+                        span.status.status_code,
+                    )
+                )
+        return found
+
+    assert children(first) == [
+        ("fetch", "ran", trace.StatusCode.UNSET),
+        ("explode", "failed", trace.StatusCode.ERROR),
+    ]
+    assert children(second) == [("fetch", "memo", trace.StatusCode.UNSET)]
+    # The host's own span, made inside the step body, is the step's child.
+    (host_span,) = [span for span in finished if span.name == "host.fetch"]
+    (fetch_span,) = [
+        span
+        for span in steps
+        if span.attributes is not None and span.attributes["jobrun.step.outcome"] == "ran"
+    ]
+    assert host_span.parent is not None
+    assert fetch_span.context is not None
+    assert host_span.parent.span_id == fetch_span.context.span_id
+    # Nothing is left attached once the passes are over.
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+async def test_a_sampled_out_pass_is_not_watched():
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    observer = TracingObserver(tracer_provider=TracerProvider(sampler=ALWAYS_OFF))
+    start = jobrun.PassStart(
+        jobrun.RunKey("01", "m", "j", "i"), driver="d", number=1, attempts=0, taken_over=False
+    )
+    assert observer.pass_started(start) is None
+
+
+# --- Prometheus -----------------------------------------------------------------------------
+
+
+async def test_prometheus_counts_passes_steps_and_health():
+    metrics = WorkerMetrics(CollectorRegistry())
+    store = MemoryJobRunStore()
+    await two_passes_on(store, metrics)
+    value = metrics.registry.get_sample_value
+    job = {"module_id": "m", "job": "j"}
+    assert value("jobrun_passes_total", job | {"outcome": "retrying"}) == 1
+    assert value("jobrun_passes_total", job | {"outcome": "completed"}) == 1
+    assert value("jobrun_step_duration_seconds_count", job | {"outcome": "ran"}) == 2
+    assert value("jobrun_step_duration_seconds_count", job | {"outcome": "memo"}) == 1
+    assert value("jobrun_step_duration_seconds_count", job | {"outcome": "failed"}) == 1
+    assert value("jobrun_pass_duration_seconds_count", job | {"outcome": "completed"}) == 1
+
+    clock = FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="waiting", clock=clock)
+    clock.advance(seconds=90)
+    metrics.record_health("db-1", await jobrun.job_run_health(store, clock=clock))
+    assert value("jobrun_due_runs", {"database": "db-1"}) == 1
+    assert value("jobrun_oldest_due_age_seconds", {"database": "db-1"}) == 90
+    assert value("jobrun_running_runs", {"database": "db-1"}) == 1
+    text = generate_latest(metrics.registry).decode()
+    assert 'jobrun_passes_total{job="j",module_id="m",outcome="completed"} 1.0' in text
+    assert 'jobrun_due_runs{database="db-1"} 1.0' in text
+
+
+async def two_passes_on(store: MemoryJobRunStore, observer: jobrun.PassObserver) -> None:
+    registry = flaky_registry()
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i-1")
+    for _ in range(2):
+        await jobrun.run_due_jobs(store, registry, observer=observer)

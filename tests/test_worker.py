@@ -1,0 +1,415 @@
+"""The worker: draining several databases, bounding concurrency, idling quietly, waking on
+Postgres NOTIFY, and stopping on signals as a real ``jobrun worker`` process.
+
+The in-process tests call :func:`jobrun.run_worker` with a ``stop`` event; the process
+tests run ``.venv/bin/jobrun worker --app tests.worker_app:registry`` from the repository
+root with the root on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import event, select
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+import jobrun
+import jobrun.worker
+from jobrun.sql.schema import job_runs
+from tests import worker_app
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBRUN = Path(sys.executable).parent / "jobrun"
+APP = "tests.worker_app:registry"
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def sqlite_copy(template: Path, directory: Path, name: str) -> str:
+    path = directory / f"{name}.db"
+    shutil.copyfile(template, path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[Callable[[str], AsyncEngine]]:
+    made: list[AsyncEngine] = []
+
+    def make(url: str) -> AsyncEngine:
+        engine = create_async_engine(url)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        await engine.dispose()
+
+
+async def start_pages(engine: AsyncEngine, count: int, pages: int = 3) -> list[str]:
+    store = jobrun.SqlJobRunStore(engine)
+    return [
+        (
+            await jobrun.start_job_run(
+                store, module_id="demo", job="pages", instance=f"i{n}", payload={"pages": pages}
+            )
+        ).id
+        for n in range(count)
+    ]
+
+
+async def statuses(engine: AsyncEngine) -> dict[str, str]:
+    async with engine.connect() as connection:
+        rows = (await connection.execute(select(job_runs.c.id, job_runs.c.status))).all()
+    return {row.id: row.status for row in rows}
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s} s")
+        await asyncio.sleep(0.05)
+
+
+async def all_done(*engines: AsyncEngine) -> bool:
+    for engine in engines:
+        found = await statuses(engine)
+        if not found or set(found.values()) != {"done"}:
+            return False
+    return True
+
+
+class Worker:
+    """``run_worker`` in a task, with its stop event."""
+
+    def __init__(self, databases: list[Any], **options: Any) -> None:
+        self.stop = asyncio.Event()
+        options.setdefault("interval_s", 0.2)
+        self.task = asyncio.create_task(
+            jobrun.run_worker(databases, worker_app.registry, stop=self.stop, **options)
+        )
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 10)
+
+
+# --- draining -------------------------------------------------------------------------------
+
+
+# The second database is the ``database_url`` fixture: another SQLite file, or Postgres.
+SECOND = pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+
+
+@SECOND
+async def test_the_worker_drains_two_databases(
+    database_url: str,
+    sqlite_template: Path,
+    tmp_path: Path,
+    engines: Callable[[str], AsyncEngine],
+):
+    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
+    second_url = database_url
+    first, other = engines(first_url), engines(second_url)
+    await start_pages(first, 4)
+    await start_pages(other, 4)
+    worker = Worker([first_url, other], concurrency=2)
+    await eventually(lambda: all_done(first, other))
+    await worker.finish()
+    for engine in (first, other):
+        for record in await jobrun.job_runs(jobrun.SqlJobRunStore(engine)):
+            assert record.counters == {"pages": 3}
+
+
+async def test_concurrency_bounds_the_passes_in_flight_across_databases(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    worker_app.most_in_flight = 0
+    made = [engines(sqlite_copy(sqlite_template, tmp_path, f"db{n}")) for n in range(2)]
+    for engine in made:
+        store = jobrun.SqlJobRunStore(engine)
+        for n in range(5):
+            await jobrun.start_job_run(
+                store, module_id="demo", job="concurrent", instance=f"c{n}", payload={}
+            )
+    worker = Worker(list(made), concurrency=3)
+    await eventually(lambda: all_done(*made))
+    await worker.finish()
+    assert worker_app.most_in_flight == 3
+
+
+async def test_a_store_failure_is_logged_and_retried(
+    sqlite_template: Path,
+    tmp_path: Path,
+    engines: Callable[[str], AsyncEngine],
+    caplog: pytest.LogCaptureFixture,
+):
+    engine = engines(sqlite_copy(sqlite_template, tmp_path, "flaky"))
+    await start_pages(engine, 1, pages=1)
+    failures = 0
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def fail_twice(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        nonlocal failures
+        # The claims fail (after the worker's start-up check went through).
+        if statement.lstrip().startswith("UPDATE") and failures < 2:
+            failures += 1
+            raise OSError("the disk went away")
+
+    caplog.set_level(logging.WARNING, logger="jobrun.worker")
+    worker = Worker([engine], interval_s=0.1)
+    await eventually(lambda: all_done(engine))
+    await worker.finish()
+    assert any("failed" in record.getMessage() for record in caplog.records)
+
+
+async def test_an_outdated_database_fails_at_start(tmp_path: Path):
+    with pytest.raises(jobrun.SchemaOutdatedError):
+        await jobrun.run_worker(
+            [f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"], worker_app.registry
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"interval_s": 0}, ValueError),
+        ({"concurrency": 0}, ValueError),
+        ({"limit": "5"}, TypeError),
+        ({"max_passes": 0}, ValueError),
+        ({"pass_timeout_s": -1}, ValueError),
+    ],
+)
+async def test_bad_options_are_refused_before_anything_runs(
+    options: dict[str, Any], error: type[Exception]
+):
+    with pytest.raises(error):
+        await jobrun.run_worker(["sqlite+aiosqlite://"], worker_app.registry, **options)
+    with pytest.raises(ValueError, match="at least one database"):
+        await jobrun.run_worker([], worker_app.registry)
+
+
+# --- idling ---------------------------------------------------------------------------------
+
+
+def count_statements(engine: AsyncEngine) -> list[str]:
+    seen: list[str] = []
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    return seen
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_an_idle_database_costs_one_claim_per_interval(engine: AsyncEngine):
+    interval = 0.25
+    seen = count_statements(engine)
+    # Four drivers: only one of them polls while the database is idle.
+    worker = Worker([engine], interval_s=interval, concurrency=4)
+    # The back-off climbs from 50 ms to the interval in about 0.6 s.
+    await asyncio.sleep(1.0)
+    before = len(seen)
+    await asyncio.sleep(2.0)
+    idle = seen[before:]
+    await worker.finish()
+    assert all(statement.lstrip().upper().startswith("UPDATE") for statement in idle), idle
+    # 2 s at one claim per 0.25 s: 8, give or take the edges.
+    assert 4 <= len(idle) <= 9, len(idle)
+
+
+# --- waking on Postgres ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "wakes"),
+    [("sqlite", False), pytest.param("postgres", True, marks=pytest.mark.postgres)],
+    indirect=["backend"],
+)
+async def test_a_new_run_wakes_an_idle_worker_on_postgres(
+    engine: AsyncEngine, wakes: bool, monkeypatch: pytest.MonkeyPatch
+):
+    # The first idle wait is already 10 s, so only a notification can explain a quick start.
+    monkeypatch.setattr(jobrun.worker, "FIRST_IDLE_DELAY_S", 10.0)
+    seen = count_statements(engine)
+    worker = Worker([engine], interval_s=30)
+    await eventually(lambda: _claims_seen(seen, 1))
+    await asyncio.sleep(0.5)
+    began = time.monotonic()
+    await start_pages(engine, 1, pages=1)
+    try:
+        await eventually(lambda: all_done(engine), timeout_s=3)
+        picked_up_in = time.monotonic() - began
+    except AssertionError:
+        picked_up_in = None
+    await worker.finish()
+    if wakes:
+        assert picked_up_in is not None
+        assert picked_up_in < 3
+    else:
+        assert picked_up_in is None, "without NOTIFY the run waits for the next poll"
+
+
+async def _claims_seen(seen: list[str], count: int) -> bool:
+    return sum(statement.lstrip().upper().startswith("UPDATE") for statement in seen) >= count
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+async def test_starting_a_run_notifies_only_when_a_run_was_inserted(engine: AsyncEngine):
+    payloads: list[str] = []
+    async with engine.connect() as connection:
+        raw = (await connection.get_raw_connection()).driver_connection
+        assert raw is not None
+        await raw.add_listener("jobrun_started", lambda *args: payloads.append(args[3]))
+        store = jobrun.SqlJobRunStore(engine)
+        await jobrun.start_job_run(store, module_id="a/b", job="c", instance="x")
+        await jobrun.start_job_run(store, module_id="a/b", job="c", instance="x")  # joined
+        await asyncio.sleep(0.3)
+        await raw.remove_listener("jobrun_started", lambda *args: None)
+    assert payloads == ['["a/b", "c"]']
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [str(JOBRUN), "worker", "--app", APP, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def lease_held(engine: AsyncEngine, run_id: str) -> bool:
+    async with engine.connect() as connection:
+        owner = (
+            await connection.execute(select(job_runs.c.lease_owner).where(job_runs.c.id == run_id))
+        ).scalar_one()
+    return owner is not None
+
+
+@SECOND
+async def test_the_command_drains_two_databases_and_stops_on_sigterm(
+    database_url: str,
+    sqlite_template: Path,
+    tmp_path: Path,
+    engines: Callable[[str], AsyncEngine],
+):
+    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
+    second_url = database_url
+    first, other = engines(first_url), engines(second_url)
+    await start_pages(first, 3)
+    await start_pages(other, 3)
+    port = free_port()
+    process = spawn(
+        "--url", first_url, "--url", second_url, "--interval", "0.5", "--concurrency", "2",
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    try:
+        await eventually(lambda: all_done(first, other), timeout_s=10)
+        # A slow pass in flight when SIGTERM comes: it finishes, then the worker exits 0.
+        slow = await jobrun.start_job_run(
+            jobrun.SqlJobRunStore(first), module_id="demo", job="slow", payload={"sleep_s": 1.5}
+        )
+        await eventually(lambda: lease_held(first, slow.id), timeout_s=5)
+        scraped = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        )
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert (await statuses(first))[slow.id] == "done", "the pass in flight was let finish"
+    assert stderr.count("INFO jobrun.pass: pass demo/pages[") == 18
+    assert "INFO jobrun.pass: pass demo/slow[default] completed" in stderr
+    assert "SIGTERM: stopping" in stderr
+    text = scraped.decode()
+    assert 'jobrun_passes_total{job="pages",module_id="demo",outcome="completed"} 6.0' in text
+    assert "jobrun_due_runs{database=" in text
+
+
+async def test_a_second_sigterm_cancels_the_pass_and_hands_its_lease_back(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    url = sqlite_copy(sqlite_template, tmp_path, "slow")
+    engine = engines(url)
+    slow = await jobrun.start_job_run(
+        jobrun.SqlJobRunStore(engine), module_id="demo", job="slow", payload={"sleep_s": 60}
+    )
+    process = spawn("--url", url, "--interval", "0.5")
+    try:
+        await eventually(lambda: lease_held(engine, slow.id), timeout_s=10)
+        process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        assert process.poll() is None, "the first signal lets the pass finish"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, stderr
+    assert "cancelling passes in flight" in stderr
+    assert "pass demo/slow[default] interrupted" in stderr
+    record = await jobrun.get_job_run(jobrun.SqlJobRunStore(engine), slow.id)
+    assert record is not None
+    assert record.status == "running"
+    assert record.lease_driver is None, "the lease was handed back, not left to expire"
+
+
+def test_the_command_refuses_a_bad_app_and_an_unknown_database(tmp_path: Path):
+    from jobrun._cli import worker as _registers  # noqa: F401
+    from jobrun._cli.app import cli
+
+    runner = CliRunner()
+    url = f"sqlite+aiosqlite:///{tmp_path / 'nothing.db'}"
+    result = runner.invoke(cli, ["worker", "--app", "no-colon", "--url", url])
+    assert result.exit_code == 2
+    assert "package.module:registry" in result.output
+    result = runner.invoke(cli, ["worker", "--app", "tests.no_such_module:x", "--url", url])
+    assert result.exit_code == 2
+    assert "cannot import" in result.output
+    result = runner.invoke(cli, ["worker", "--app", "tests.worker_app:nothing", "--url", url])
+    assert result.exit_code == 2
+    assert "has no attribute" in result.output
+    result = runner.invoke(cli, ["worker", "--app", "tests.worker_app:asyncio", "--url", url])
+    assert result.exit_code == 2
+    assert "not a jobrun.JobRegistry" in result.output
+    result = runner.invoke(cli, ["worker", "--app", APP, "--url", url])
+    assert result.exit_code == 1
+    assert "jobrun db upgrade" in result.output
+    assert not (tmp_path / "nothing.db").exists()
