@@ -8,8 +8,10 @@ store uses, including one the host's pool opened before the store existed.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import make_url
@@ -131,3 +133,24 @@ async def test_the_configured_timeout_is_the_one_that_applies(sqlite_url: str) -
     # The same lock with a timeout far shorter than the hold: the store gives up.
     with pytest.raises(jobrun.StoreError, match="database is locked"):
         await _start_while_another_process_holds_the_lock(sqlite_url, 50, hold_seconds=1.0)
+
+
+async def test_a_read_only_file_not_in_wal_mode_can_still_be_read(tmp_path: Path) -> None:
+    """Switching to WAL needs a write; on a read-only file jobrun skips it and reads."""
+    path = tmp_path / "rollback-journal.db"
+    writer = create_async_engine(f"sqlite+aiosqlite:///{path}")
+    await jobrun.upgrade(writer)
+    run = await jobrun.start_job_run(jobrun.SqlJobRunStore(writer), module_id="m", job="j")
+    await writer.dispose()
+    plain = sqlite3.connect(path)
+    plain.execute("PRAGMA journal_mode = DELETE")
+    plain.close()
+
+    reader = create_async_engine(f"sqlite+aiosqlite:///file:{path}?mode=ro&uri=true")
+    try:
+        store = jobrun.SqlJobRunStore(reader)
+        assert [record.id for record in await jobrun.job_runs(store)] == [run.id]
+        with pytest.raises(jobrun.StoreError, match="readonly"):
+            await jobrun.start_job_run(store, module_id="m", job="other")
+    finally:
+        await reader.dispose()

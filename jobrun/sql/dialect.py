@@ -98,7 +98,12 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
                 # WAL lets readers run beside the writer; NORMAL sync in WAL is safe
                 # against a process crash (the case jobrun exists for) and skips an
                 # fsync per commit.
-                cursor.execute("PRAGMA journal_mode = WAL")
+                try:
+                    cursor.execute("PRAGMA journal_mode = WAL")
+                except Exception as error:
+                    # A read-only file cannot switch journal mode; reading it still works.
+                    if "readonly" not in str(error):
+                        raise
                 cursor.execute("PRAGMA synchronous = NORMAL")
         finally:
             cursor.close()
