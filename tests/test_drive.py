@@ -392,9 +392,7 @@ async def test_an_operator_cancel_between_passes_supersedes_the_next_one(store, 
     assert record.last_error == "cancelled: stop it"
 
 
-async def test_a_run_failed_behind_the_drivers_back_takes_no_further_write(
-    store, engine, clock
-):
+async def test_a_run_failed_behind_the_drivers_back_takes_no_further_write(store, engine, clock):
     registry, _cursors = counting_registry(finish_at=100)
     run = await start(store, clock)
     spy = SpyStore(store)
