@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun.testing import FakeClock, MemoryJobRunStore
+from tests.support import SQL_BACKENDS
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL")
 IN_CI = bool(os.environ.get("CI"))
@@ -139,12 +140,15 @@ async def empty_postgres_url() -> AsyncIterator[str]:
         await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-BACKENDS = [
-    pytest.param("memory", id="memory"),
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
-SQL_BACKENDS = BACKENDS[1:]
+@pytest.fixture
+def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database (no schema at all) on the backend of an indirect parameter."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'blank.db'}"
+    return str(request.getfixturevalue("empty_postgres_url"))
+
+
+BACKENDS = [pytest.param("memory", id="memory"), *SQL_BACKENDS]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -33,13 +33,10 @@ from jobrun._cli.params import parse_duration
 from jobrun._cli.watching import Poll, line, progress_of
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import job_runs as runs_table
+from tests.support import SQL_BACKENDS
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
-SQL_BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 ONCE = jobrun.RetryPolicy(max_attempts=1, base_delay_ms=0)
 
 registry = jobrun.JobRegistry()

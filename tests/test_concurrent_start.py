@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+from tests.support import SQL_BACKENDS
 
 PROCESSES = 8
 CALLS_PER_PROCESS = 7  # 56 starts per round
@@ -24,10 +25,6 @@ CONNECTIONS_PER_PROCESS = 4
 ROUNDS = 2
 TIMEOUT = 60.0
 KEY = {"module_id": "@test/jobs", "job": "walk", "instance": "race"}
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 
 def _racer(url: str, index: int, barrier: Any, results: Any) -> None:
@@ -95,7 +92,7 @@ def _collect(results: Any, round_: int) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 async def test_many_processes_starting_one_key_get_one_live_run(
     database_url: str, engine: AsyncEngine
 ) -> None:
@@ -147,7 +144,7 @@ async def test_many_processes_starting_one_key_get_one_live_run(
     assert [status for _, status in rows] == ["done"] * ROUNDS
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 @pytest.mark.parametrize("ending", ["done", "failed"])
 async def test_a_finished_run_never_blocks_a_new_start(engine: AsyncEngine, ending: str) -> None:
     store = jobrun.SqlJobRunStore(engine)

@@ -48,6 +48,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
+from tests.support import SQL_BACKENDS
 
 sys.path.insert(0, str(Path(__file__).parent))
 from crash_child import JOB, KINDS, MODULE_ID, sink, sink_metadata
@@ -76,10 +77,6 @@ NTH_RANGE = {
     "failure_patch_before": (1, 2),
     "failure_patch_after": (1, 2),
 }
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 
 @dataclass
@@ -196,7 +193,7 @@ def read_log(log_path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 async def test_walk_survives_kill_9(backend: str, database_url: str, tmp_path: Path) -> None:
     seed = int(SEED_TEXT) if SEED_TEXT else random.SystemRandom().randrange(2**32)
     replay = f"seed {seed} (replay with JOBRUN_CRASH_SEED={seed} JOBRUN_CRASH_KILLS={KILLS})"

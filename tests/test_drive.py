@@ -8,71 +8,20 @@ on the memory store.
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.records import RunRow
-from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock
+from tests.support import fixed_random, hand_made_row, put_rows, set_columns
 
 NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
 
 
-def fixed_random() -> float:
-    """Jitter factor exactly 1.0 (0.8 + 0.5 * 0.4), so backoff is predictable."""
-    return 0.5
-
-
 # --- helpers -----------------------------------------------------------------------------
-
-
-def hand_made_row(index: int, *, module_id: str = "elsewhere", job: str = "theirs") -> RunRow:
-    """A due, running row whose id sorts before every minted ULID, in ``index`` order."""
-    at = "2025-12-31T00:00:00.000Z"
-    return RunRow(
-        id=f"{index:026d}",
-        module_id=module_id,
-        job=job,
-        instance=f"i{index}",
-        payload="null",
-        status="running",
-        cursor=None,
-        counters="{}",
-        attempts=0,
-        last_error=None,
-        started_at=at,
-        updated_at=at,
-        next_attempt_at=None,
-        ended_at=None,
-    )
-
-
-async def put_rows(store: Any, engine: AsyncEngine | None, rows: list[RunRow]) -> None:
-    if not rows:
-        return
-    if engine is None:
-        for row in rows:
-            store.runs[row.id] = row
-        return
-    async with engine.begin() as connection:
-        await connection.execute(insert(runs_table), [dataclasses.asdict(row) for row in rows])
-
-
-async def set_columns(store: Any, engine: AsyncEngine | None, run_id: str, **values: Any) -> None:
-    """Overwrite columns of one row behind jobrun's back."""
-    if engine is None:
-        store.runs[run_id] = dataclasses.replace(store.runs[run_id], **values)
-        return
-    async with engine.begin() as connection:
-        await connection.execute(
-            update(runs_table).where(runs_table.c.id == run_id).values(**values)
-        )
 
 
 class SpyStore:

@@ -27,16 +27,13 @@ from sqlalchemy.util import await_only
 import jobrun
 from jobrun._core.records import RunRow, StepRow
 from jobrun.testing import FakeClock
+from tests.support import SQL_BACKENDS, drive, row_of
 
 MODULE = "faults"
 JOB = "walk"
 IMMEDIATE = jobrun.RetryPolicy(max_attempts=50, base_delay_ms=0)
 SHORT_LEASE_MS = 200
 POSTGRES_ONLY = [pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
-SQL_BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -71,19 +68,6 @@ class TwoSteps:
         registry = jobrun.JobRegistry()
         registry.register(MODULE, JOB, self.handler, retry=IMMEDIATE, lease_ms=SHORT_LEASE_MS)
         return registry
-
-
-async def drive(
-    store: Any, registry: jobrun.JobRegistry, clock: FakeClock, **options: Any
-) -> jobrun.JobDriveReport:
-    options.setdefault("random", lambda: 0.5)
-    return await jobrun.run_due_jobs(store, registry, clock=clock, **options)
-
-
-async def row_of(store: Any, run_id: str) -> RunRow:
-    row = await store.get(run_id)
-    assert row is not None
-    return row
 
 
 async def assert_whole(store: Any, run_id: str, committed_cursor: str | None) -> None:

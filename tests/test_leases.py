@@ -15,27 +15,19 @@ runs on ``asyncio.sleep`` and stamps expiries from the same clock.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.formats import add_milliseconds, format_instant, parse_instant, system_clock
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
-from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock
+from tests.support import fixed_random, row_of, set_columns
 
 M, J = "m", "j"
-
-
-def fixed_random() -> float:
-    """Jitter factor exactly 1.0, so a backoff is predictable."""
-    return 0.5
 
 
 async def claim_as(
@@ -52,23 +44,6 @@ async def claim_as(
     return await store.claim(
         ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
     )
-
-
-async def set_columns(store: Any, engine: AsyncEngine | None, run_id: str, **values: Any) -> None:
-    """Overwrite columns of one row behind jobrun's back."""
-    if engine is None:
-        store.runs[run_id] = dataclasses.replace(store.runs[run_id], **values)
-        return
-    async with engine.begin() as connection:
-        await connection.execute(
-            update(runs_table).where(runs_table.c.id == run_id).values(**values)
-        )
-
-
-async def row_of(store: Any, run_id: str) -> RunRow:
-    row = await store.get(run_id)
-    assert row is not None
-    return row
 
 
 async def snapshot(store: Any, run_id: str) -> tuple[RunRow | None, dict[str, StepRow]]:

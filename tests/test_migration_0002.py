@@ -7,13 +7,10 @@ them, and then moves it through 0002 and back.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,20 +19,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun.sql.migrate import current_revision, downgrade
+from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs
 from jobrun.testing import FakeClock
+from tests.support import SQL_BACKENDS, revision_of, run_alembic
 
-REPO = Path(__file__).resolve().parents[1]
-ALEMBIC = Path(sys.executable).with_name("alembic")
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
 DUE_AT_INDEX = "_substrat_job_runs_due_at"
 MODULE, JOB = "@test/jobs", "walk"
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 # Revision 0001's columns, in order; 0002 appends the four lease columns.
 COLUMNS_0001 = [
@@ -135,19 +127,12 @@ LATER = datetime(2024, 2, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'from-0001.db'}"
-    return str(request.getfixturevalue("empty_postgres_url"))
-
-
-@pytest.fixture
 async def at_0001(blank_url: str) -> AsyncIterator[AsyncEngine]:
     """A database at revision 0001 holding ROWS_0001 and LEDGER_0001."""
     engine = create_async_engine(blank_url)
     try:
         await jobrun.upgrade(engine, "0001")
-        assert await _revision(engine) == "0001"
+        assert await revision_of(engine) == "0001"
         await _insert(engine, RUNS, ROWS_0001)
         await _insert(
             engine, STEPS, [dict(zip(STEP_COLUMNS, row, strict=True)) for row in LEDGER_0001]
@@ -165,11 +150,6 @@ async def _insert(engine: AsyncEngine, table: str, rows: list[dict[str, Any]]) -
     )
     async with engine.begin() as connection:
         await connection.execute(statement, rows)
-
-
-async def _revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as connection:
-        return await connection.run_sync(current_revision)
 
 
 async def _rows(engine: AsyncEngine, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
@@ -224,7 +204,7 @@ INDEXES_0002 = {
 }
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_the_upgrade_keeps_every_row_and_leases_nothing(at_0001: AsyncEngine) -> None:
     engine = at_0001
     written = _written_0001()
@@ -232,7 +212,7 @@ async def test_the_upgrade_keeps_every_row_and_leases_nothing(at_0001: AsyncEngi
     assert await _schema(engine) == (COLUMNS_0001, INDEXES_0001)
 
     await jobrun.upgrade(engine)
-    assert await _revision(engine) == SCHEMA_REVISION
+    assert await revision_of(engine) == SCHEMA_REVISION
     assert await _schema(engine) == (COLUMNS_0001 + LEASE_COLUMNS, INDEXES_0002)
     # Every run and ledger row as it was, byte for byte.
     assert await _snapshot_0001(engine) == written
@@ -241,7 +221,7 @@ async def test_the_upgrade_keeps_every_row_and_leases_nothing(at_0001: AsyncEngi
 
     # And back: 0001's shape again, the rows still exactly as written.
     await downgrade(engine, "0001")
-    assert await _revision(engine) == "0001"
+    assert await revision_of(engine) == "0001"
     assert await _schema(engine) == (COLUMNS_0001, INDEXES_0001)
     assert await _snapshot_0001(engine) == written
     # The round trip can be made again.
@@ -250,7 +230,7 @@ async def test_the_upgrade_keeps_every_row_and_leases_nothing(at_0001: AsyncEngi
     assert await _schema(engine) == (COLUMNS_0001 + LEASE_COLUMNS, INDEXES_0002)
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_a_store_drives_the_runs_written_under_0001(at_0001: AsyncEngine) -> None:
     engine = at_0001
     await jobrun.upgrade(engine)
@@ -342,7 +322,7 @@ def _named_alembic_command(message: str) -> list[str]:
     return commands[0].split()
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_a_store_refuses_a_0001_database_and_names_the_command(
     blank_url: str, at_0001: AsyncEngine
 ) -> None:
@@ -368,18 +348,9 @@ async def test_a_store_refuses_a_0001_database_and_names_the_command(
     assignment, program, *arguments = _named_alembic_command(message)
     variable, _, placeholder = assignment.partition("=")
     assert (program, placeholder) == ("alembic", "<url>")
-    env = {**os.environ, variable: blank_url}
-    process = await asyncio.create_subprocess_exec(
-        str(ALEMBIC),
-        *arguments,
-        cwd=REPO,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode == 0, output.decode()
-    assert await _revision(at_0001) == SCHEMA_REVISION
+    code, output = await run_alembic(*arguments, env={**os.environ, variable: blank_url})
+    assert code == 0, output
+    assert await revision_of(at_0001) == SCHEMA_REVISION
     # The same store now works.
     report = await jobrun.run_due_jobs(store, registry, clock=FakeClock(LATER))
     assert (report.attempted, report.completed) == (2, 2)
@@ -392,7 +363,7 @@ async def _plan(connection: Any, statement: str, parameters: Any = ()) -> str:
     return "\n".join(str(row[-1]) for row in rows)
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_the_claim_reads_runs_through_the_due_at_index(at_0001: AsyncEngine) -> None:
     """Many finished runs, few live ones: the claim seeks the index and needs no sort."""
     engine = at_0001

@@ -15,7 +15,6 @@ import logging
 import multiprocessing
 import os
 import re
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -35,21 +34,15 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 import jobrun
 from jobrun.sql.migrate import (
     alembic_config,
-    current_revision,
     downgrade,
     head_revision,
     migrations_directory,
 )
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
+from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic
 
-REPO = Path(__file__).resolve().parents[1]
-ALEMBIC = Path(sys.executable).with_name("alembic")
 JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps"}
 DUE_AT_INDEX = "_substrat_job_runs_due_at"
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 # Autogenerate on SQLite cannot compare the expression index _substrat_job_runs_due_at:
 # SQLAlchemy's inspector warns that it skips reflecting it, and Alembic warns that it
@@ -71,14 +64,6 @@ DIFF_BACKENDS = [
 
 
 @pytest.fixture
-def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database on the requested backend."""
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'migrations.db'}"
-    return str(request.getfixturevalue("empty_postgres_url"))
-
-
-@pytest.fixture
 async def blank(blank_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_async_engine(blank_url)
     try:
@@ -90,11 +75,6 @@ async def blank(blank_url: str) -> AsyncIterator[AsyncEngine]:
 async def _tables(engine: AsyncEngine) -> set[str]:
     async with engine.connect() as connection:
         return set(await connection.run_sync(lambda sync: inspect(sync).get_table_names()))
-
-
-async def _revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as connection:
-        return await connection.run_sync(current_revision)
 
 
 async def _version_rows(engine: AsyncEngine) -> list[str]:
@@ -219,9 +199,9 @@ def test_one_head_and_it_is_the_schema_revision() -> None:
 
 @pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)
 async def test_upgrade_builds_exactly_the_metadata(blank: AsyncEngine) -> None:
-    assert await _revision(blank) is None
+    assert await revision_of(blank) is None
     await jobrun.upgrade(blank)
-    assert await _revision(blank) == SCHEMA_REVISION
+    assert await revision_of(blank) == SCHEMA_REVISION
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
     assert await _diff(blank) == []
     # The comparison can see a difference (it is not vacuous, e.g. filtered to nothing),
@@ -253,7 +233,7 @@ async def test_upgrade_builds_exactly_the_metadata(blank: AsyncEngine) -> None:
     assert "coalesce(next_attempt_at, started_at), id)" in index_change[2]
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_host_tables_and_host_alembic_version_are_left_alone(blank: AsyncEngine) -> None:
     await _create_host_tables(blank)
     before = await _host_state(blank)
@@ -273,11 +253,11 @@ async def test_downgrade_to_base_and_upgrade_again(blank: AsyncEngine) -> None:
     await _insert_run(blank, "0" * 26)
     await downgrade(blank)
     assert await _tables(blank) == {VERSION_TABLE}
-    assert await _revision(blank) is None
+    assert await revision_of(blank) is None
     assert await _version_rows(blank) == []
     await jobrun.upgrade(blank)
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
-    assert await _revision(blank) == SCHEMA_REVISION
+    assert await revision_of(blank) == SCHEMA_REVISION
     assert await _diff(blank) == []
     async with blank.connect() as connection:
         runs = await connection.execute(text("SELECT count(*) FROM _substrat_job_runs"))
@@ -363,7 +343,7 @@ async def test_upgrades_of_several_databases_in_one_event_loop(tmp_path: Path) -
             await engine.dispose()
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_a_failed_upgrade_leaves_nothing_behind(blank: AsyncEngine) -> None:
     # A host table in the way of the revision's last CREATE TABLE.
     async with blank.begin() as connection:
@@ -439,19 +419,10 @@ async def _alembic(*args: str, database_url: str | None = None) -> tuple[int, st
     env = {key: value for key, value in os.environ.items() if key != "JOBRUN_DATABASE_URL"}
     if database_url is not None:
         env["JOBRUN_DATABASE_URL"] = database_url
-    process = await asyncio.create_subprocess_exec(
-        str(ALEMBIC),
-        *args,
-        cwd=REPO,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
-    return process.returncode or 0, output.decode()
+    return await run_alembic(*args, env=env)
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngine) -> None:
     code, output = await _alembic("-x", f"url={blank_url}", "upgrade", "head")
     assert code == 0, output
@@ -459,7 +430,7 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade  -> 0001" in output
     assert f"INFO  [alembic.runtime.migration] Running upgrade 0001 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
-    assert await _revision(blank) == SCHEMA_REVISION
+    assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")
     assert code == 0, output
     assert f"{SCHEMA_REVISION} (head)" in output
@@ -477,13 +448,13 @@ async def test_alembic_command_line_with_environment_url(tmp_path: Path) -> None
     engine = create_async_engine(url)
     try:
         assert await _tables(engine) == JOBRUN_TABLES | {VERSION_TABLE}
-        assert await _revision(engine) == SCHEMA_REVISION
+        assert await revision_of(engine) == SCHEMA_REVISION
         assert await _diff(engine) == []
     finally:
         await engine.dispose()
 
 
-@pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_a_failed_command_line_upgrade_leaves_nothing_behind(
     blank_url: str, blank: AsyncEngine
 ) -> None:
@@ -521,7 +492,7 @@ async def test_jobrun_upgrade_leaves_the_hosts_logging_alone(
 
         async with engine.begin() as connection:
             await connection.run_sync(with_ini_file)
-        assert await _revision(engine) == SCHEMA_REVISION
+        assert await revision_of(engine) == SCHEMA_REVISION
     finally:
         await engine.dispose()
     assert _logging_state() == before

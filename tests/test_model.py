@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from collections import deque
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import jobrun
 from jobrun._core.records import RunRow, StepRow
 from jobrun.testing import FakeClock, MemoryJobRunStore
+from tests.support import iso
 
 MODULE = "model"
 JOB = "walk"
@@ -45,12 +46,6 @@ STEP_NAMES = ["x", "y", "z"]
 JOB_POLICY = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=1000, max_delay_ms=3000)
 STEP_POLICY = jobrun.RetryPolicy(max_attempts=2, base_delay_ms=400, max_delay_ms=3000)
 ENDINGS = ["advance", "keep", "done", "raise", "interrupt"]
-
-
-def iso(moment: datetime) -> str:
-    """Stored timestamp text, written independently of jobrun's formatter."""
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
 def compact(value: Any) -> str:

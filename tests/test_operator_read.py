@@ -6,67 +6,27 @@ and ``decode_error`` says which column (payload, then cursor, then counters).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import RunRow
-from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock
+from tests.support import hand_made_row, put_rows, set_columns, start
 
 # --- helpers -----------------------------------------------------------------------------
 
 
-async def start(store: Any, clock: FakeClock, **kw: Any) -> jobrun.JobRun:
-    kw.setdefault("module_id", "crm")
-    kw.setdefault("job", "import")
-    return await jobrun.start_job_run(store, clock=clock, **kw)
-
-
-async def set_columns(store: Any, engine: AsyncEngine | None, run_id: str, **values: Any) -> None:
-    """Overwrite columns of one row behind jobrun's back."""
-    if engine is None:
-        store.runs[run_id] = dataclasses.replace(store.runs[run_id], **values)
-        return
-    async with engine.begin() as connection:
-        await connection.execute(
-            update(runs_table).where(runs_table.c.id == run_id).values(**values)
-        )
-
-
 async def put_many(store: Any, engine: AsyncEngine | None, count: int) -> list[str]:
     """``count`` running rows with ids in ascending order; returns the ids."""
-    at = "2026-01-01T00:00:00.000Z"
     rows = [
-        RunRow(
-            id=f"{n:026d}",
-            module_id="bulk",
-            job="load",
-            instance=f"i{n}",
-            payload="null",
-            status="running",
-            cursor=None,
-            counters="{}",
-            attempts=0,
-            last_error=None,
-            started_at=at,
-            updated_at=at,
-            next_attempt_at=None,
-            ended_at=None,
-        )
+        hand_made_row(n, module_id="bulk", job="load", at="2026-01-01T00:00:00.000Z")
         for n in range(count)
     ]
-    if engine is None:
-        store.runs.update((row.id, row) for row in rows)
-    else:
-        async with engine.begin() as connection:
-            await connection.execute(insert(runs_table), [dataclasses.asdict(r) for r in rows])
+    await put_rows(store, engine, rows)
     return [row.id for row in rows]
 
 

@@ -6,7 +6,6 @@ Every test runs on the memory store, SQLite and Postgres (the ``store`` fixture)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import types
 from collections.abc import Callable
@@ -14,13 +13,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import RunRow, StepRow
-from jobrun.sql.schema import job_runs
-from jobrun.testing import FakeClock, MemoryJobRunStore
+from jobrun._core.records import StepRow
+from jobrun.testing import FakeClock
+from tests.support import drive, iso, row_of, set_columns, sized_store
 
 MODULE = "crm"
 JOB = "walk"
@@ -40,41 +38,6 @@ def registry_for(handler: Any, retry: jobrun.RetryPolicy | None = None) -> jobru
 async def start(store: Any, clock: FakeClock, payload: Any = None) -> str:
     run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, payload=payload, clock=clock)
     return run.id
-
-
-async def drive(
-    store: Any, registry: jobrun.JobRegistry, clock: FakeClock, **options: Any
-) -> jobrun.JobDriveReport:
-    options.setdefault("random", lambda: 0.5)
-    return await jobrun.run_due_jobs(store, registry, clock=clock, **options)
-
-
-async def row_of(store: Any, run_id: str) -> RunRow:
-    row = await store.get(run_id)
-    assert row is not None
-    return row
-
-
-def iso(moment: datetime) -> str:
-    """Stored timestamp text, written out independently of jobrun's formatter."""
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
-def sized_store(store: Any, engine: AsyncEngine | None, **limits: int) -> Any:
-    """A store of the same backend with other size caps."""
-    if engine is None:
-        return MemoryJobRunStore(jobrun.StoreLimits(**limits))
-    return jobrun.SqlJobRunStore(engine, **limits)
-
-
-async def overwrite(store: Any, engine: AsyncEngine | None, run_id: str, **columns: Any) -> None:
-    """Write raw column values into a run row, behind jobrun's back."""
-    if engine is None:
-        store.runs[run_id] = dataclasses.replace(store.runs[run_id], **columns)
-        return
-    async with engine.begin() as connection:
-        await connection.execute(update(job_runs).where(job_runs.c.id == run_id).values(columns))
 
 
 def script(*actions: Callable[[jobrun.JobPass], Any]) -> Callable[[jobrun.JobPass], Any]:
@@ -190,7 +153,7 @@ async def test_a_failed_pass_writes_back_the_committed_cursor_and_counters(
     assert (committed.cursor, committed.counters) == ('{"page":1}', '{"items":2}')
 
     # Non-canonical (but valid) text must come back byte for byte.
-    await overwrite(store, engine, run_id, cursor='{ "page" : 1 }', counters='{ "items" : 2 }')
+    await set_columns(store, engine, run_id, cursor='{ "page" : 1 }', counters='{ "items" : 2 }')
     assert (await drive(store, registry, clock)).retrying == 1
     failed = await row_of(store, run_id)
     assert (failed.cursor, failed.counters) == ('{ "page" : 1 }', '{ "items" : 2 }')
@@ -319,7 +282,7 @@ async def test_keeping_the_cursor_keeps_its_text_verbatim(
 ) -> None:
     registry = registry_for(returns(None))
     run_id = await start(store, clock)
-    await overwrite(store, engine, run_id, cursor='{ "page" : 3 }')
+    await set_columns(store, engine, run_id, cursor='{ "page" : 3 }')
     await drive(store, registry, clock)
     assert (await row_of(store, run_id)).cursor == '{ "page" : 3 }'
 

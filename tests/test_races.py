@@ -30,14 +30,11 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+from tests.support import SQL_BACKENDS
 
 MODULE = "races"
 JOB = "walk"
 KEY = {"module_id": MODULE, "job": JOB, "instance": "contested"}
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 TIMEOUT = 50.0
 NO_WAIT = jobrun.RetryPolicy(max_attempts=1000, base_delay_ms=0)
 
@@ -78,7 +75,7 @@ def _check_start(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 async def test_a_start_racing_the_completing_pass_tasks(database_url: str) -> None:
     rng = random.Random(7)
     driver_engine = create_async_engine(database_url)
@@ -161,7 +158,7 @@ def _reap(processes: list[Any]) -> list[int | None]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 async def test_a_start_racing_the_completing_pass_processes(
     database_url: str, engine: AsyncEngine
 ) -> None:
@@ -409,7 +406,7 @@ async def check_runs_done(store: jobrun.SqlJobRunStore, run_ids: list[str]) -> i
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 @pytest.mark.parametrize("lease", ["long", "too-short"])
 async def test_two_drivers_in_one_process(database_url: str, lease: str) -> None:
     engines = [create_async_engine(database_url) for _ in range(3)]
@@ -475,7 +472,7 @@ async def _driver_role(url: str, driver: str, lease_ms: int, marks: str, results
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 @pytest.mark.parametrize("lease", ["long", "too-short"])
 async def test_two_driver_processes(database_url: str, tmp_path: Path, lease: str) -> None:
     watcher_engine = create_async_engine(database_url)

@@ -273,14 +273,6 @@ def _expected_reflection() -> dict[str, Any]:
 
 
 @pytest.fixture
-def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database on the requested backend."""
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'shape.db'}"
-    return str(request.getfixturevalue("empty_postgres_url"))
-
-
-@pytest.fixture
 async def migrated(blank_url: str) -> AsyncIterator[AsyncEngine]:
     """A database built by ``jobrun.upgrade`` from nothing."""
     engine = create_async_engine(blank_url)

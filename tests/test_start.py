@@ -14,14 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock
+from tests.support import start
 
 ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
-
-
-async def start(store: Any, clock: FakeClock, **kw: Any) -> jobrun.JobRun:
-    kw.setdefault("module_id", "crm")
-    kw.setdefault("job", "import")
-    return await jobrun.start_job_run(store, clock=clock, **kw)
 
 
 async def count_rows(engine: AsyncEngine, *, live_only: bool = False) -> int:

@@ -16,8 +16,9 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import ClaimRequest, RunRow, StepRow
-from jobrun.testing import FakeClock, MemoryJobRunStore
+from jobrun._core.records import ClaimRequest, StepRow
+from jobrun.testing import FakeClock
+from tests.support import drive, iso, row_of, sized_store
 
 MODULE = "crm"
 JOB = "walk"
@@ -51,25 +52,6 @@ async def plant_step(store: Any, run_id: str, row: StepRow) -> None:
     assert await store.release(run_id)
 
 
-async def drive(
-    store: Any, registry: jobrun.JobRegistry, clock: FakeClock, **options: Any
-) -> jobrun.JobDriveReport:
-    options.setdefault("random", lambda: 0.5)
-    return await jobrun.run_due_jobs(store, registry, clock=clock, **options)
-
-
-async def row_of(store: Any, run_id: str) -> RunRow:
-    row = await store.get(run_id)
-    assert row is not None
-    return row
-
-
-def iso(moment: datetime) -> str:
-    """Stored timestamp text, written out independently of jobrun's formatter."""
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
 def counting(calls: dict[str, int], name: str, value: Any = None) -> Callable[[], Any]:
     """A step body that counts its calls and returns ``value``."""
 
@@ -86,13 +68,6 @@ def failing(calls: dict[str, int], name: str, message: str = "boom") -> Callable
         raise RuntimeError(message)
 
     return body
-
-
-def sized_store(store: Any, engine: AsyncEngine | None, **limits: int) -> Any:
-    """A store of the same backend with other size caps."""
-    if engine is None:
-        return MemoryJobRunStore(jobrun.StoreLimits(**limits))
-    return jobrun.SqlJobRunStore(engine, **limits)
 
 
 @contextmanager

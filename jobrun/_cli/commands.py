@@ -15,7 +15,7 @@ import click
 from alembic.util import CommandError
 
 from jobrun._cli.app import cli
-from jobrun._cli.connect import open_engine, open_store, run_action, url_option
+from jobrun._cli.connect import open_engine, run_action, run_on_store, url_option
 from jobrun._cli.params import Duration, JsonValue
 from jobrun._cli.render import (
     console,
@@ -181,13 +181,12 @@ def runs(
       jobrun runs --json --limit 500 | jq '.[] | select(.attempts > 3) | .id'
     """
 
-    async def act() -> list[JobRun]:
-        async with open_store(url) as store:
-            return await job_runs(
-                store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
-            )
-
-    found = run_action(act)
+    found = run_on_store(
+        url,
+        lambda store: job_runs(
+            store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
+        ),
+    )
     if as_json:
         click.echo(dumps([run_json(run) for run in found]))
     elif not found:
@@ -211,12 +210,11 @@ def show(url: str, run_id: str, as_json: bool) -> None:
       jobrun show --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB
     """
 
-    async def act() -> tuple[JobRun, dict[str, Any]]:
-        async with open_store(url) as store:
-            run = await _existing(store, run_id)
-            return run, await store.steps(run_id)
+    async def act(store: SqlJobRunStore) -> tuple[JobRun, dict[str, Any]]:
+        run = await _existing(store, run_id)
+        return run, await store.steps(run_id)
 
-    run, steps = run_action(act)
+    run, steps = run_on_store(url, act)
     if as_json:
         ledger = [step_json(row) for row in steps.values()]
         click.echo(dumps({"run": run_json(run), "steps": ledger}))
@@ -245,11 +243,7 @@ def watch(url: str, run_id: str, interval: float) -> None:
     """
     out = console()
 
-    async def act() -> JobRun:
-        async with open_store(url) as store:
-            return await watch_run(store, run_id, interval, out)
-
-    final = run_action(act)
+    final = run_on_store(url, lambda store: watch_run(store, run_id, interval, out))
     if final.status == "done":
         out.print(f"run {final.id} is done")
         return
@@ -317,11 +311,7 @@ def cancel(url: str, run_id: str, reason: str) -> None:
           --reason "wrong shop"
     """
 
-    async def act() -> JobRun:
-        async with open_store(url) as store:
-            return await cancel_job_run(store, run_id, reason)
-
-    run = run_action(act)
+    run = run_on_store(url, lambda store: cancel_job_run(store, run_id, reason))
     click.echo(f"cancelled {run.id}: {run.last_error}")
 
 
@@ -338,11 +328,7 @@ def resume(url: str, run_id: str) -> None:
       jobrun resume --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB
     """
 
-    async def act() -> JobRun:
-        async with open_store(url) as store:
-            return await resume_job_run(store, run_id)
-
-    run = run_action(act)
+    run = run_on_store(url, lambda store: resume_job_run(store, run_id))
     click.echo(f"resumed {run.id}")
 
 
@@ -360,12 +346,11 @@ def release(url: str, run_id: str) -> None:
       jobrun release --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB
     """
 
-    async def act() -> tuple[JobRun, bool]:
-        async with open_store(url) as store:
-            before = await _existing(store, run_id)
-            return before, await release_job_lease(store, run_id)
+    async def act(store: SqlJobRunStore) -> tuple[JobRun, bool]:
+        before = await _existing(store, run_id)
+        return before, await release_job_lease(store, run_id)
 
-    before, released = run_action(act)
+    before, released = run_on_store(url, act)
     if released:
         click.echo(f"released the lease of {run_id} (was held by {before.lease_driver})")
     else:
@@ -392,13 +377,10 @@ def prune(url: str, older_than: timedelta, statuses: tuple[str, ...]) -> None:
       jobrun prune --url sqlite+aiosqlite:///app.db --older-than 30d --status done --status failed
     """
 
-    async def act() -> int:
-        async with open_store(url) as store:
-            return await prune_job_runs(
-                store, older_than=older_than, statuses=statuses or ("done",)
-            )
-
-    deleted = run_action(act)
+    deleted = run_on_store(
+        url,
+        lambda store: prune_job_runs(store, older_than=older_than, statuses=statuses or ("done",)),
+    )
     click.echo(f"pruned {deleted} run{'' if deleted == 1 else 's'}")
 
 
@@ -413,11 +395,7 @@ def health(url: str, as_json: bool) -> None:
       jobrun health --url sqlite+aiosqlite:///app.db --json
     """
 
-    async def act() -> Any:
-        async with open_store(url) as store:
-            return await job_run_health(store)
-
-    counts = run_action(act)
+    counts = run_on_store(url, job_run_health)
     if as_json:
         click.echo(dumps(health_json(counts)))
     else:

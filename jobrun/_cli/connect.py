@@ -10,7 +10,7 @@ refuses (a bad name, an empty reason) is a usage error: exit status 2.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -167,3 +167,13 @@ def run_action(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise click.ClickException(error.message) from error
     except (SQLAlchemyError, OSError) as error:
         raise click.ClickException(f"database error: {first_line(error)}") from error
+
+
+def run_on_store(url_text: str, use: Callable[[SqlJobRunStore], Awaitable[T]]) -> T:
+    """:func:`run_action` of ``use`` on the store at ``url_text``, opened and closed around it."""
+
+    async def act() -> T:
+        async with open_store(url_text) as store:
+            return await use(store)
+
+    return run_action(act)
