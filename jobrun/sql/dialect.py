@@ -11,10 +11,15 @@
   transaction.
 * Reads: autocommit on Postgres; a plain connection on SQLite.
 * Connection set-up for SQLite: WAL, a busy timeout, ``synchronous=NORMAL``.
+* SQLite's hot path (a step write, the ledger read, the pass commit): the
+  prebuilt statements sent straight to aiosqlite (``DirectSqliteStatement``), a
+  step write in driver-level autocommit, which costs no extra hop (the driver's
+  isolation level is a plain attribute), unlike SQLAlchemy's AUTOCOMMIT option.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -110,3 +115,81 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         record.info["jobrun_configured"] = True
 
     event.listen(sync_engine, "checkout", on_checkout)
+
+
+class DirectSqliteStatement:
+    """SQLite (aiosqlite): one prebuilt statement sent straight to the driver in autocommit.
+
+    Through a SQLAlchemy transaction a single write costs five hops to aiosqlite's
+    worker thread (cursor, execute, cursor close, commit, and the pool's rollback
+    on check-in); here it costs two: one ``execute_fetchall`` that runs and commits
+    the statement (autocommit, so durable when it returns) and the pool's rollback.
+    The statement must return a row for each row it wrote (``RETURNING``). Used
+    only while nobody listens to the engine's cursor events (see ``observed``).
+    """
+
+    def __init__(self, engine: AsyncEngine, statement: Any) -> None:
+        self._dispatch = engine.sync_engine.dispatch
+        compiled = statement.compile(dialect=engine.dialect)
+        self._compiled = compiled
+        self._sql = compiled.string
+        self._names = tuple(compiled.positiontup or ())
+
+    @staticmethod
+    def usable(engine: AsyncEngine) -> bool:
+        return engine.dialect.name == "sqlite" and engine.dialect.driver == "aiosqlite"
+
+    def observed(self) -> bool:
+        """Whether the host listens to the engine's statements (instrumentation, tests):
+        then the statement goes through SQLAlchemy, so that every listener sees it."""
+        dispatch = self._dispatch
+        return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
+
+    async def fetch(self, connection: AsyncConnection, values: dict[str, Any]) -> list[Any]:
+        positional = self._positional(values)
+        raw = await connection.get_raw_connection()
+        driver: Any = raw.driver_connection
+        previous = driver.isolation_level
+        # No transaction is open on a connection fresh from the pool; with the
+        # driver's isolation level at None the statement commits itself.
+        driver.isolation_level = None
+        try:
+            return list(await driver.execute_fetchall(self._sql, positional))
+        except BaseException:
+            # Cancelled or failed: the worker thread may not be done with the statement.
+            # A rollback queued behind it waits for it and ends whatever it left open.
+            with contextlib.suppress(Exception):
+                await driver.rollback()
+            raise
+        finally:
+            driver.isolation_level = previous
+
+    async def fetch_in_transaction(
+        self, connection: AsyncConnection, values: dict[str, Any], then: DirectSqliteStatement
+    ) -> bool:
+        """Run this statement and, if it returned a row, ``then``: one transaction, committed.
+
+        Four hops (both statements, the commit, the pool's rollback) where SQLAlchemy's
+        transaction costs eight. Whatever goes wrong, the transaction is rolled back
+        here, never left to the pool.
+        """
+        raw = await connection.get_raw_connection()
+        driver: Any = raw.driver_connection
+        try:
+            if driver.isolation_level is None:
+                # A host engine in driver-level autocommit: begin explicitly.
+                await driver.execute_fetchall("BEGIN")
+            # Otherwise the driver's implicit BEGIN opens the transaction.
+            if not await driver.execute_fetchall(self._sql, self._positional(values)):
+                await driver.rollback()
+                return False
+            await driver.execute_fetchall(then._sql, then._positional(values))
+            await driver.commit()
+            return True
+        except BaseException:
+            await driver.rollback()
+            raise
+
+    def _positional(self, values: dict[str, Any]) -> list[Any]:
+        params = self._compiled.construct_params(values)
+        return [params[name] for name in self._names]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -39,7 +40,7 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
-from jobrun.sql.dialect import Dialect
+from jobrun.sql.dialect import Dialect, DirectSqliteStatement
 from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -125,6 +126,16 @@ class _HotStatements:
         )
 
 
+class _DirectStatements:
+    """SQLite: the hot statements, compiled once for ``DirectSqliteStatement``."""
+
+    def __init__(self, engine: AsyncEngine, hot: _HotStatements) -> None:
+        self.record_step = DirectSqliteStatement(engine, hot.record_step.returning(literal(1)))
+        self.steps = DirectSqliteStatement(engine, hot.steps)
+        self.patch = DirectSqliteStatement(engine, hot.patch.returning(job_runs.c.id))
+        self.drop_ledger = DirectSqliteStatement(engine, hot.drop_ledger)
+
+
 def _run_row(mapping: Any) -> RunRow:
     return RunRow(**mapping)
 
@@ -160,6 +171,11 @@ class SqlJobRunStore:
         self._dialect = Dialect(engine, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
         self._schema_checked = False
         self._hot = _HotStatements(self._dialect)
+        # SQLite: the per-step and per-pass statements skip SQLAlchemy's transaction
+        # and go straight to aiosqlite (a step write: 2 driver hops, not 5).
+        self._direct: _DirectStatements | None = (
+            _DirectStatements(engine, self._hot) if DirectSqliteStatement.usable(engine) else None
+        )
         self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
             index_elements=list(_KEY), index_where=LIVE_ONLY
         )
@@ -183,7 +199,7 @@ class SqlJobRunStore:
             if not self._schema_checked:
                 await self._check_schema()
             yield
-        except (SQLAlchemyError, OSError) as error:
+        except (SQLAlchemyError, OSError, sqlite3.Error) as error:
             raise StoreError(name, error) from error
 
     async def _check_schema(self) -> None:
@@ -326,6 +342,12 @@ class SqlJobRunStore:
                     result = await connection.execute(self._hot.commit_in_one, values)
                     return result.first() is not None
             # SQLite has no data-modifying CTEs: two statements, one transaction.
+            direct = self._direct
+            if direct is not None and not direct.patch.observed():
+                async with self._engine.connect() as connection:
+                    return await direct.patch.fetch_in_transaction(
+                        connection, values, direct.drop_ledger
+                    )
             async with self._engine.begin() as connection:
                 if (await connection.execute(self._hot.patch, values)).rowcount != 1:
                     return False
@@ -333,6 +355,11 @@ class SqlJobRunStore:
                 return True
 
     async def steps(self, run_id: str) -> dict[str, StepRow]:
+        direct = self._direct
+        if direct is not None and not direct.steps.observed():
+            async with self._operation("steps"), self._engine.connect() as connection:
+                found = await direct.steps.fetch(connection, {"run_id": run_id})
+            return {row[0]: StepRow(*row) for row in found}
         async with self._operation("steps"), self._dialect.reading() as connection:
             rows = (await connection.execute(self._hot.steps, {"run_id": run_id})).all()
         return {
@@ -348,6 +375,10 @@ class SqlJobRunStore:
             "step_last_error": row.last_error,
             "step_recorded_at": recorded_at,
         }
+        direct = self._direct
+        if direct is not None and not direct.record_step.observed():
+            async with self._operation("record_step"), self._engine.connect() as connection:
+                return len(await direct.record_step.fetch(connection, values)) == 1
         async with self._operation("record_step"), self._dialect.single_statement() as connection:
             # The one write that makes a step durable: one round trip on Postgres.
             return (await connection.execute(self._hot.record_step, values)).rowcount == 1
