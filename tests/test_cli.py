@@ -219,6 +219,27 @@ def test_start_says_started_then_joined(database_url: str) -> None:
     assert shown["run"]["payload"] == {"shop": 42}  # the live run's payload won
 
 
+def test_start_and_the_actions_print_json_for_scripts(database_url: str) -> None:
+    first = json.loads(ok("start", "--url", database_url, "shop", "walk", "--json").stdout)
+    assert first["started"] is True
+    run_id = first["run"]["id"]
+    assert first["run"]["status"] == "running"
+    joined = json.loads(ok("start", "--url", database_url, "shop", "walk", "--json").stdout)
+    assert (joined["started"], joined["run"]["id"]) == (False, run_id)
+
+    released = json.loads(ok("release", "--url", database_url, run_id, "--json").stdout)
+    assert released == {"run_id": run_id, "released": False, "held_by": None}
+    cancelled = json.loads(
+        ok("cancel", "--url", database_url, run_id, "--reason", "x", "--json").stdout
+    )
+    assert (cancelled["id"], cancelled["status"]) == (run_id, "failed")
+    assert cancelled["last_error"] == "cancelled: x"
+    resumed = json.loads(ok("resume", "--url", database_url, run_id, "--json").stdout)
+    assert (resumed["id"], resumed["status"], resumed["attempts"]) == (run_id, "running", 0)
+    pruned = json.loads(ok("prune", "--url", database_url, "--older-than", "1d", "--json").stdout)
+    assert pruned == {"deleted": 0}
+
+
 def test_runs_table_and_json(database_url: str) -> None:
     done_id = start(database_url, instance="one")
     finish(database_url, done_id)

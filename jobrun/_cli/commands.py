@@ -273,7 +273,8 @@ class _StartRecorder(SqlJobRunStore):
     help="The instance part of the run's key.",
 )  # fmt: skip
 @click.option("--payload", type=JsonValue(), default=None, help="The run's payload, as JSON.")
-def start(url: str, module_id: str, job: str, instance: str, payload: Any) -> None:
+@json_option
+def start(url: str, module_id: str, job: str, instance: str, payload: Any, as_json: bool) -> None:
     """Start a run of MODULE/JOB, or join the live run of the same key.
 
     Prints `started RUN_ID` when a new run was inserted, `joined RUN_ID` when a
@@ -295,14 +296,18 @@ def start(url: str, module_id: str, job: str, instance: str, payload: Any) -> No
             return run, store.inserted
 
     run, inserted = run_action(act)
-    click.echo(f"{'started' if inserted else 'joined'} {run.id}")
+    if as_json:
+        click.echo(dumps({"started": inserted, "run": run_json(run)}))
+    else:
+        click.echo(f"{'started' if inserted else 'joined'} {run.id}")
 
 
 @cli.command("cancel")
 @url_option
 @run_id_argument
 @click.option("--reason", required=True, help="Why, for the record (stored as the last error).")
-def cancel(url: str, run_id: str, reason: str) -> None:
+@json_option
+def cancel(url: str, run_id: str, reason: str, as_json: bool) -> None:
     """Fail a running run now. A pass in flight stops at its next step.
 
     \b
@@ -312,13 +317,14 @@ def cancel(url: str, run_id: str, reason: str) -> None:
     """
 
     run = run_on_store(url, lambda store: cancel_job_run(store, run_id, reason))
-    click.echo(f"cancelled {run.id}: {run.last_error}")
+    click.echo(dumps(run_json(run)) if as_json else f"cancelled {run.id}: {run.last_error}")
 
 
 @cli.command("resume")
 @url_option
 @run_id_argument
-def resume(url: str, run_id: str) -> None:
+@json_option
+def resume(url: str, run_id: str, as_json: bool) -> None:
     """Put a failed run back to running, from its last committed cursor.
 
     Completed steps of its last pass are not repeated; attempts start again.
@@ -329,13 +335,14 @@ def resume(url: str, run_id: str) -> None:
     """
 
     run = run_on_store(url, lambda store: resume_job_run(store, run_id))
-    click.echo(f"resumed {run.id}")
+    click.echo(dumps(run_json(run)) if as_json else f"resumed {run.id}")
 
 
 @cli.command("release")
 @url_option
 @run_id_argument
-def release(url: str, run_id: str) -> None:
+@json_option
+def release(url: str, run_id: str, as_json: bool) -> None:
     """Clear a run's lease so any driver may take it at once.
 
     Use it when the holder is known to be dead; a holder still alive is refused
@@ -351,7 +358,10 @@ def release(url: str, run_id: str) -> None:
         return before, await release_job_lease(store, run_id)
 
     before, released = run_on_store(url, act)
-    if released:
+    if as_json:
+        holder = before.lease_driver if released else None
+        click.echo(dumps({"run_id": run_id, "released": released, "held_by": holder}))
+    elif released:
         click.echo(f"released the lease of {run_id} (was held by {before.lease_driver})")
     else:
         click.echo(f"{run_id} held no lease; nothing to release")
@@ -367,7 +377,8 @@ def release(url: str, run_id: str) -> None:
     "--status", "statuses", type=click.Choice(["done", "failed"]), multiple=True,
     help="Which finished runs (repeatable); default: done only.",
 )  # fmt: skip
-def prune(url: str, older_than: timedelta, statuses: tuple[str, ...]) -> None:
+@json_option
+def prune(url: str, older_than: timedelta, statuses: tuple[str, ...], as_json: bool) -> None:
     """Delete finished runs (and their ledgers) that ended before a cutoff.
 
     Running runs are never deleted.
@@ -381,7 +392,10 @@ def prune(url: str, older_than: timedelta, statuses: tuple[str, ...]) -> None:
         url,
         lambda store: prune_job_runs(store, older_than=older_than, statuses=statuses or ("done",)),
     )
-    click.echo(f"pruned {deleted} run{'' if deleted == 1 else 's'}")
+    if as_json:
+        click.echo(dumps({"deleted": deleted}))
+    else:
+        click.echo(f"pruned {deleted} run{'' if deleted == 1 else 's'}")
 
 
 @cli.command("health")
