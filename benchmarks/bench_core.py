@@ -277,6 +277,7 @@ def statement_counting(engine: AsyncEngine, on_statement: Callable[..., None]) -
             on_statement(None, None, then._sql, values, None, False)
         return written
 
+    # Patched for the counting phase only (mypy refuses method assignment), restored below.
     DirectSqliteStatement.fetch = fetch  # type: ignore[method-assign]
     DirectSqliteStatement.fetch_in_transaction = in_transaction  # type: ignore[method-assign]
     DirectSqliteStatement.observed = lambda self: False  # type: ignore[method-assign]
@@ -716,6 +717,7 @@ async def profile_steps(bench: Bench, k: int, top: int) -> dict[str, Any]:
     for key in ("cumulative", "tottime"):
         stats.sort_stats(key)
         rows = []
+        # fcn_list and stats are pstats.Stats attributes that typeshed does not declare.
         for func in stats.fcn_list[:top]:  # type: ignore[attr-defined]
             _cc, nc, tt, ct, _callers = stats.stats[func]  # type: ignore[attr-defined]
             filename, line, name = func
@@ -899,7 +901,10 @@ def table(results: dict[str, Any]) -> str:
     row("passes: CPU ms/pass", lambda b: b["passes"]["cpu_ms_per_pass"])
     row("passes: ratio to UPDATE+DELETE floor", lambda b: b["passes"]["ratio_to_2stmt_floor"])
     for field, label in (("statements", "stmts"), ("round_trips", "round trips")):
-        summary = lambda b, f=field: b["counts"]["summary"][f]  # noqa: E731
+
+        def summary(b: dict[str, Any], f: str = field) -> Any:
+            return b["counts"]["summary"][f]
+
         row(f"{label} per new step", lambda b, s=summary: s(b)["per_new_step"])
         row(
             f"{label} per new step (whole pass)",

@@ -227,14 +227,20 @@ class SqlJobRunStore:
                 async with self._dialect.single_statement() as connection:
                     # The partial unique index decides: at most one live row per key,
                     # whatever number of hosts race here.
-                    inserted = await connection.execute(self._insert_run.values(values))
-                    if inserted.rowcount == 1:
-                        if self._dialect.is_postgres:
-                            # Wake listening workers (``jobrun worker``) now rather than at
-                            # their next poll; the insert is already committed (autocommit).
-                            await connection.execute(
-                                select(func.pg_notify(NOTIFY_CHANNEL, notify_payload(row)))
-                            )
+                    insert = self._insert_run.values(values)
+                    if self._dialect.is_postgres:
+                        # Wake listening workers (``jobrun worker``) now rather than at
+                        # their next poll: the NOTIFY rides in the insert's statement and
+                        # is sent only when a row was inserted, so a start stays one
+                        # round trip.
+                        added = insert.returning(job_runs.c.id).cte("added")
+                        announce = select(
+                            func.pg_notify(NOTIFY_CHANNEL, notify_payload(row))
+                        ).select_from(added)
+                        was_inserted = (await connection.execute(announce)).first() is not None
+                    else:
+                        was_inserted = (await connection.execute(insert)).rowcount == 1
+                    if was_inserted:
                         return row, True
                     found = (await connection.execute(live)).mappings().first()
                 if found is not None:
