@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -497,3 +499,83 @@ class SqlJobRunStore:
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+
+    @staticmethod
+    def _stranded(now_at: str) -> Any:
+        """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
+        runs = job_runs.c
+        return and_(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            runs.next_attempt_at < now_at,
+        )
+
+    def _selected(self, query: RunQuery) -> tuple[Any, ...]:
+        runs = job_runs.c
+        conditions: builtins.list[Any] = []
+        if query.module_id is not None:
+            conditions.append(runs.module_id == query.module_id)
+        if query.job is not None:
+            conditions.append(runs.job == query.job)
+        if query.instance_prefix:
+            # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+            prefix = query.instance_prefix
+            conditions.append(func.substr(runs.instance, 1, len(prefix)) == prefix)
+        if query.statuses:
+            conditions.append(runs.status.in_(query.statuses))
+        if query.started_since_at is not None:
+            conditions.append(runs.started_at >= query.started_since_at)
+        if query.stranded_at is not None:
+            conditions.append(self._stranded(query.stranded_at))
+        if query.before_id is not None:
+            conditions.append(runs.id < query.before_id)
+        return tuple(conditions)
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        # Newest first down the primary key, stopped by the limit: a page costs the
+        # same on the first and the thousandth page, however many runs are kept.
+        statement = (
+            select(job_runs)
+            .where(and_(True, *self._selected(query)))
+            .order_by(job_runs.c.id.desc())
+            .limit(query.limit)
+        )
+        async with self._operation("find"), self._dialect.reading() as connection:
+            rows = (await connection.execute(statement)).mappings().all()
+        return [_run_row(row) for row in rows]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        # The LIMIT inside bounds the work: at most ``cap`` index entries are read.
+        capped = select(literal(1)).where(and_(True, *self._selected(query))).limit(cap)
+        statement = select(func.count()).select_from(capped.subquery())
+        async with self._operation("count"), self._dialect.reading() as connection:
+            return int((await connection.execute(statement)).scalar_one())
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        runs = job_runs.c
+        live = runs.status == RUNNING
+        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        failed = and_(runs.status == FAILED, runs.ended_at >= failed_since_at)
+        statement = (
+            select(
+                runs.module_id,
+                runs.job,
+                func.count().filter(live),
+                func.count().filter(waiting),
+                func.min(DUE_AT).filter(waiting),
+                func.count().filter(self._stranded(now_at)),
+                func.count().filter(failed),
+            )
+            # Status leads, as in health(): finished history is not scanned.
+            .where(runs.status.in_([RUNNING, FAILED]), live | failed)
+            .group_by(runs.module_id, runs.job)
+            .order_by(runs.module_id, runs.job)
+        )
+        async with self._operation("job_loads"), self._dialect.reading() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [
+            JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
+            for row in rows
+        ]
