@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
 from jobrun._core.port import StoreLimits
@@ -28,27 +27,10 @@ from jobrun._core.records import (
     RunRow,
     StepRow,
 )
+from jobrun._testing.clock import FakeClock
 from jobrun.errors import JobConflictError
 
 __all__ = ["FakeClock", "MemoryJobRunStore"]
-
-
-class FakeClock:
-    """A clock that moves only when told to; call it to read the time."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
-        if self._now.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start")
-
-    def __call__(self) -> datetime:
-        return self._now
-
-    def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
-        if seconds < 0 or milliseconds < 0:
-            raise ValueError("a FakeClock only moves forward")
-        self._now += timedelta(seconds=seconds, milliseconds=milliseconds)
-        return self._now
 
 
 class MemoryJobRunStore:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,8 +30,8 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core.actions import job_run_health
+from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.drive import JOB_DRIVE_LIMIT, run_due_jobs
-from jobrun._core.lease import default_driver_name
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -43,6 +42,7 @@ from jobrun._core.observe import (
 from jobrun._core.passes import OpenScope
 from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
+from jobrun._system import default_driver_name, resolve_clock
 from jobrun.sql.store import NOTIFY_CHANNEL, SqlJobRunStore
 
 log = logging.getLogger("jobrun.worker")
@@ -61,8 +61,9 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(self, engine: AsyncEngine, label: str) -> None:
+    def __init__(self, engine: AsyncEngine, label: str, clock: Clock) -> None:
         self.engine = engine
+        self.clock = clock
         self.label = label
         self.store = SqlJobRunStore(engine)
         self.delay_s = FIRST_IDLE_DELAY_S
@@ -94,7 +95,7 @@ class _Database:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle.append(waiter)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self.clock.timeout(timeout_s):
                 await waiter
         except TimeoutError:
             pass
@@ -130,6 +131,7 @@ class _Worker:
         on_health: HealthCallback | None,
         stop: asyncio.Event,
         driver_name: str,
+        clock: Clock,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -143,6 +145,7 @@ class _Worker:
         self.on_health = on_health
         self.stop = stop
         self.driver_name = driver_name
+        self.clock = clock
         self.slots = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -164,7 +167,7 @@ class _Worker:
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
+            async with self.clock.timeout(seconds):
                 await self.stop.wait()
 
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
@@ -185,6 +188,7 @@ class _Worker:
                         driver_name=driver,
                         stop=self.stop,
                         observer=observer,
+                        clock=self.clock,
                     )
             except Exception as error:
                 log.warning(
@@ -311,6 +315,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     driver_name: str | None = None,
+    clock: ClockLike | None = None,
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
 
@@ -322,7 +327,8 @@ async def run_worker(
     across all databases. ``observer`` hears every pass (default: log lines);
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
     database every ``interval_s``. A failing database is logged and retried every
-    ``interval_s``; it never stops the others.
+    ``interval_s``; it never stops the others. ``clock`` (default: the system's)
+    is handed to every drive and times the worker's own waits.
     """
     if not databases:
         raise ValueError("run_worker needs at least one database")
@@ -334,6 +340,7 @@ async def run_worker(
         _positive_seconds(pass_timeout_s, "pass_timeout_s")
     if not isinstance(registry, JobRegistry):
         raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+    timing = resolve_clock(clock)
     owned: list[AsyncEngine] = []
     try:
         engines: list[AsyncEngine] = []
@@ -348,7 +355,7 @@ async def run_worker(
                 raise TypeError(
                     f"a database is a URL or an AsyncEngine, got {type(database).__name__}"
                 )
-        states = [_Database(engine, database_label(engine)) for engine in engines]
+        states = [_Database(engine, database_label(engine), timing) for engine in engines]
         for state in states:
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)
@@ -365,8 +372,9 @@ async def run_worker(
             on_health=on_health,
             stop=stop if stop is not None else asyncio.Event(),
             driver_name=driver_name or default_driver_name(),
+            clock=timing,
         )
-        began = time.monotonic()
+        began = timing.monotonic()
         log.info(
             "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
             ", ".join(state.label for state in states),
@@ -380,7 +388,7 @@ async def run_worker(
         finally:
             log.info(
                 "worker stopped after %.1f s",
-                time.monotonic() - began,
+                timing.monotonic() - began,
                 extra={"databases": [state.label for state in states]},
             )
     finally:

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.formats import add_milliseconds, format_instant, parse_instant, system_clock
+from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
+from jobrun._system import system_clock
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun.testing import FakeClock
 from tests.support import fixed_random, row_of, set_columns

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random as random_module
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
-from jobrun._core.lease import MIN_LEASE_MS, Lease, default_driver_name
+from jobrun._core.clock import Clock, ClockLike
+from jobrun._core.formats import format_instant
+from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -29,6 +29,7 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
+from jobrun._system import default_driver_name, mint_run_id, resolve_clock, system_random
 from jobrun.errors import JobValidationError
 
 JOB_DRIVE_LIMIT = 50
@@ -63,7 +64,7 @@ async def _claim(
     driver: str,
     skip_ids: frozenset[str],
 ) -> tuple[RunRow, RegisteredJob, Lease] | None:
-    now_at = format_instant(clock())
+    now_at = format_instant(clock.now())
     jobs = list(registry)
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = mint_run_id()
@@ -129,8 +130,8 @@ async def run_due_jobs(
     limit: int = JOB_DRIVE_LIMIT,
     max_passes: int = 1,
     open_scope: OpenScope | None = None,
-    clock: Clock = system_clock,
-    random: Callable[[], float] = random_module.random,
+    clock: ClockLike | None = None,
+    random: Callable[[], float] = system_random,
     pass_timeout_s: float | None = None,
     driver_name: str | None = None,
     stop: asyncio.Event | None = None,
@@ -146,6 +147,8 @@ async def run_due_jobs(
 
     ``observer`` hears each pass and its steps (see ``jobrun.PassObserver``); by
     default they are logged on the ``jobrun.pass`` and ``jobrun.step`` loggers.
+    ``clock`` (default: the system's) stamps the rows, times the lease renewals and
+    the pass budget; a bare callable returning a ``datetime`` only stamps rows.
     """
     _check_count(limit, "limit")
     if limit < 1:
@@ -155,20 +158,21 @@ async def run_due_jobs(
     passes = max(1, _check_count(max_passes, "max_passes"))
     if pass_timeout_s is not None and not pass_timeout_s > 0:
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
+    timing = resolve_clock(clock)
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
     driver = driver_name or default_driver_name()
     watcher = LOG_PASSES if observer is None else observer
     report = JobDriveReport()
     driven: set[str] = set()
     while report.attempted < limit and not (stop is not None and stop.is_set()):
-        claimed = await _claim(store, registry, clock, driver, frozenset(driven))
+        claimed = await _claim(store, registry, timing, driver, frozenset(driven))
         if claimed is None:
             break
         row, registered, lease = claimed
         driven.add(row.id)
         report.attempted += 1
         if row.lease_takeovers > registered.max_takeovers:
-            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, clock))
+            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, timing))
             continue
         current = row
         taken_over = was_taken_over(row)
@@ -179,7 +183,7 @@ async def run_due_jobs(
                 break
             last = number + 1 >= passes
             start = PassStart(_key_of(current), driver, number + 1, current.attempts, taken_over)
-            probe = start_watch(watcher, start)
+            probe = start_watch(watcher, start, timing.monotonic)
             outcome = await _observed(
                 probe,
                 run_job_pass(
@@ -187,7 +191,7 @@ async def run_due_jobs(
                     row=current,
                     handler=registered.handler,
                     retry=registered.retry,
-                    clock=clock,
+                    clock=timing,
                     random=random,
                     open_scope=scope_opener,
                     lease=lease,

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from jobrun._core.formats import Clock, add_milliseconds, format_instant
+from jobrun._core.clock import Clock
+from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun.errors import JobValidationError
 
 DEFAULT_LEASE_MS = 15 * 60 * 1000
@@ -38,11 +38,6 @@ def check_lease_ms(value: object) -> int:
             [{"path": "lease_ms", "message": f"below {MIN_LEASE_MS}"}],
         )
     return value
-
-
-def default_driver_name() -> str:
-    """Host and process, for operators reading who holds a run (never used to fence)."""
-    return f"{os.uname().nodename}:{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +57,8 @@ class LeaseKeeper:
 
     Renewal happens every quarter of the lease, so a pass survives three missed
     renewals in a row before anyone may take its run over. When a renewal finds
-    the lease gone, ``lost`` is set and the pass stops at its next step.
+    the lease gone, ``lost`` is set and the pass stops at its next step. The
+    waits are on the pass's clock, so a test clock drives renewal too.
     """
 
     def __init__(
@@ -90,8 +86,8 @@ class LeaseKeeper:
     async def _renew_forever(self) -> None:
         interval_s = self._lease.lease_ms / 4000
         while not self.lost:
-            await asyncio.sleep(interval_s)
-            expires_at = self._lease.expiry_after(format_instant(self._clock()))
+            await self._clock.sleep(interval_s)
+            expires_at = self._lease.expiry_after(format_instant(self._clock.now()))
             try:
                 if not await self._extend(expires_at):
                     self.lost = True

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.clock import ClockLike
+from jobrun._core.formats import format_instant
 from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
@@ -18,6 +19,7 @@ from jobrun._core.records import (
     job_run_of,
     status_filter,
 )
+from jobrun._system import mint_run_id, resolve_clock
 
 
 async def start_job_run(
@@ -27,7 +29,7 @@ async def start_job_run(
     job: str,
     instance: str = DEFAULT_INSTANCE,
     payload: Any = None,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
 ) -> JobRun:
     """Start a run, or join the live run of the same key (its payload wins).
 
@@ -39,7 +41,7 @@ async def start_job_run(
     require_name(job, "job")
     require_name(instance, "instance", allow_empty=True)
     payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
-    at = format_instant(clock())
+    at = format_instant(resolve_clock(clock).now())
     row = RunRow(
         id=mint_run_id(),
         module_id=module_id,
