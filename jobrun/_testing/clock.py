@@ -36,10 +36,11 @@ class FakeClock:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         if self._now.tzinfo is None:
             raise ValueError("FakeClock needs a timezone-aware start")
-        self._elapsed_s = 0.0
+        # Whole nanoseconds, so that many small advances add up exactly.
+        self._elapsed_ns = 0
         self.autojump = autojump
         # Deadlines in a heap; a timer is live while it is in ``_wakes``.
-        self._timers: list[tuple[float, int]] = []
+        self._timers: list[tuple[int, int]] = []
         self._wakes: dict[int, Callable[[], None]] = {}
         self._order = itertools.count()
         self._jump_pending = False
@@ -51,13 +52,13 @@ class FakeClock:
         return self._now
 
     def monotonic(self) -> float:
-        return self._elapsed_s
+        return self._elapsed_ns / 1e9
 
     def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
         """Move time forward and wake every sleeper (and deadline) it passes, in order."""
         if seconds < 0 or milliseconds < 0:
             raise ValueError("a FakeClock only moves forward")
-        self._move_to(self._elapsed_s + seconds + milliseconds / 1000)
+        self._move_to(self._elapsed_ns + _nanoseconds(seconds + milliseconds / 1000))
         return self._now
 
     async def sleep(self, seconds: float) -> None:
@@ -71,7 +72,7 @@ class FakeClock:
             if not woken.done():
                 woken.set_result(None)
 
-        timer = self._call_at(self._elapsed_s + seconds, wake)
+        timer = self._call_after(seconds, wake)
         try:
             await woken
         finally:
@@ -86,18 +87,18 @@ class FakeClock:
         """How many sleeps and deadlines are waiting on the clock."""
         return len(self._wakes)
 
-    def _call_at(self, deadline_s: float, wake: Callable[[], None]) -> int:
+    def _call_after(self, seconds: float, wake: Callable[[], None]) -> int:
         timer = next(self._order)
-        heapq.heappush(self._timers, (deadline_s, timer))
+        heapq.heappush(self._timers, (self._elapsed_ns + _nanoseconds(seconds), timer))
         self._wakes[timer] = wake
         if self.autojump:
             self._schedule_jump()
         return timer
 
-    def _move_to(self, elapsed_s: float) -> None:
-        self._now += timedelta(seconds=elapsed_s - self._elapsed_s)
-        self._elapsed_s = elapsed_s
-        while self._timers and self._timers[0][0] <= elapsed_s:
+    def _move_to(self, elapsed_ns: int) -> None:
+        self._now += timedelta(microseconds=(elapsed_ns - self._elapsed_ns) / 1000)
+        self._elapsed_ns = elapsed_ns
+        while self._timers and self._timers[0][0] <= elapsed_ns:
             _at, timer = heapq.heappop(self._timers)
             wake = self._wakes.pop(timer, None)
             if wake is not None:
@@ -106,7 +107,7 @@ class FakeClock:
     def _cancel(self, timer: int) -> None:
         self._wakes.pop(timer, None)
 
-    def _next_deadline(self) -> float | None:
+    def _next_deadline(self) -> int | None:
         while self._timers and self._timers[0][1] not in self._wakes:
             heapq.heappop(self._timers)
         return self._timers[0][0] if self._timers else None
@@ -123,12 +124,16 @@ class FakeClock:
             loop.call_soon(self._jump_when_idle)
             return
         self._jump_pending = False
-        deadline_s = self._next_deadline()
-        if deadline_s is None or not self.autojump:
+        deadline_ns = self._next_deadline()
+        if deadline_ns is None or not self.autojump:
             return
-        self._move_to(max(deadline_s, self._elapsed_s))
+        self._move_to(max(deadline_ns, self._elapsed_ns))
         if self._next_deadline() is not None:
             self._schedule_jump()
+
+
+def _nanoseconds(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
 
 
 def _has_ready_callbacks(loop: asyncio.AbstractEventLoop) -> bool:
@@ -152,9 +157,7 @@ class _FakeDeadline:
     async def __aenter__(self) -> _FakeDeadline:
         await self._inner.__aenter__()
         if self._seconds is not None:
-            self._timer = self._clock._call_at(
-                self._clock.monotonic() + self._seconds, self._expire
-            )
+            self._timer = self._clock._call_after(self._seconds, self._expire)
         return self
 
     def _expire(self) -> None:
