@@ -78,11 +78,10 @@ async def _next_due_s(store: Any, registry: JobRegistry, clock: FakeClock) -> fl
     rows = await store.list(RunFilter(status=JobRunStatus.RUNNING.value, limit=10_000))
     now_at = format_instant(clock.now())
     waiting = [
-        row.next_attempt_at
+        due_at
         for row in rows
         if (row.module_id, row.job) in registry
-        and row.next_attempt_at is not None
-        and row.next_attempt_at > now_at
+        and (due_at := row.next_attempt_at or row.started_at) > now_at
     ]
     if not waiting:
         return None
