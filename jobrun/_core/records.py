@@ -96,7 +96,7 @@ class ClaimRequest:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleRow:
-    """One ``jobrun_schedules`` row: how far a schedule has got (times as stored text).
+    """One ``_substrat_job_schedules`` row: how far a schedule has got (times as stored text).
 
     ``schedule`` is the instance its runs share, or ``''`` when each slot's run
     has its own instance.
@@ -286,6 +286,22 @@ def job_run_list_limit(limit: float | None) -> int:
     if not math.isfinite(limit):
         return JOB_RUN_LIST_LIMIT
     return min(JOB_RUN_LIST_MAX, max(1, math.floor(limit)))
+
+
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+
+def priority_value(priority: object) -> int:
+    """Check a run's priority: an int that both engines' INTEGER column holds."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise JobValidationError(
+            f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
+            [{"path": "priority", "message": "out of the 32-bit range"}],
+        )
+    return priority
 
 
 def status_filter(status: str | None) -> str | None:

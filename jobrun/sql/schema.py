@@ -84,7 +84,7 @@ Index(
 )
 
 job_schedules = Table(
-    "jobrun_schedules",
+    "_substrat_job_schedules",
     metadata,
     # A schedule's key: its job and, for schedules whose runs share one instance,
     # that instance ('' when each slot's run has the slot's instant as instance).

@@ -40,7 +40,7 @@ def upgrade() -> None:
         postgresql_where=LEASED_ONLY,
     )
     op.create_table(
-        "jobrun_schedules",
+        "_substrat_job_schedules",
         sa.Column("module_id", sa.Text(), nullable=False),
         sa.Column("job", sa.Text(), nullable=False),
         sa.Column("schedule", sa.Text(), nullable=False),
@@ -52,7 +52,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("jobrun_schedules")
+    op.drop_table("_substrat_job_schedules")
     op.drop_index("_substrat_job_runs_leased", table_name=RUNS)
     op.drop_index("_substrat_job_runs_claim_order", table_name=RUNS)
     op.create_index("_substrat_job_runs_due_at", RUNS, ["status", sa.text(DUE_AT), "id"])
