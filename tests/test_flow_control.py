@@ -76,9 +76,7 @@ def _request(clock: FakeClock, token: str, limit: int | None, lease_s: float = 6
     )
 
 
-async def test_a_limited_job_is_passed_over_while_its_limit_is_leased(
-    store: Any, clock: FakeClock
-):
+async def test_a_limited_job_is_passed_over_while_its_limit_is_leased(store: Any, clock: FakeClock):
     for number in range(4):
         await start(store, clock, instance=f"i{number}")
     other = await start(store, clock, job="other")
