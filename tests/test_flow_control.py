@@ -91,7 +91,8 @@ async def test_a_limited_job_is_passed_over_while_its_limit_is_leased(store: Any
     assert await store.claim(_request(clock, "d", 2)) is None
     # Without the limit the same request would lease a third run of the job.
     unlimited = await store.claim(_request(clock, "e", None))
-    assert unlimited is not None and unlimited.job == "import"
+    assert unlimited is not None
+    assert unlimited.job == "import"
 
 
 async def test_an_expired_lease_does_not_count_against_the_limit(store: Any, clock: FakeClock):
