@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun.errors import JobValidationError
@@ -34,7 +35,7 @@ def _refuse(message: str) -> JobValidationError:
     return JobValidationError(message, [{"path": "schema", "message": message}])
 
 
-def checked_schema(engine: AsyncEngine, schema: str | None) -> str | None:
+def checked_schema(engine: AsyncEngine | Connection, schema: str | None) -> str | None:
     """``schema`` if jobrun can use it on ``engine``; raises JobValidationError otherwise."""
     if engine.get_execution_options().get("schema_translate_map"):
         raise _refuse(
