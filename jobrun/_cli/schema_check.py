@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.privileges import missing_privileges
-from jobrun.sql.migrate import current_revision, head_revision
+from jobrun.sql.migrate import _alembic_turn, current_revision, head_revision
 from jobrun.sql.schema import metadata
 from jobrun.sql.tenancy import checked_schema, version_options
 
@@ -101,7 +101,8 @@ async def check(engine: AsyncEngine, schema: str | None = None) -> SchemaState:
     state = await revisions(engine, schema)
     if not state.at_head:
         return state
-    async with engine.begin() as connection:
+    # One comparison at a time in the process: the warnings filter below is global.
+    async with _alembic_turn(), engine.begin() as connection:
         if schema is not None:
             # Reflection without a schema looks where search_path points.
             await connection.exec_driver_sql(f'SET LOCAL search_path TO "{schema}"')
