@@ -40,9 +40,9 @@ async def missing_privileges(engine: AsyncEngine, schema: str | None) -> list[st
         return []
     async with engine.connect() as connection:
         role = (await connection.execute(text("SELECT current_user"))).scalar_one()
-        found = (await connection.execute(_FOUND, {"names": list(NEEDED), "schema": schema})).all()
+        result = await connection.execute(_FOUND, {"names": list(NEEDED), "schema": schema})
         order = list(NEEDED)
-        found.sort(key=lambda row: (row[2], order.index(row[0])))
+        found = sorted(result.all(), key=lambda row: (row[2], order.index(row[0])))
         missing: list[str] = []
         schemas_told: set[str] = set()
         for name, oid, namespace, usable in found:
