@@ -44,14 +44,14 @@ from jobrun._core.records import (
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
 from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
+from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
-# Postgres: the channel a new run is announced on, with ``notify_payload`` as payload.
-NOTIFY_CHANNEL = "jobrun_started"
+# Postgres: new runs are announced on ``notify_channel(schema)``, with ``notify_payload``.
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 
 
@@ -147,7 +147,9 @@ class SqlJobRunStore:
 
     Works with a plain engine: on SQLite it turns on WAL and a busy timeout for
     the connections it uses. The schema must have been created with
-    :func:`jobrun.upgrade`; the first operation checks that, once.
+    :func:`jobrun.upgrade`; the first operation checks that, once. On Postgres,
+    ``schema`` names the tenant's schema that ``jobrun.upgrade(engine, schema=...)``
+    put the tables in; ``engine`` itself is left as it is.
     """
 
     def __init__(
@@ -158,13 +160,18 @@ class SqlJobRunStore:
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
+        schema: str | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
                 f"got {type(engine).__name__}"
             )
-        self._engine = engine
+        self._host_engine = engine
+        self._schema = checked_schema(engine, schema)
+        # Every statement below goes through this engine: in a schema, a copy whose
+        # translate map puts jobrun's tables there.
+        engine = self._engine = in_schema(engine, self._schema)
         self._limits = StoreLimits(
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
@@ -184,7 +191,11 @@ class SqlJobRunStore:
 
     @property
     def engine(self) -> AsyncEngine:
-        return self._engine
+        return self._host_engine
+
+    @property
+    def schema(self) -> str | None:
+        return self._schema
 
     @property
     def limits(self) -> StoreLimits:
@@ -192,7 +203,7 @@ class SqlJobRunStore:
 
     @property
     def default_scope(self) -> object:
-        return self._engine
+        return self._host_engine
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:
@@ -210,7 +221,7 @@ class SqlJobRunStore:
         from jobrun.sql.migrate import current_revision
 
         async with self._engine.connect() as connection:
-            found = await connection.run_sync(current_revision)
+            found = await connection.run_sync(current_revision, self._schema)
         # Revision ids are zero-padded numbers, so text order is revision order.
         if found is None or found < SCHEMA_REVISION:
             raise SchemaOutdatedError(found, SCHEMA_REVISION)
@@ -237,7 +248,7 @@ class SqlJobRunStore:
                         # round trip.
                         added = insert.returning(job_runs.c.id).cte("added")
                         announce = select(
-                            func.pg_notify(NOTIFY_CHANNEL, notify_payload(row))
+                            func.pg_notify(notify_channel(self._schema), notify_payload(row))
                         ).select_from(added)
                         was_inserted = (await connection.execute(announce)).first() is not None
                     else:
