@@ -6,7 +6,7 @@ and what the inspector reflects from a database that ``jobrun.upgrade`` built
 (SQLite and Postgres). The DDL compiled for each dialect is also compared as
 text: the contract has one DDL for both engines.
 
-The claim's index, ``_substrat_job_runs_due_at``, is an expression index. The
+The claim's index, ``_substrat_job_runs_claim_order``, is an expression index. The
 Postgres inspector reflects it with its expression; SQLAlchemy cannot reflect
 it from SQLite (it warns and leaves it out), so there it is read from SQLite's
 own catalog instead: ``PRAGMA index_list`` / ``index_xinfo`` for its key
@@ -105,7 +105,7 @@ EXPECTED: dict[str, Any] = {
 DIALECTS = [sqlite.dialect(), postgresql.dialect()]
 
 # SQLAlchemy cannot reflect an expression index from SQLite: its inspector warns
-# and leaves _substrat_job_runs_due_at out. That one warning is expected on SQLite
+# and leaves _substrat_job_runs_claim_order out. That one warning is expected on SQLite
 # (Postgres reflects the index); the index is read from SQLite's catalog instead.
 UNREFLECTABLE_ON_SQLITE = pytest.mark.filterwarnings(
     f"ignore:Skipped unsupported reflection of expression-based index {DUE_AT_INDEX}$"
