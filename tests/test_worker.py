@@ -106,7 +106,8 @@ class Worker:
 
     async def finish(self) -> None:
         self.stop.set()
-        await asyncio.wait_for(self.task, 10)
+        # A ceiling for a hang, not a speed goal: a loaded machine once took over 10 s.
+        await asyncio.wait_for(self.task, 60)
 
 
 # --- draining -------------------------------------------------------------------------------
