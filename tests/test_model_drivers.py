@@ -15,7 +15,9 @@ fenced write at a moment hypothesis chooses.
 Checked after every rule:
 
 * at most one live run per key;
-* a step body is never called once its result is in the ledger;
+* the lease holder never calls a step body whose result is in the ledger; a
+  driver whose lease is gone calls at most one body (it cannot know before its
+  write is refused), then stops;
 * every ledger row belongs to the run's current pass (step names carry the
   cursor the pass started from);
 * a driver whose lease is gone (expired and taken, released, cancelled, pruned)
@@ -87,6 +89,7 @@ class Driver:
     run_id: str | None = None
     token: str | None = None
     plan: Plan = field(default_factory=lambda: Plan((), "advance"))
+    bodies_unheld: int = 0
     paused: asyncio.Event = field(default_factory=asyncio.Event)
     go: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -136,6 +139,7 @@ class DriversMachine(RuleBasedStateMachine):
             row = await self.store.get(p.run.id)
             assert row is not None
             driver.run_id, driver.token = p.run.id, row.lease_owner
+            driver.bodies_unheld = 0
             cursor = p.cursor or 0
             if any(step.result is not None for step in (await self.store.steps(p.run.id)).values()):
                 event("a pass began with committed steps to replay")
@@ -144,10 +148,17 @@ class DriversMachine(RuleBasedStateMachine):
                 name = f"c{cursor}-s{index}"
 
                 async def body(name: str = name, succeeds: bool = succeeds) -> str:
-                    # The body runs only if no result of this step is committed.
-                    ledger = await self.store.steps(p.run.id)
-                    if name in ledger and ledger[name].result is not None:
-                        self.problems.append(f"step {name} of {p.run.id} ran again")
+                    if not await self._holds(driver):
+                        # A driver cannot know its lease is gone before a write is
+                        # refused: it may run one body, then it must stop.
+                        driver.bodies_unheld += 1
+                        if driver.bodies_unheld > 1:
+                            self.problems.append(f"{driver.name} went on after a refused write")
+                    else:
+                        # The holder runs a body only if no result of it is committed.
+                        ledger = await self.store.steps(p.run.id)
+                        if name in ledger and ledger[name].result is not None:
+                            self.problems.append(f"step {name} of {p.run.id} ran again")
                     if not succeeds:
                         raise RuntimeError(f"boom {name}")
                     return name
