@@ -242,7 +242,8 @@ def job_run_of(row: RunRow) -> JobRun:
             return None
         try:
             return parse_instant(text)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
+            # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
             problems.append(f"{column} is not a timestamp: {text!r}")
             return None
 
