@@ -39,9 +39,8 @@ async def cancel_job_run(
             "a cancellation needs a reason for the record",
             [{"path": "reason", "message": "empty or not a str"}],
         )
-    if not await store.cancel(
-        run_id, f"cancelled: {reason}", format_instant(resolve_clock(clock).now())
-    ):
+    at = format_instant(resolve_clock(clock).now())
+    if not await store.cancel(run_id, f"cancelled: {reason}", at):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not running; nothing to cancel",
@@ -102,12 +101,16 @@ async def prune_job_runs(
     statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
     batch_size: int = 500,
     clock: ClockLike | None = None,
+    only_jobs: frozenset[tuple[str, str]] | None = None,
+    except_jobs: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
     """Delete finished runs that ended before a cutoff, with their ledgers.
 
     ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
     Running runs are never deleted. Works in batches of ``batch_size`` runs, one
-    short transaction each. Returns how many runs were deleted.
+    short transaction each. ``only_jobs`` limits it to runs of those
+    ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept. Returns how
+    many runs were deleted.
     """
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
@@ -128,4 +131,10 @@ async def prune_job_runs(
         raise TypeError(
             f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
         )
-    return await store.prune(format_instant(cutoff), wanted, batch_size)
+    return await store.prune(
+        format_instant(cutoff),
+        wanted,
+        batch_size,
+        only_jobs=None if only_jobs is None else frozenset(only_jobs),
+        except_jobs=frozenset(except_jobs),
+    )
