@@ -182,6 +182,7 @@ class SqlJobRunStore:
 
     @property
     def engine(self) -> AsyncEngine:
+        """The engine this store was made with (the host owns and disposes of it)."""
         return self._engine
 
     @property
