@@ -246,3 +246,36 @@ def test_the_example_job_tests_pass() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 passed" in result.stdout
+
+
+# --- the tutorial -------------------------------------------------------------------------
+
+
+def test_the_tutorial_program_survives_kill_9(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'tutorial.db'}"
+    environment = {**os.environ, "TUTORIAL_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, str(EXAMPLES / "tutorial.py")]
+    with (tmp_path / "first.log").open("w+") as log:
+        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+        try:
+            deadline = time.monotonic() + 60
+            while not any((run.cursor or 0) >= 2 for run in runs_so_far(url)):
+                assert first.poll() is None, "the tutorial ended before it could be killed"
+                assert time.monotonic() < deadline, "no page committed within 60 s"
+                time.sleep(0.05)
+            first.send_signal(signal.SIGKILL)
+        finally:
+            first.kill()
+            first.wait()
+    (cut,) = read_runs(url)
+    assert cut.status == "running"
+
+    again = subprocess.run(
+        command, capture_output=True, text=True, timeout=90, env=environment, check=False
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"run {cut.id}: running at page {cut.cursor}" in again.stdout
+    (run,) = read_runs(url)
+    assert run.id == cut.id
+    assert run.status == "done"
+    assert run.counters == {"total": 20, "pages": 20}  # each page counted once
