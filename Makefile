@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Material's banner about its successor is not a warning about these docs.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: venv demo test docs clean
+.PHONY: venv demo test docs mutation clean
 
 venv: $(STAMP)
 
@@ -38,7 +38,15 @@ test: venv
 docs: venv
 	$(MKDOCS) build --strict
 
+# Mutation testing on demand, never in CI (see tests/README.md). MUTANTS narrows
+# it, e.g. make mutation MUTANTS='jobrun._core.lease*'.
+MUTANTS ?=
+mutation: venv
+	$(BIN)/python -m pip install --quiet -e '.[mutation]'
+	$(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
+
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache \
-		.import_linter_cache .hypothesis
+		.import_linter_cache .hypothesis mutants
 	rm -f demo.db demo.db-wal demo.db-shm

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
+import hashlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -18,13 +20,15 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    or_,
     select,
     tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -37,19 +41,28 @@ from jobrun._core.records import (
     RunFilter,
     RunPatch,
     RunRow,
+    ScheduleRow,
     StepRow,
 )
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
-from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
+from jobrun.sql.schema import (
+    DUE_AT,
+    LEASED_ONLY,
+    LIVE_ONLY,
+    SCHEMA_REVISION,
+    job_runs,
+    job_schedules,
+    job_steps,
+)
+from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
-# Postgres: the channel a new run is announced on, with ``notify_payload`` as payload.
-NOTIFY_CHANNEL = "jobrun_started"
+# Postgres: new runs are announced on ``notify_channel(schema)``, with ``notify_payload``.
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 
 
@@ -140,12 +153,115 @@ def _run_row(mapping: Any) -> RunRow:
     return RunRow(**mapping)
 
 
+def _in_flight(module_id: str, job: str, now_at: str) -> Any:
+    """How many runs of one job hold a lease that has not expired (a separate alias:
+    the count must not correlate with the claim's candidate row)."""
+    leased = job_runs.alias("leased")
+    return (
+        select(func.count())
+        .select_from(leased)
+        .where(
+            # Spelled as the partial index's predicate, so both engines use it.
+            LEASED_ONLY,
+            leased.c.module_id == module_id,
+            leased.c.job == job,
+            leased.c.status == RUNNING,
+            leased.c.next_attempt_at > now_at,
+        )
+        .scalar_subquery()
+    )
+
+
+def _claim_statement(request: ClaimRequest) -> Any:
+    """The claim: one UPDATE that picks the first due run in claim order and leases it."""
+    runs = job_runs.c
+    candidate = (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            request.now_at >= DUE_AT,
+            tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
+        )
+        .order_by(runs.priority.desc(), DUE_AT, runs.id)
+        .limit(1)
+        # Postgres: concurrent claimers pass over each other's rows instead of
+        # queueing on them. SQLite renders nothing here: its single write
+        # statement holds the database's write lock from before its read.
+        .with_for_update(skip_locked=True)
+    )
+    for (module_id, job), most in sorted(request.max_concurrent.items()):
+        if (module_id, job) in request.expires_at:
+            # Uncorrelated, so evaluated once per claim, not once per candidate row.
+            candidate = candidate.where(
+                or_(
+                    runs.module_id != module_id,
+                    runs.job != job,
+                    _in_flight(module_id, job, request.now_at) < most,
+                )
+            )
+    if request.skip_ids:
+        candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
+    expiries = set(request.expires_at.values())
+    if len(expiries) == 1:
+        expiry: Any = next(iter(expiries))
+    else:
+        expiry = case(
+            *(
+                (and_(runs.module_id == module_id, runs.job == job), expires_at)
+                for (module_id, job), expires_at in request.expires_at.items()
+            ),
+        )
+    # The previous lease is still on the row only when it expired: a takeover.
+    taken_over = runs.lease_owner.is_not(None)
+    began = and_(taken_over, runs.lease_began_at.is_not(None))
+    return (
+        update(job_runs)
+        .where(runs.id == candidate.scalar_subquery())
+        .values(
+            lease_owner=request.token,
+            lease_driver=request.driver,
+            lease_began_at=request.now_at,
+            next_attempt_at=expiry,
+            lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
+            attempts=runs.attempts + case((began, 1), else_=0),
+            last_error=case(
+                (
+                    began,
+                    literal("the lease of driver ", Text)
+                    + runs.lease_driver
+                    + literal(" expired during a pass; the run was taken over", Text),
+                ),
+                else_=runs.last_error,
+            ),
+        )
+        .returning(*job_runs.c)
+    )
+
+
+def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
+    """Postgres: the advisory lock (a signed 64-bit key) that orders one job's limited
+    claims; per schema, so tenants never wait on each other."""
+    digest = hashlib.blake2b(
+        json.dumps(["jobrun.max_concurrent", schema, module_id, job]).encode("utf-8"),
+        digest_size=8,
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _limit_locks(schema: str | None, jobs: list[tuple[str, str]]) -> Any:
+    # Always in the same (sorted) order, so two claimers cannot deadlock.
+    keys = sorted(limit_lock_key(schema, module_id, job) for module_id, job in jobs)
+    return select(*(func.pg_advisory_xact_lock(key) for key in keys))
+
+
 class SqlJobRunStore:
     """Runs and step ledgers in a SQLite or Postgres database reached through ``engine``.
 
     Works with a plain engine: on SQLite it turns on WAL and a busy timeout for
     the connections it uses. The schema must have been created with
-    :func:`jobrun.upgrade`; the first operation checks that, once.
+    :func:`jobrun.upgrade`; the first operation checks that, once. On Postgres,
+    ``schema`` names the tenant's schema that ``jobrun.upgrade(engine, schema=...)``
+    put the tables in; ``engine`` itself is left as it is.
     """
 
     def __init__(
@@ -156,13 +272,18 @@ class SqlJobRunStore:
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
+        schema: str | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
                 f"got {type(engine).__name__}"
             )
-        self._engine = engine
+        self._host_engine = engine
+        self._schema = checked_schema(engine, schema)
+        # Every statement below goes through this engine: in a schema, a copy whose
+        # translate map puts jobrun's tables there.
+        engine = self._engine = in_schema(engine, self._schema)
         self._limits = StoreLimits(
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
@@ -183,7 +304,12 @@ class SqlJobRunStore:
     @property
     def engine(self) -> AsyncEngine:
         """The engine this store was made with (the host owns and disposes of it)."""
-        return self._engine
+        return self._host_engine
+
+    @property
+    def schema(self) -> str | None:
+        """The Postgres schema holding jobrun's tables, or ``None`` for the default."""
+        return self._schema
 
     @property
     def limits(self) -> StoreLimits:
@@ -191,7 +317,7 @@ class SqlJobRunStore:
 
     @property
     def default_scope(self) -> object:
-        return self._engine
+        return self._host_engine
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:
@@ -209,7 +335,7 @@ class SqlJobRunStore:
         from jobrun.sql.migrate import current_revision
 
         async with self._engine.connect() as connection:
-            found = await connection.run_sync(current_revision)
+            found = await connection.run_sync(current_revision, self._schema)
         # Revision ids are zero-padded numbers, so text order is revision order.
         if found is None or found < SCHEMA_REVISION:
             raise SchemaOutdatedError(found, SCHEMA_REVISION)
@@ -236,7 +362,7 @@ class SqlJobRunStore:
                         # round trip.
                         added = insert.returning(job_runs.c.id).cte("added")
                         announce = select(
-                            func.pg_notify(NOTIFY_CHANNEL, notify_payload(row))
+                            func.pg_notify(notify_channel(self._schema), notify_payload(row))
                         ).select_from(added)
                         was_inserted = (await connection.execute(announce)).first() is not None
                     else:
@@ -256,64 +382,93 @@ class SqlJobRunStore:
         return None if found is None else _run_row(found)
 
     async def claim(self, request: ClaimRequest) -> RunRow | None:
-        runs = job_runs.c
         if not request.expires_at:
             return None
-        candidate = (
-            select(runs.id)
-            .where(
-                runs.status == RUNNING,
-                request.now_at >= DUE_AT,
-                tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
-            )
-            .order_by(DUE_AT, runs.id)
-            .limit(1)
-            # Postgres: concurrent claimers pass over each other's rows instead of
-            # queueing on them. SQLite renders nothing here: its single write
-            # statement holds the database's write lock from before its read.
-            .with_for_update(skip_locked=True)
-        )
-        if request.skip_ids:
-            candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
-        expiries = set(request.expires_at.values())
-        if len(expiries) == 1:
-            expiry: Any = next(iter(expiries))
-        else:
-            expiry = case(
-                *(
-                    (and_(runs.module_id == module_id, runs.job == job), expires_at)
-                    for (module_id, job), expires_at in request.expires_at.items()
-                ),
-            )
-        # The previous lease is still on the row only when it expired: a takeover.
-        taken_over = runs.lease_owner.is_not(None)
-        began = and_(taken_over, runs.lease_began_at.is_not(None))
-        statement = (
-            update(job_runs)
-            .where(runs.id == candidate.scalar_subquery())
-            .values(
-                lease_owner=request.token,
-                lease_driver=request.driver,
-                lease_began_at=request.now_at,
-                next_attempt_at=expiry,
-                lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
-                attempts=runs.attempts + case((began, 1), else_=0),
-                last_error=case(
-                    (
-                        began,
-                        literal("the lease of driver ", Text)
-                        + runs.lease_driver
-                        + literal(" expired during a pass; the run was taken over", Text),
-                    ),
-                    else_=runs.last_error,
-                ),
-            )
-            .returning(*job_runs.c)
-        )
-        async with self._operation("claim"), self._dialect.single_statement() as connection:
-            # One statement, one round trip: choosing and leasing cannot come apart.
-            found = (await connection.execute(statement)).mappings().first()
+        statement = _claim_statement(request)
+        limited = sorted(key for key in request.max_concurrent if key in request.expires_at)
+        async with self._operation("claim"):
+            if limited and self._dialect.is_postgres:
+                # Under READ COMMITTED two claimers could both count "1 below a limit
+                # of 2" and both lease. A transaction-scoped advisory lock per limited
+                # job, taken in a statement of its own, makes them count one after
+                # the other: the claim's statement, run after the lock, sees every
+                # lease committed before it. Jobs without a limit never pay this.
+                async with self._engine.begin() as connection:
+                    await connection.execute(_limit_locks(self._schema, limited))
+                    found = (await connection.execute(statement)).mappings().first()
+            else:
+                # One statement, one round trip: choosing and leasing cannot come
+                # apart. On SQLite it holds the write lock from before its read, so
+                # a limit's count cannot change under it either.
+                async with self._dialect.single_statement() as connection:
+                    found = (await connection.execute(statement)).mappings().first()
         return None if found is None else _run_row(found)
+
+    async def schedule_rows(self) -> list[ScheduleRow]:
+        query = select(job_schedules).order_by(*job_schedules.primary_key.columns)
+        async with self._operation("schedule_rows"), self._dialect.reading() as connection:
+            rows = (await connection.execute(query)).mappings().all()
+        return [ScheduleRow(**row) for row in rows]
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        if not rows:
+            return
+        statement = self._dialect.insert(job_schedules).on_conflict_do_nothing(
+            index_elements=list(job_schedules.primary_key.columns)
+        )
+        async with self._operation("add_schedules"), self._dialect.single_statement() as connection:
+            await connection.execute(statement, [asdict(row) for row in rows])
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        slots = job_schedules.c
+        key = and_(
+            slots.module_id == schedule.module_id,
+            slots.job == schedule.job,
+            slots.schedule == schedule.schedule,
+        )
+        # The conditional write that picks the one caller who starts this slot: on
+        # Postgres a second caller waits on the row, then finds the slot taken.
+        take = (
+            update(job_schedules)
+            .where(key, slots.last_slot_at < schedule.last_slot_at)
+            .values(
+                last_slot_at=schedule.last_slot_at,
+                last_run_id=row.id,
+                updated_at=schedule.updated_at,
+            )
+        )
+        live = select(job_runs).where(
+            job_runs.c.module_id == row.module_id,
+            job_runs.c.job == row.job,
+            job_runs.c.instance == row.instance,
+            job_runs.c.status == RUNNING,
+        )
+        async with self._operation("start_slot"), self._engine.begin() as connection:
+            if (await connection.execute(take)).rowcount != 1:
+                return None
+            # The run is inserted in the same transaction as the slot is taken: a
+            # crash between them loses both or neither.
+            for _ in range(_START_RETRIES):
+                if await self._insert_announced(connection, row):
+                    return row, True
+                found = (await connection.execute(live)).mappings().first()
+                if found is not None:
+                    await connection.execute(
+                        update(job_schedules).where(key).values(last_run_id=found["id"])
+                    )
+                    return _run_row(found), False
+        raise StoreError("start_slot", RuntimeError("the key's live run kept changing; gave up"))
+
+    async def _insert_announced(self, connection: AsyncConnection, row: RunRow) -> bool:
+        """Insert ``row`` unless its key is live; on Postgres also NOTIFY (sent at commit)."""
+        insert = self._insert_run.values(asdict(row))
+        if not self._dialect.is_postgres:
+            return bool((await connection.execute(insert)).rowcount == 1)
+        added = insert.returning(job_runs.c.id).cte("added")
+        announce = select(
+            func.pg_notify(notify_channel(self._schema), notify_payload(row))
+        ).select_from(added)
+        return (await connection.execute(announce)).first() is not None
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         conditions = [
@@ -475,7 +630,15 @@ class SqlJobRunStore:
             row = (await connection.execute(query)).one()
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
-    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
         doomed = (
             select(job_runs.c.id)
             .where(
@@ -486,6 +649,13 @@ class SqlJobRunStore:
             .order_by(job_runs.c.id)
             .limit(batch_size)
         )
+        job_key = tuple_(job_runs.c.module_id, job_runs.c.job)
+        if only_jobs is not None:
+            if not only_jobs:
+                return 0
+            doomed = doomed.where(job_key.in_(sorted(only_jobs)))
+        if except_jobs:
+            doomed = doomed.where(job_key.not_in(sorted(except_jobs)))
         deleted = 0
         while True:
             async with self._operation("prune"), self._engine.begin() as connection:
@@ -498,3 +668,83 @@ class SqlJobRunStore:
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+
+    @staticmethod
+    def _stranded(now_at: str) -> Any:
+        """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
+        runs = job_runs.c
+        return and_(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            runs.next_attempt_at < now_at,
+        )
+
+    def _selected(self, query: RunQuery) -> tuple[Any, ...]:
+        runs = job_runs.c
+        conditions: builtins.list[Any] = []
+        if query.module_id is not None:
+            conditions.append(runs.module_id == query.module_id)
+        if query.job is not None:
+            conditions.append(runs.job == query.job)
+        if query.instance_prefix:
+            # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+            prefix = query.instance_prefix
+            conditions.append(func.substr(runs.instance, 1, len(prefix)) == prefix)
+        if query.statuses:
+            conditions.append(runs.status.in_(query.statuses))
+        if query.started_since_at is not None:
+            conditions.append(runs.started_at >= query.started_since_at)
+        if query.stranded_at is not None:
+            conditions.append(self._stranded(query.stranded_at))
+        if query.before_id is not None:
+            conditions.append(runs.id < query.before_id)
+        return tuple(conditions)
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        # Newest first down the primary key, stopped by the limit: a page costs the
+        # same on the first and the thousandth page, however many runs are kept.
+        statement = (
+            select(job_runs)
+            .where(and_(True, *self._selected(query)))
+            .order_by(job_runs.c.id.desc())
+            .limit(query.limit)
+        )
+        async with self._operation("find"), self._dialect.reading() as connection:
+            rows = (await connection.execute(statement)).mappings().all()
+        return [_run_row(row) for row in rows]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        # The LIMIT inside bounds the work: at most ``cap`` index entries are read.
+        capped = select(literal(1)).where(and_(True, *self._selected(query))).limit(cap)
+        statement = select(func.count()).select_from(capped.subquery())
+        async with self._operation("count"), self._dialect.reading() as connection:
+            return int((await connection.execute(statement)).scalar_one())
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        runs = job_runs.c
+        live = runs.status == RUNNING
+        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        failed = and_(runs.status == FAILED, runs.ended_at >= failed_since_at)
+        statement = (
+            select(
+                runs.module_id,
+                runs.job,
+                func.count().filter(live),
+                func.count().filter(waiting),
+                func.min(DUE_AT).filter(waiting),
+                func.count().filter(self._stranded(now_at)),
+                func.count().filter(failed),
+            )
+            # Status leads, as in health(): finished history is not scanned.
+            .where(runs.status.in_([RUNNING, FAILED]), live | failed)
+            .group_by(runs.module_id, runs.job)
+            .order_by(runs.module_id, runs.job)
+        )
+        async with self._operation("job_loads"), self._dialect.reading() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [
+            JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
+            for row in rows
+        ]
