@@ -104,7 +104,7 @@ def test_the_smallest_lease_and_no_takeovers_are_accepted():
     default.register(M, J, _noop)
     registered = default.get(M, J)
     assert registered is not None
-    assert (registered.lease_ms, registered.max_takeovers) == (15 * 60 * 1000, 5)
+    assert (registered.lease_ms, registered.max_takeovers) == (60 * 1000, 5)
 
 
 # --- the claim writes the lease, every outcome clears it ----------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -25,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobrun._core.formats import system_clock
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -33,6 +35,7 @@ from jobrun._core.port import (
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     JobRunStatus,
     RunFilter,
     RunPatch,
@@ -41,6 +44,7 @@ from jobrun._core.records import (
 )
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
+from jobrun.sql.presence import Presence, presence_held
 from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -50,7 +54,9 @@ _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
 # Postgres: the channel a new run is announced on, with ``notify_payload`` as payload.
 NOTIFY_CHANNEL = "jobrun_started"
-_NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
+_NOTIFY_MAX_BYTES = 7000
+# How often the skew between this host's clock and Postgres's is measured again.
+CLOCK_CHECK_INTERVAL_S = 60.0  # Postgres refuses payloads of 8000 bytes and more
 
 
 def notify_payload(row: RunRow) -> str:
@@ -179,6 +185,13 @@ class SqlJobRunStore:
         self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
             index_elements=list(_KEY), index_where=LIVE_ONLY
         )
+        self._presence = (
+            Presence(engine)
+            if self._dialect.is_postgres and engine.dialect.driver == "asyncpg"
+            else None
+        )
+        # (measured at, database clock minus system clock in seconds)
+        self._clock_offset: tuple[float, float] | None = None
 
     @property
     def engine(self) -> AsyncEngine:
@@ -274,6 +287,23 @@ class SqlJobRunStore:
         )
         if request.skip_ids:
             candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
+        chosen: Any = candidate.scalar_subquery()
+        died = runs.lease_owner.in_(sorted(request.dead_owners))
+        if request.dead_owners:
+            # A proven-dead holder's run first, due or not (see ``jobrun._core.holders``).
+            orphan = (
+                select(runs.id)
+                .where(
+                    runs.status == RUNNING,
+                    died,
+                    # Unexpired (once expired it is simply due): the due index's range.
+                    request.now_at < DUE_AT,
+                    tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
+                )
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            chosen = func.coalesce(orphan.scalar_subquery(), chosen)
         expiries = set(request.expires_at.values())
         if len(expiries) == 1:
             expiry: Any = next(iter(expiries))
@@ -287,9 +317,22 @@ class SqlJobRunStore:
         # The previous lease is still on the row only when it expired: a takeover.
         taken_over = runs.lease_owner.is_not(None)
         began = and_(taken_over, runs.lease_began_at.is_not(None))
+        reasons = [
+            (
+                began,
+                literal("the lease of driver ", Text)
+                + runs.lease_driver
+                + literal(" expired during a pass; the run was taken over", Text),
+            )
+        ]
+        if request.dead_owners:
+            death = literal(" died during a pass; the run was taken over at once", Text)
+            reasons.insert(
+                0, (and_(began, died), literal("the driver ", Text) + runs.lease_driver + death)
+            )
         statement = (
             update(job_runs)
-            .where(runs.id == candidate.scalar_subquery())
+            .where(runs.id == chosen)
             .values(
                 lease_owner=request.token,
                 lease_driver=request.driver,
@@ -297,15 +340,7 @@ class SqlJobRunStore:
                 next_attempt_at=expiry,
                 lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
                 attempts=runs.attempts + case((began, 1), else_=0),
-                last_error=case(
-                    (
-                        began,
-                        literal("the lease of driver ", Text)
-                        + runs.lease_driver
-                        + literal(" expired during a pass; the run was taken over", Text),
-                    ),
-                    else_=runs.last_error,
-                ),
+                last_error=case(*reasons, else_=runs.last_error),
             )
             .returning(*job_runs.c)
         )
@@ -313,6 +348,62 @@ class SqlJobRunStore:
             # One statement, one round trip: choosing and leasing cannot come apart.
             found = (await connection.execute(statement)).mappings().first()
         return None if found is None else _run_row(found)
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        runs = job_runs.c
+        held = presence_held() if self._presence is not None else literal(None)
+        query = select(
+            runs.id,
+            runs.module_id,
+            runs.job,
+            runs.lease_owner,
+            runs.lease_driver,
+            runs.lease_began_at,
+            held,
+        ).where(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            # Not expired: a held lease's expiry is its due instant (the index's range).
+            now_at < DUE_AT,
+        )
+        if jobs is not None:
+            if not jobs:
+                return []
+            query = query.where(tuple_(runs.module_id, runs.job).in_(sorted(jobs)))
+        async with self._operation("held_leases"), self._dialect.reading() as connection:
+            rows = (await connection.execute(query)).all()
+        return [HeldLease(*row) for row in rows]
+
+    async def presence(self) -> int | None:
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.key()
+
+    async def presence_connection(self) -> Any:
+        """Postgres (asyncpg): the presence's own connection, which ``jobrun.worker``
+        also LISTENs on; ``None`` elsewhere."""
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.connection()
+
+    async def clock_offset_s(self) -> float:
+        if not self._dialect.is_postgres:
+            return 0.0
+        cached = self._clock_offset
+        if cached is not None and time.monotonic() - cached[0] < CLOCK_CHECK_INTERVAL_S:
+            return cached[1]
+        async with self._operation("clock_offset"), self._dialect.reading() as connection:
+            sent = system_clock().timestamp()
+            database_now = (await connection.execute(select(func.clock_timestamp()))).scalar_one()
+            received = system_clock().timestamp()
+        # The database read its clock about halfway through the round trip.
+        offset = float(database_now.timestamp()) - (sent + received) / 2
+        self._clock_offset = (time.monotonic(), offset)
+        return offset
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         conditions = [
@@ -460,13 +551,14 @@ class SqlJobRunStore:
     async def health(self, now_at: str) -> HealthCounts:
         runs = job_runs.c
         live = runs.status == RUNNING
-        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        # Due includes the stranded: a lease that expired is due since its expiry.
+        waiting = and_(live, now_at >= DUE_AT)
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         query = select(
             func.count().filter(live),
             func.count().filter(waiting),
-            func.count().filter(and_(live, runs.lease_owner.is_not(None))),
+            func.count().filter(and_(live, runs.lease_owner.is_not(None), now_at < DUE_AT)),
             func.count().filter(runs.status == FAILED),
             func.min(DUE_AT).filter(waiting),
         ).where(runs.status.in_([RUNNING, FAILED]))
@@ -475,25 +567,25 @@ class SqlJobRunStore:
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+        runs = job_runs.c
         doomed = (
-            select(job_runs.c.id)
-            .where(
-                job_runs.c.status.in_(statuses),
-                job_runs.c.status != RUNNING,
-                job_runs.c.ended_at < ended_before,
-            )
-            .order_by(job_runs.c.id)
+            select(runs.id)
+            .where(runs.status.in_(statuses), runs.status != RUNNING, runs.ended_at < ended_before)
+            .order_by(runs.id)
             .limit(batch_size)
+        )
+        # The runs first, each re-checked as it is deleted (a run resumed since the
+        # batch was chosen is running again and stays), then the ledgers of exactly
+        # the runs deleted: a resume can never keep its row and lose its ledger.
+        delete_runs = (
+            delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
         )
         deleted = 0
         while True:
             async with self._operation("prune"), self._engine.begin() as connection:
-                ids = list((await connection.execute(doomed)).scalars())
+                ids = list((await connection.execute(delete_runs)).scalars())
                 if ids:
                     await connection.execute(delete(job_steps).where(job_steps.c.run_id.in_(ids)))
-                    await connection.execute(
-                        delete(job_runs).where(job_runs.c.id.in_(ids), job_runs.c.status != RUNNING)
-                    )
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
