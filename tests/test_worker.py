@@ -233,9 +233,18 @@ async def test_an_idle_database_costs_one_claim_per_interval(engine: AsyncEngine
     await asyncio.sleep(2.0)
     idle = seen[before:]
     await worker.finish()
-    assert all(statement.lstrip().upper().startswith("UPDATE") for statement in idle), idle
-    # 2 s at one claim per 0.25 s: 8, give or take the edges.
-    assert 4 <= len(idle) <= 9, len(idle)
+    claims = [statement for statement in idle if statement.lstrip().upper().startswith("UPDATE")]
+    # Besides the claims: the read of held leases that finds runs stranded by a
+    # dead driver (see jobrun._core.stranded), at most once a second.
+    scans = [
+        statement
+        for statement in idle
+        if statement.lstrip().startswith("SELECT") and "lease_owner IS NOT NULL" in statement
+    ]
+    assert len(claims) + len(scans) == len(idle), idle
+    # 2 s at one claim per 0.25 s: 8, give or take the edges; 2 s at one scan a second.
+    assert 4 <= len(claims) <= 9, len(claims)
+    assert len(scans) <= 3, len(scans)
 
 
 # --- waking on Postgres ---------------------------------------------------------------------
