@@ -69,12 +69,14 @@ POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
 class Child:
     """A driver process and the JSON events it prints."""
 
-    def __init__(self, name: str, url: str, logs: Path, *options: str) -> None:
+    def __init__(
+        self, name: str, url: str, logs: Path, *options: str, script: Path = CHILD
+    ) -> None:
         self.name = name
         self._stderr_path = logs / f"{name}.stderr"
         self._stderr = self._stderr_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, str(CHILD), "--url", url, "--name", name, *options],
+            [sys.executable, str(script), "--url", url, "--name", name, *options],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -153,8 +155,8 @@ class Fleet:
         self.logs = logs
         self.children: list[Child] = []
 
-    def start(self, name: str, *options: str) -> Child:
-        child = Child(name, self.url, self.logs, *options)
+    def start(self, name: str, *options: str, script: Path = CHILD) -> Child:
+        child = Child(name, self.url, self.logs, *options, script=script)
         self.children.append(child)
         return child
 
