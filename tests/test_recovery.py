@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core import formats
@@ -318,7 +318,7 @@ async def test_a_ten_second_event_loop_stall_keeps_the_default_lease(store: Any)
     @registry.job(MODULE, JOB)
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         await asyncio.sleep(0.1)
-        time.sleep(10)  # the whole event loop stalls: no renewal can run
+        time.sleep(10)  # noqa: ASYNC251 (on purpose: the whole event loop stalls)
         row = await row_of(store, p.run.id)
         assert row.next_attempt_at is not None
         expiry = datetime.fromisoformat(row.next_attempt_at.replace("Z", "+00:00"))
