@@ -331,3 +331,25 @@ async def test_a_ten_second_event_loop_stall_keeps_the_default_lease(store: Any)
     assert (report.completed, report.superseded) == (1, 0)
     assert left[0] > 30
     assert (await row_of(store, run.id)).status == "done"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", [SQLITE, POSTGRES])
+async def test_a_lost_host_is_waited_for_until_the_default_lease_expires(
+    backend: str, fleet: Fleet, engine: AsyncEngine
+) -> None:
+    """A stopped process stands for a lost host: nothing proves it dead."""
+    run_id = await start_one(engine)
+    victim = fleet.start("victim", "--hang-step", "two", script=CHILD)
+    victim.wait_for("body", 60, lambda event: event["step"] == "two")
+    survivor = fleet.start("survivor", "--until-done", "--deadline-s", "200", script=CHILD)
+    survivor.wait_for("ready", 60)
+    victim.process.send_signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    first = survivor.wait_for("body", 120)
+    waited_s = first["t"] - stopped_at
+    print(f"\n{backend}: lost host (SIGSTOP), default lease: taken over after {waited_s:.1f} s")
+    assert 40 < waited_s < 65
+    row = await row_of(jobrun.SqlJobRunStore(engine), run_id)
+    assert (row.lease_driver or "").startswith("survivor [")
