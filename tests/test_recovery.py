@@ -351,5 +351,6 @@ async def test_a_lost_host_is_waited_for_until_the_default_lease_expires(
     waited_s = first["t"] - stopped_at
     print(f"\n{backend}: lost host (SIGSTOP), default lease: taken over after {waited_s:.1f} s")
     assert 40 < waited_s < 65
+    assert survivor.report(timeout=60)["completed"] == 1
     row = await row_of(jobrun.SqlJobRunStore(engine), run_id)
-    assert (row.lease_driver or "").startswith("survivor [")
+    assert row.status == "done"
