@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
 from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
@@ -80,7 +81,9 @@ async def start_job_run(
         instance=instance,
         payload_text=payload_text,
         priority=checked_priority,
-        at=format_instant(clock()),
+        # The database's time with the default clock: a fast local clock must not
+        # date the run into the future, where no driver would see it due.
+        at=format_instant((await aligned_clock(store, clock))()),
     )
     stored, _inserted = await store.start_or_join(row)
     return job_run_of(stored)
