@@ -29,6 +29,7 @@ from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     JobRunStatus,
     RunFilter,
     RunPatch,
@@ -57,8 +58,14 @@ __all__ = [
 
 
 class MemoryJobRunStore:
-    """The store port in a dict. Every operation completes without yielding, so
-    each is atomic with respect to other tasks on the loop."""
+    """The store port in a dict, for tests: pass it wherever a store is asked for.
+
+    It keeps the same contract as ``SqlJobRunStore`` (one live run per key,
+    fenced writes, the ledger dropped with the pass commit). Every operation
+    completes without yielding, so each is atomic with respect to other tasks on
+    the loop. ``default_scope`` is what ``await p.scope()`` returns in passes
+    driven without an ``open_scope``.
+    """
 
     def __init__(self, limits: StoreLimits | None = None, default_scope: object = None) -> None:
         self._limits = limits or StoreLimits()
@@ -98,13 +105,22 @@ class MemoryJobRunStore:
             for job, most in request.max_concurrent.items()
             if self._in_flight(job, request.now_at) >= most
         }
-        candidates = sorted(
+        wanted = [
+            row
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING and (row.module_id, row.job) in request.expires_at
+        ]
+        # Taking over a dead holder's run adds no pass in flight: limits do not apply.
+        orphans = [
+            row
+            for row in wanted
+            if row.lease_owner in request.dead_owners and due_at(row) > request.now_at
+        ]
+        candidates = orphans or sorted(
             (
                 row
-                for row in self.runs.values()
-                if row.status == JobRunStatus.RUNNING
-                and due_at(row) <= request.now_at
-                and (row.module_id, row.job) in request.expires_at
+                for row in wanted
+                if due_at(row) <= request.now_at
                 and (row.module_id, row.job) not in full
                 and row.id not in request.skip_ids
             ),
@@ -115,6 +131,7 @@ class MemoryJobRunStore:
         row = candidates[0]
         taken_over = row.lease_owner is not None
         began = taken_over and row.lease_began_at is not None
+        died = row.lease_owner in request.dead_owners
         claimed = replace(
             row,
             lease_owner=request.token,
@@ -124,8 +141,13 @@ class MemoryJobRunStore:
             lease_takeovers=row.lease_takeovers + (1 if taken_over else 0),
             attempts=row.attempts + (1 if began else 0),
             last_error=(
-                f"the lease of driver {row.lease_driver} expired during a pass; "
-                "the run was taken over"
+                (
+                    f"the driver {row.lease_driver} died during a pass; "
+                    "the run was taken over at once"
+                    if died
+                    else f"the lease of driver {row.lease_driver} expired during a pass; "
+                    "the run was taken over"
+                )
                 if began
                 else row.last_error
             ),
@@ -160,6 +182,31 @@ class MemoryJobRunStore:
         run, inserted = await self.start_or_join(row)
         self.schedules[key] = replace(schedule, last_run_id=run.id)
         return run, inserted
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        return [
+            HeldLease(
+                row.id,
+                row.module_id,
+                row.job,
+                row.lease_owner,
+                row.lease_driver,
+                row.lease_began_at,
+            )
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING
+            and row.lease_owner is not None
+            and (row.next_attempt_at or row.started_at) > now_at
+            and (jobs is None or (row.module_id, row.job) in jobs)
+        ]
+
+    async def presence(self) -> int | None:
+        return None
+
+    async def clock_offset_s(self) -> float:
+        return 0.0
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         wanted = {
@@ -272,12 +319,16 @@ class MemoryJobRunStore:
         waiting = [
             row.next_attempt_at or row.started_at
             for row in live
-            if row.lease_owner is None and (row.next_attempt_at or row.started_at) <= now_at
+            if (row.next_attempt_at or row.started_at) <= now_at
         ]
         return HealthCounts(
             running=len(live),
             due=len(waiting),
-            leased=sum(1 for row in live if row.lease_owner is not None),
+            leased=sum(
+                1
+                for row in live
+                if row.lease_owner is not None and (row.next_attempt_at or row.started_at) > now_at
+            ),
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
         )

@@ -8,7 +8,8 @@ When a database has nothing due, one of its drivers polls (one claim query)
 after a delay that doubles from 50 ms up to ``interval_s``, while the others
 wait to be woken: an idle database costs one claim query per interval. A
 driver that starts a pass wakes one idle sibling, so work spreads out as it
-appears. On Postgres a listener connection waits on ``LISTEN jobrun_started``
+appears. On Postgres the store's presence connection (its own, not one of the pool's;
+see ``jobrun.sql.presence``) also waits on ``LISTEN jobrun_started``
 (``start_job_run`` notifies it) and wakes the database's drivers at once.
 
 Per database, one more task starts the runs of due schedule slots (see
@@ -326,26 +327,32 @@ class _Worker:
             if self._wanted(payload):
                 database.wake_all()
 
-        async with database.engine.connect() as connection:
-            raw = (await connection.get_raw_connection()).driver_connection
-            assert raw is not None
-            raw.add_termination_listener(lambda _connection: lost.set())
-            await raw.add_listener(database.channel, notified)
-            log.debug("listening for new runs on %s", database.label)
-            # Anything started before the LISTEN took effect: look now.
-            database.wake_all()
-            stopping = asyncio.ensure_future(self.stop.wait())
-            losing = asyncio.ensure_future(lost.wait())
-            try:
-                await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                losing.cancel()
-            if lost.is_set():
-                log.warning("lost the listening connection to %s", database.label)
-                return
-            with contextlib.suppress(Exception):
-                await raw.remove_listener(database.channel, notified)
+        # The store's presence connection (see ``jobrun.sql.presence``): a connection
+        # of its own, never one of the host's pool, which a small pool could not spare.
+        raw = await database.store.presence_connection()
+        assert raw is not None
+
+        def on_lost(_connection: Any) -> None:
+            lost.set()
+
+        raw.add_termination_listener(on_lost)
+        await raw.add_listener(database.channel, notified)
+        log.debug("listening for new runs on %s", database.label)
+        # Anything started before the LISTEN took effect: look now.
+        database.wake_all()
+        stopping = asyncio.ensure_future(self.stop.wait())
+        losing = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            losing.cancel()
+            raw.remove_termination_listener(on_lost)
+        if lost.is_set():
+            log.warning("lost the listening connection to %s", database.label)
+            return
+        with contextlib.suppress(Exception):
+            await raw.remove_listener(database.channel, notified)
 
 
 def _listens(engine: AsyncEngine) -> bool:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from jobrun._core.clock import ClockLike
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
+from jobrun._core.stranded import dead_holders
 from jobrun._system import resolve_clock
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
@@ -79,16 +81,27 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
 
 
 async def job_run_health(store: OperatorStore, *, clock: ClockLike | None = None) -> JobRunHealth:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age."""
-    now = resolve_clock(clock).now()
-    counts = await store.health(format_instant(now))
+    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
+
+    A run stranded by its driver (lease expired, or holder provably dead) is due,
+    not leased: it waits for a driver like any other due run.
+    """
+    now = (await aligned_clock(store, clock)).now()
+    now_at = format_instant(now)
+    counts = await store.health(now_at)
+    dead = await dead_holders(store, now_at, None)
+    # A dead holder's run has been waiting since its pass began, at the latest.
+    oldest = min(
+        [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
+        key=lambda instant: instant or "~",
+    )
     waited_s = 0.0
-    if counts.oldest_due_at is not None:
-        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
+    if oldest is not None:
+        waited_s = max(0.0, (now - parse_instant(oldest)).total_seconds())
     return JobRunHealth(
         running=counts.running,
-        due=counts.due,
-        leased=counts.leased,
+        due=counts.due + len(dead),
+        leased=counts.leased - len(dead),
         failed=counts.failed,
         oldest_due_age_s=waited_s,
     )

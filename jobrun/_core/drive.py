@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
+from jobrun._core import stranded
 from jobrun._core.clock import Clock, ClockLike
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
+from jobrun._core.holders import local_identity
 from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import (
     LOG_PASSES,
@@ -29,7 +33,7 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
-from jobrun._system import default_driver_name, mint_run_id, resolve_clock, system_random
+from jobrun._system import default_driver_name, mint_run_id, system_random
 from jobrun.errors import JobValidationError
 
 JOB_DRIVE_LIMIT = 50
@@ -64,12 +68,17 @@ async def _claim(
     driver: str,
     skip_ids: frozenset[str],
 ) -> tuple[RunRow, RegisteredJob, Lease] | None:
-    now_at = format_instant(clock.now())
     jobs = list(registry)
+    wanted = frozenset((job.module_id, job.name) for job in jobs)
+    # Who we are, precisely enough for another claimer to prove our death.
+    identity = replace(local_identity(), presence=await store.presence())
+    holder = identity.describe(driver)
+    now_at = format_instant(clock.now())
+    dead = await stranded.dead_owners(store, now_at, wanted)
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = mint_run_id()
     expires_at = {
-        (job.module_id, job.name): Lease(token, driver, job.lease_ms).expiry_after(now_at)
+        (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
         for job in jobs
     }
     limits = {
@@ -78,7 +87,17 @@ async def _claim(
         if job.max_concurrent is not None
     }
     claiming = asyncio.ensure_future(
-        store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids, limits))
+        store.claim(
+            ClaimRequest(
+                now_at,
+                token,
+                holder,
+                expires_at,
+                skip_ids,
+                max_concurrent=limits,
+                dead_owners=dead,
+            )
+        )
     )
     try:
         # Shielded: a claim interrupted in flight may land anyway, so its answer is
@@ -90,13 +109,14 @@ async def _claim(
         with contextlib.suppress(BaseException):
             taken = await asyncio.shield(claiming)
             if taken is not None:
-                await hand_back(store, taken, Lease(token, driver, MIN_LEASE_MS))
+                await hand_back(store, taken, Lease(token, holder, MIN_LEASE_MS))
         raise
     if row is None:
         return None
+    stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return row, registered, Lease(token, driver, registered.lease_ms)
+    return row, registered, Lease(token, holder, registered.lease_ms)
 
 
 async def _fail_for_takeovers(
@@ -144,6 +164,11 @@ async def run_due_jobs(
 ) -> JobDriveReport:
     """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
 
+    This is the bounded driver: it returns when nothing registered is due or the
+    bounds are reached, so the host calls it again, from a loop, a timer or a
+    scheduler tick (:func:`run_worker` is such a loop). A run that is backing off
+    after a failure is not due until its ``next_attempt_at``.
+
     Runs are leased one at a time, in the order they became due, so any number of
     drivers may share a database: each run is driven by one of them at a time.
     A run's failure is recorded on the run and reported, never raised; only the
@@ -152,8 +177,6 @@ async def run_due_jobs(
 
     ``observer`` hears each pass and its steps (see ``jobrun.PassObserver``); by
     default they are logged on the ``jobrun.pass`` and ``jobrun.step`` loggers.
-    ``clock`` (default: the system's) stamps the rows, times the lease renewals and
-    the pass budget; a bare callable returning a ``datetime`` only stamps rows.
     """
     _check_count(limit, "limit")
     if limit < 1:
@@ -163,9 +186,9 @@ async def run_due_jobs(
     passes = max(1, _check_count(max_passes, "max_passes"))
     if pass_timeout_s is not None and not pass_timeout_s > 0:
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
-    timing = resolve_clock(clock)
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
     driver = driver_name or default_driver_name()
+    timing = await aligned_clock(store, clock)
     watcher = LOG_PASSES if observer is None else observer
     report = JobDriveReport()
     driven: set[str] = set()
