@@ -74,7 +74,7 @@ async def test_autojump_runs_a_15_minute_lease_through_an_hour_long_step() -> No
     store.extend_lease = extend  # type: ignore[method-assign]
     registry = jobrun.JobRegistry()
 
-    @registry.job("m", "j")  # the default lease: 15 minutes, renewed every 225 s
+    @registry.job("m", "j", lease_ms=15 * 60 * 1000)  # renewed every 225 s
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         await p.step("hour", lambda: clock.sleep(3600))
         return jobrun.PassResult(done=True)
