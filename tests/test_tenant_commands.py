@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 import jobrun._cli.console
+import jobrun._cli.schedules
 import jobrun._cli.worker
 from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION
@@ -165,6 +166,16 @@ def test_prune_and_health_count_their_own_schema_only(tenants_url: str) -> None:
     assert len(left) == 2
 
 
+@pytest.mark.postgres
+def test_schedules_reads_its_own_schema(tenants_url: str) -> None:
+    app = ("--app", "tests.schedule_app:registry")
+    listed = cli_json("schedules", "--url", tenants_url, "--schema", "tenant_a", *app)
+    assert ("clock", "every2s") in {(state["module_id"], state["job"]) for state in listed}
+    code, output = jobrun_cli("schedules", "--url", tenants_url, *app)
+    assert code == 1  # the search path (public) has no jobrun tables
+    assert output.startswith("Error: the database has no jobrun schema"), output
+
+
 def runs_listed(page: str) -> set[str]:
     return set(re.findall(r'href="/db/0/runs/([0-9A-Z]{26})"', page))
 
@@ -229,6 +240,7 @@ STORE_COMMANDS = [
     ("release", "01J0Z5K8QW3V2N8XG7S0R4M6TB"),
     ("prune", "--older-than", "1d"),
     ("health",),
+    ("schedules", "--app", "tests.schedule_app:registry"),
     ("db", "upgrade"),
     ("db", "current"),
     ("db", "check"),

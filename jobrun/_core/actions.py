@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import Clock, format_instant, parse_instant, system_clock
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
+from jobrun._core.stranded import dead_holders
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
@@ -76,16 +78,27 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
 
 
 async def job_run_health(store: OperatorStore, *, clock: Clock = system_clock) -> JobRunHealth:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age."""
-    now = clock()
-    counts = await store.health(format_instant(now))
+    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
+
+    A run stranded by its driver (lease expired, or holder provably dead) is due,
+    not leased: it waits for a driver like any other due run.
+    """
+    now = (await aligned_clock(store, clock))()
+    now_at = format_instant(now)
+    counts = await store.health(now_at)
+    dead = await dead_holders(store, now_at, None)
+    # A dead holder's run has been waiting since its pass began, at the latest.
+    oldest = min(
+        [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
+        key=lambda instant: instant or "~",
+    )
     waited_s = 0.0
-    if counts.oldest_due_at is not None:
-        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
+    if oldest is not None:
+        waited_s = max(0.0, (now - parse_instant(oldest)).total_seconds())
     return JobRunHealth(
         running=counts.running,
-        due=counts.due,
-        leased=counts.leased,
+        due=counts.due + len(dead),
+        leased=counts.leased - len(dead),
         failed=counts.failed,
         oldest_due_age_s=waited_s,
     )
@@ -98,12 +111,16 @@ async def prune_job_runs(
     statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
     batch_size: int = 500,
     clock: Clock = system_clock,
+    only_jobs: frozenset[tuple[str, str]] | None = None,
+    except_jobs: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
     """Delete finished runs that ended before a cutoff, with their ledgers.
 
     ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
     Running runs are never deleted. Works in batches of ``batch_size`` runs, one
-    short transaction each. Returns how many runs were deleted.
+    short transaction each. ``only_jobs`` limits it to runs of those
+    ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept. Returns how
+    many runs were deleted.
     """
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
@@ -124,4 +141,10 @@ async def prune_job_runs(
         raise TypeError(
             f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
         )
-    return await store.prune(format_instant(cutoff), wanted, batch_size)
+    return await store.prune(
+        format_instant(cutoff),
+        wanted,
+        batch_size,
+        only_jobs=None if only_jobs is None else frozenset(only_jobs),
+        except_jobs=frozenset(except_jobs),
+    )

@@ -66,11 +66,24 @@ class _Keep:
 
 
 KEEP_CURSOR: Final = _Keep()
+"""The default cursor of :class:`PassResult`: commit the cursor the pass started with.
+
+A pass that returns ``PassResult(done=False)`` without a cursor is therefore
+called again with the same cursor (useful while polling for something). To
+store JSON ``null`` as the cursor, pass ``cursor=None`` explicitly.
+"""
 
 
 @dataclass(frozen=True, slots=True)
 class PassResult:
-    """What a handler hands back. Leave ``cursor`` out to keep the committed one."""
+    """What a handler hands back at the end of a pass.
+
+    ``cursor`` is where the next pass starts (any queue-safe JSON value: numbers,
+    strings, lists, dicts, ``None``); leave it out to keep the committed one.
+    ``done=True`` ends the run as ``done``. The cursor and the pass's counters
+    are committed together, in one transaction, and the step ledger is dropped
+    with them. A mapping ``{"cursor": ..., "done": ...}`` is accepted too.
+    """
 
     cursor: Any = KEEP_CURSOR
     done: bool = False
@@ -199,7 +212,7 @@ class JobPass:
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
         if self._keeper.lost:
-            # The background renewal found the run taken: this body must not run.
+            # Sticky: once the lease is gone, no step body starts again in this pass.
             raise LeaseLostError(self.run.id)
         attempts = (prior.attempts if prior is not None else 0) + 1
         if prior is not None and prior.attempts >= policy.max_attempts:
@@ -221,6 +234,8 @@ class JobPass:
 
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+            # Refused: the lease is gone. The pass stops even if the handler catches this.
+            self._keeper.lose()
             raise LeaseLostError(self.run.id)
 
     def _now(self) -> str:
@@ -279,6 +294,7 @@ async def run_job_pass(
         lease,
         clock,
         lambda expires_at: store.extend_lease(row.id, lease.token, expires_at),
+        row.id,
     )
     try:
         # Decoded inside the try: a malformed row is a failed pass, not a crashed drive.
