@@ -17,23 +17,39 @@ just started could look not yet due to the other.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from jobrun._core.formats import Clock, system_clock
-from jobrun._core.port import JobRunStore
+from jobrun._core.clock import Clock, ClockLike, Deadline
+from jobrun._system import SYSTEM_CLOCK, resolve_clock
 
 # Skew this small is measurement noise, and harmless against a lease of a minute.
 CLOCK_TOLERANCE_S = 1.0
 
 
-async def aligned_clock(store: JobRunStore, clock: Clock) -> Clock:
-    if clock is not system_clock:
-        return clock
+class _Offset:
+    """The system clock with its wall time moved by ``offset``; waits are unchanged."""
+
+    def __init__(self, offset: timedelta) -> None:
+        self._offset = offset
+
+    def now(self) -> datetime:
+        return SYSTEM_CLOCK.now() + self._offset
+
+    def monotonic(self) -> float:
+        return SYSTEM_CLOCK.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await SYSTEM_CLOCK.sleep(seconds)
+
+    def timeout(self, seconds: float | None) -> Deadline:
+        return SYSTEM_CLOCK.timeout(seconds)
+
+
+async def aligned_clock(store: Any, clock: ClockLike | None) -> Clock:
+    """``clock`` as given, or (given none) the system clock aligned to the database's."""
+    if clock is not None and clock is not SYSTEM_CLOCK:
+        return resolve_clock(clock)
     offset_s = await store.clock_offset_s()
     if abs(offset_s) < CLOCK_TOLERANCE_S:
-        return system_clock
-    offset = timedelta(seconds=offset_s)
-
-    def database_clock() -> datetime:
-        return system_clock() + offset
-
-    return database_clock
+        return SYSTEM_CLOCK
+    return _Offset(timedelta(seconds=offset_s))
