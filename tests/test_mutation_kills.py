@@ -1,0 +1,171 @@
+"""Promises that mutation testing found unguarded (issue 17, item 2; see tests/README.md).
+
+Each test here kills mutants that survived the rest of the fast suite: it states a
+behaviour the code must keep, not how the code is written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
+
+# --- holders: the identity a claim stores, and proof of death -----------------------------------
+
+
+def test_a_described_identity_parses_back_field_for_field() -> None:
+    identity = HolderIdentity(
+        host="web-7",
+        boot="5c1d-e9",
+        pid_namespace="4026531836",
+        pid=4121,
+        start_ticks=8934,
+        presence=77,
+    )
+    text = identity.describe("worker-1/3")
+    assert text == (
+        "worker-1/3 [jobrun host=web-7 boot=5c1d-e9 pidns=4026531836 pid=4121 start=8934 "
+        "presence=77]"
+    )
+    assert parse_holder(text) == identity
+
+
+def test_an_identity_with_unknown_fields_leaves_them_out() -> None:
+    text = HolderIdentity(host="mac").describe("a [b]")
+    assert text == "a [b] [jobrun host=mac]"
+    assert parse_holder(text) == HolderIdentity(host="mac")
+
+
+@pytest.mark.parametrize(
+    "lease_driver",
+    [
+        None,
+        "",
+        "worker-1",
+        "worker-1 [jobrun host=a pid=12] and more",
+        "worker-1 [jobrun host=a pid=twelve]",
+        "worker-1 [jobrun host=a start=x]",
+        "worker-1 [jobrun host=a presence=p]",
+    ],
+)
+def test_a_driver_text_without_a_whole_identity_at_its_end_proves_nothing(
+    lease_driver: str | None,
+) -> None:
+    assert parse_holder(lease_driver) is None
+
+
+def test_an_identity_bracket_without_a_host_reads_as_an_unknown_host() -> None:
+    assert parse_holder("w [jobrun pid=5]") == HolderIdentity(host="?", pid=5)
+
+
+def _here() -> HolderIdentity:
+    here = local_identity()
+    if here.boot is None or here.pid_namespace is None or here.start_ticks is None:
+        pytest.skip("this host has no /proc to prove a death with")
+    return here
+
+
+def test_this_process_knows_its_own_identity() -> None:
+    here = _here()
+    stat = Path("/proc/self/stat").read_text(encoding="ascii")
+    assert here.pid == os.getpid()
+    assert here.start_ticks == int(stat.rsplit(")", 1)[1].split()[19])
+    assert here.host == os.uname().nodename
+    assert here.pid_namespace == os.readlink("/proc/self/ns/pid")[len("pid:[") : -1]
+    assert here.boot == Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    assert local_identity() is here, "learnt once per process"
+
+
+@pytest.mark.parametrize(
+    ("boot", "pid_namespace"),
+    [(None, None), ("other", None), (None, "other"), ("other", "same"), ("same", "other")],
+)
+def test_a_holder_in_another_process_table_is_never_proven_dead(
+    boot: str | None, pid_namespace: str | None
+) -> None:
+    here = _here()
+    holder = HolderIdentity(
+        host="x",
+        boot=here.boot if boot == "same" else boot,
+        pid_namespace=here.pid_namespace if pid_namespace == "same" else pid_namespace,
+        pid=_unused_pid(),
+        start_ticks=1,
+    )
+    assert not died_on_this_host(holder, here)
+    assert not holder.same_process_table(here)
+
+
+def test_a_pid_gone_from_this_host_is_proven_dead() -> None:
+    here = _here()
+    gone = HolderIdentity(
+        host="x", boot=here.boot, pid_namespace=here.pid_namespace, pid=_unused_pid(), start_ticks=1
+    )
+    assert died_on_this_host(gone, here)
+    assert died_on_this_host(gone) is True, "compared with this process by default"
+
+
+@pytest.mark.parametrize("missing", ["pid", "start_ticks"])
+def test_a_holder_without_pid_or_start_proves_nothing(missing: str) -> None:
+    here = _here()
+    fields = {"pid": _unused_pid(), "start_ticks": 1, missing: None}
+    holder = HolderIdentity(host="x", boot=here.boot, pid_namespace=here.pid_namespace, **fields)
+    assert not died_on_this_host(holder, here)
+
+
+def test_a_live_process_is_dead_only_when_its_pid_was_reused() -> None:
+    here = _here()
+    assert not died_on_this_host(here, here), "this very process is alive"
+    assert here.start_ticks is not None
+    reused = HolderIdentity(
+        host=here.host,
+        boot=here.boot,
+        pid_namespace=here.pid_namespace,
+        pid=here.pid,
+        start_ticks=here.start_ticks + 1,
+    )
+    assert died_on_this_host(reused, here), "same pid, another start: the holder is gone"
+
+
+def test_a_zombie_holder_is_proven_dead(zombie: int) -> None:
+    here = _here()
+    stat = Path(f"/proc/{zombie}/stat").read_text(encoding="ascii")
+    start = int(stat.rsplit(")", 1)[1].split()[19])
+    holder = HolderIdentity(
+        host="x", boot=here.boot, pid_namespace=here.pid_namespace, pid=zombie, start_ticks=start
+    )
+    assert died_on_this_host(holder, here)
+
+
+def _unused_pid() -> int:
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text(encoding="ascii"))
+    for pid in range(limit - 1, 1, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except OSError:
+            continue
+    raise AssertionError("no free pid")
+
+
+@pytest.fixture
+def zombie() -> Iterator[int]:
+    """A child that has exited but that its parent (this test) has not reaped yet."""
+    child = subprocess.Popen(["true"])
+    try:
+        for _ in range(1000):
+            state = Path(f"/proc/{child.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1]
+            if state.split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the child never exited")
+        yield child.pid
+    finally:
+        child.wait()
