@@ -11,10 +11,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jobrun._core import stranded
 from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
+from jobrun._core.records import HeldLease
 
 # --- holders: the identity a claim stores, and proof of death -----------------------------------
 
@@ -169,3 +172,72 @@ def zombie() -> Iterator[int]:
         yield child.pid
     finally:
         child.wait()
+
+
+# --- stranded: runs of dead holders, found by a scan at most once a second ------------------------
+
+
+class _HeldLeases:
+    """Only the read ``dead_owners`` makes, counted."""
+
+    def __init__(self, leases: list[HeldLease]) -> None:
+        self.leases = leases
+        self.reads: list[tuple[str, Any]] = []
+
+    async def held_leases(self, now_at: str, jobs: Any) -> list[HeldLease]:
+        self.reads.append((now_at, jobs))
+        return list(self.leases)
+
+
+def _held(run_id: str, token: str, driver: str | None, presence: bool | None = None) -> HeldLease:
+    return HeldLease(run_id, "m", "j", token, driver, "2026-01-01T00:00:00.000Z", presence)
+
+
+def _dead_driver() -> str:
+    here = _here()
+    return HolderIdentity(
+        host="x", boot=here.boot, pid_namespace=here.pid_namespace, pid=_unused_pid(), start_ticks=1
+    ).describe("dead")
+
+
+def test_a_holder_is_dead_on_proof_only() -> None:
+    assert stranded.holder_is_dead(_held("r", "T", None, presence=False)), "presence ended"
+    assert not stranded.holder_is_dead(_held("r", "T", None, presence=True))
+    assert not stranded.holder_is_dead(_held("r", "T", None, presence=None))
+    assert not stranded.holder_is_dead(_held("r", "T", "worker-1", presence=None))
+    assert not stranded.holder_is_dead(_held("r", "T", local_identity().describe("me")))
+    assert stranded.holder_is_dead(_held("r", "T", _dead_driver()))
+
+
+async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(stranded.time, "monotonic", lambda: now[0])
+    store = _HeldLeases(
+        [
+            _held("run-dead", "DEAD", _dead_driver()),
+            _held("run-gone", "GONE", None, presence=False),
+            _held("run-live", "LIVE", local_identity().describe("me")),
+        ]
+    )
+    jobs = frozenset({("m", "j")})
+    at = "2026-01-01T00:00:01.000Z"
+    assert await stranded.dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
+    assert store.reads == [(at, jobs)]
+    store.leases = []
+    now[0] += stranded.SCAN_INTERVAL_S / 2
+    # Within the interval: no read, the last scan stands.
+    assert await stranded.dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
+    assert len(store.reads) == 1
+    # A claim of one of them drops only that one (for these jobs only).
+    stranded.claimed(store, frozenset({("m", "other")}), "run-dead")  # type: ignore[arg-type]
+    stranded.claimed(store, jobs, "run-dead")  # type: ignore[arg-type]
+    assert await stranded.dead_owners(store, at, jobs) == {"GONE"}  # type: ignore[arg-type]
+    # Another set of jobs has its own scan.
+    assert await stranded.dead_owners(store, at, frozenset({("m", "x")})) == frozenset()  # type: ignore[arg-type]
+    assert len(store.reads) == 2
+    # Exactly one interval later: scanned again.
+    now[0] += stranded.SCAN_INTERVAL_S / 2
+    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    assert len(store.reads) == 3
