@@ -6,6 +6,7 @@ behaviour the code must keep, not how the code is written.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -16,8 +17,12 @@ from typing import Any
 import pytest
 
 from jobrun._core import stranded
+from jobrun._core.formats import MalformedColumnError, decode_json
 from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
+from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.records import HeldLease
+from jobrun._system import SYSTEM_CLOCK
+from jobrun.errors import LeaseLostError
 
 # --- holders: the identity a claim stores, and proof of death -----------------------------------
 
@@ -241,3 +246,49 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     now[0] += stranded.SCAN_INTERVAL_S / 2
     assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     assert len(store.reads) == 3
+
+
+# --- formats: a refused JSON token is named in the error --------------------------------------
+
+
+@pytest.mark.parametrize(("text", "token"), [("[1,NaN]", "NaN"), ('{"a":1e999}', "1e999")])
+def test_a_non_finite_json_number_is_named_in_the_error(text: str, token: str) -> None:
+    with pytest.raises(MalformedColumnError, match=f"cursor is not valid JSON: {token} "):
+        decode_json(text, "cursor")
+
+
+# --- lease keeper: losing the lease stops this pass once, and nothing after it --------------------
+
+
+async def _extended(expires_at: str) -> bool:
+    return True
+
+
+def _keeper() -> LeaseKeeper:
+    return LeaseKeeper(Lease("T", "d", 60_000), SYSTEM_CLOCK, _extended, "run-1")
+
+
+async def test_losing_the_lease_twice_still_ends_the_pass_as_lost_not_cancelled() -> None:
+    keeper = _keeper()
+
+    async def pass_that_loses_twice() -> None:
+        async with keeper:
+            keeper.lose()
+            keeper.lose()
+            await asyncio.sleep(0)
+
+    with pytest.raises(LeaseLostError):
+        await pass_that_loses_twice()
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
+async def test_losing_the_lease_after_the_pass_ended_cancels_nothing() -> None:
+    keeper = _keeper()
+    async with keeper:
+        pass
+    keeper.lose()
+    # The driver's task goes on: a cancellation here would raise CancelledError.
+    await asyncio.sleep(0)
+    assert keeper.lost
