@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import jobrun
 from jobrun._core import stranded
 from jobrun._core.formats import MalformedColumnError, decode_json
 from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
@@ -23,6 +24,7 @@ from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.records import HeldLease
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
+from jobrun.testing import MemoryJobRunStore
 
 # --- holders: the identity a claim stores, and proof of death -----------------------------------
 
@@ -292,3 +294,33 @@ async def test_losing_the_lease_after_the_pass_ended_cancels_nothing() -> None:
     # The driver's task goes on: a cancellation here would raise CancelledError.
     await asyncio.sleep(0)
     assert keeper.lost
+
+
+# --- operator reads and queue-safety: errors say what was wrong -----------------------------------
+
+
+@pytest.mark.parametrize("limit", ["5", [5], True])
+async def test_a_list_limit_that_is_no_number_is_named_by_its_type(limit: object) -> None:
+    with pytest.raises(
+        TypeError, match=f"^limit must be a number or None, got {type(limit).__name__}$"
+    ):
+        await jobrun.job_runs(MemoryJobRunStore(), limit=limit)  # type: ignore[arg-type]
+
+
+async def test_a_run_id_that_is_no_str_is_named_by_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^run_id must be a str, got int$"):
+        await jobrun.get_job_run(MemoryJobRunStore(), 5)  # type: ignore[arg-type]
+
+
+class _Holder:
+    def method(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("function", [len, lambda: None, _Holder().method, [].append])
+def test_every_kind_of_function_is_called_a_function(function: object) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        jobrun.assert_queue_safe({"f": function}, "payload")
+    assert caught.value.errors == [
+        {"path": "payload.f", "message": "a function cannot be stored and read back unchanged"}
+    ]
