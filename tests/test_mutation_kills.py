@@ -324,3 +324,25 @@ def test_every_kind_of_function_is_called_a_function(function: object) -> None:
     assert caught.value.errors == [
         {"path": "payload.f", "message": "a function cannot be stored and read back unchanged"}
     ]
+
+
+async def test_an_unknown_status_filter_lists_the_statuses() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.job_runs(MemoryJobRunStore(), status="paused")
+    assert str(caught.value) == "status filter 'paused' is not one of running, done, failed"
+    assert caught.value.errors == [{"path": "status", "message": "'paused' is not a run status"}]
+
+
+@pytest.mark.parametrize("argument", ["module_id", "job", "instance"])
+async def test_a_key_filter_that_is_no_str_is_named_with_its_type(argument: str) -> None:
+    with pytest.raises(TypeError, match=f"^{argument} filter must be a str or None, got int$"):
+        await jobrun.job_runs(MemoryJobRunStore(), **{argument: 5})  # type: ignore[arg-type]
+
+
+def test_a_refusal_says_what_a_run_carries() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        jobrun.assert_queue_safe({"blob": b"x"}, "payload")
+    assert str(caught.value) == (
+        "payload is not queue-safe: payload.blob is a bytes; a run carries ids and "
+        "configuration, not bytes, objects or functions"
+    )
