@@ -1,28 +1,18 @@
-"""``SqlJobRunStore``: the store port on SQLAlchemy Core, for SQLite and Postgres."""
+"""``SqlJobRunStore``: the store port on SQLAlchemy Core, for SQLite and Postgres.
+
+Every operation sends statements from :mod:`jobrun.sql.statements` through the
+store's one executor (:mod:`jobrun.sql.executor`); round trips per operation are
+listed in ``docs/design.md`` ("Round trips").
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import astuple
 from typing import Any
 
-from sqlalchemy import (
-    Text,
-    and_,
-    bindparam,
-    case,
-    delete,
-    exists,
-    func,
-    literal,
-    select,
-    tuple_,
-    update,
-)
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.port import (
@@ -33,23 +23,30 @@ from jobrun._core.port import (
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
-    JobRunStatus,
     RunFilter,
     RunPatch,
     RunRow,
     StepRow,
 )
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
-from jobrun.sql.dialect import Dialect, DirectSqliteStatement
-from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
+from jobrun.sql.executor import Compiler, StatementHook, executor_for
+from jobrun.sql.schema import SCHEMA_REVISION
+from jobrun.sql.sqlite_setup import configure_sqlite
+from jobrun.sql.statements import (
+    LIST_FILTERS,
+    NOTIFY_CHANNEL,
+    PATCH_COLUMNS,
+    RUN_COLUMNS,
+    Shapes,
+    Statements,
+    claim_statement,
+    list_statement,
+    prune_statements,
+)
 
-RUNNING = JobRunStatus.RUNNING.value
-FAILED = JobRunStatus.FAILED.value
-_KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
+__all__ = ["NOTIFY_CHANNEL", "SqlJobRunStore", "notify_payload"]
+
 _START_RETRIES = 10
-_NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
-# Postgres: the channel a new run is announced on, with ``notify_payload`` as payload.
-NOTIFY_CHANNEL = "jobrun_started"
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 
 
@@ -60,92 +57,27 @@ def notify_payload(row: RunRow) -> str:
     return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
 
 
-_PATCH_COLUMNS = tuple(RunPatch.__dataclass_fields__)
-_STEP_COLUMNS = ("run_id", "step", "result", "attempts", "last_error", "recorded_at")
-
-
-def _fence() -> Any:
-    """``this run, still running, still held by this token``, as bound parameters."""
-    return and_(
-        job_runs.c.id == bindparam("fence_id"),
-        job_runs.c.status == RUNNING,
-        job_runs.c.lease_owner == bindparam("fence_token"),
-    )
+def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
 
 
 def _fence_values(run_id: str, token: str) -> dict[str, Any]:
     return {"fence_id": run_id, "fence_token": token}
 
 
-def _patch_values(patch: RunPatch) -> dict[str, Any]:
-    return {f"new_{name}": getattr(patch, name) for name in _PATCH_COLUMNS}
-
-
-class _HotStatements:
-    """The step and pass path's statements, built once with bound parameters.
-
-    Building a statement per call and letting SQLAlchemy compute its cache key
-    again cost about a fifth of a step's CPU in the first benchmark.
-    """
-
-    def __init__(self, dialect: Dialect) -> None:
-        self.get = select(job_runs).where(job_runs.c.id == bindparam("run_id"))
-        self.steps = select(
-            job_steps.c.step, job_steps.c.result, job_steps.c.attempts, job_steps.c.last_error
-        ).where(job_steps.c.run_id == bindparam("run_id"))
-        self.patch = (
-            update(job_runs)
-            .where(_fence())
-            .values({name: bindparam(f"new_{name}") for name in _PATCH_COLUMNS})
-        )
-        self.extend_lease = (
-            update(job_runs).where(_fence()).values(next_attempt_at=bindparam("expires_at"))
-        )
-        self.drop_ledger = delete(job_steps).where(job_steps.c.run_id == bindparam("fence_id"))
-        # Postgres: the commit in one statement, so one round trip and atomic by
-        # itself; the ledger is dropped only if the fenced write applied.
-        written = self.patch.returning(job_runs.c.id).cte("written")
-        dropped = (
-            delete(job_steps)
-            .where(job_steps.c.run_id.in_(select(written.c.id)))
-            .cte("dropped_ledger")
-        )
-        self.commit_in_one = select(written.c.id).add_cte(dropped)
-        held = select(literal(1)).where(_fence())
-        if dialect.is_postgres:
-            # Lock the run row for the statement: a claim that would take the run
-            # over waits until this write is done, so check and write cannot split.
-            held = held.with_for_update(read=True)
-        values = select(
-            *(bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in _STEP_COLUMNS)
-        ).where(exists(held))
-        upsert = dialect.insert(job_steps).from_select(list(_STEP_COLUMNS), values)
-        self.record_step = upsert.on_conflict_do_update(
-            index_elements=[job_steps.c.run_id, job_steps.c.step],
-            set_={name: upsert.excluded[name] for name in _STEP_COLUMNS[2:]},
-        )
-
-
-class _DirectStatements:
-    """SQLite: the hot statements, compiled once for ``DirectSqliteStatement``."""
-
-    def __init__(self, engine: AsyncEngine, hot: _HotStatements) -> None:
-        self.record_step = DirectSqliteStatement(engine, hot.record_step.returning(literal(1)))
-        self.steps = DirectSqliteStatement(engine, hot.steps)
-        self.patch = DirectSqliteStatement(engine, hot.patch.returning(job_runs.c.id))
-        self.drop_ledger = DirectSqliteStatement(engine, hot.drop_ledger)
-
-
-def _run_row(mapping: Any) -> RunRow:
-    return RunRow(**mapping)
-
-
 class SqlJobRunStore:
     """Runs and step ledgers in a SQLite or Postgres database reached through ``engine``.
 
-    Works with a plain engine: on SQLite it turns on WAL and a busy timeout for
-    the connections it uses. The schema must have been created with
+    Works with a plain engine and honours its configuration (pool, connect and
+    checkout events): on SQLite it turns on WAL and a busy timeout for the
+    connections it uses. The schema must have been created with
     :func:`jobrun.upgrade`; the first operation checks that, once.
+
+    Statements go straight to the driver (aiosqlite, asyncpg), so SQLAlchemy's
+    statement events do not see them: ``statement_hook`` is called as
+    ``async with statement_hook(operation, sql):`` around every statement the store
+    sends, for counting, tracing or fault injection (see
+    :data:`jobrun.StatementHook`).
     """
 
     def __init__(
@@ -156,6 +88,7 @@ class SqlJobRunStore:
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
+        statement_hook: StatementHook | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
@@ -168,17 +101,14 @@ class SqlJobRunStore:
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
             max_step_result_bytes=max_step_result_bytes,
         )
-        self._dialect = Dialect(engine, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
+        self._executor = executor_for(engine, statement_hook)
+        self._is_postgres = engine.dialect.name == "postgresql"
+        if not self._is_postgres:
+            configure_sqlite(engine, sqlite_busy_timeout_ms)
+        compile_ = Compiler(engine.dialect)
+        self._statements = Statements(compile_, self._is_postgres)
+        self._shapes = Shapes(compile_)
         self._schema_checked = False
-        self._hot = _HotStatements(self._dialect)
-        # SQLite: the per-step and per-pass statements skip SQLAlchemy's transaction
-        # and go straight to aiosqlite (a step write: 2 driver hops, not 5).
-        self._direct: _DirectStatements | None = (
-            _DirectStatements(engine, self._hot) if DirectSqliteStatement.usable(engine) else None
-        )
-        self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
-            index_elements=list(_KEY), index_where=LIVE_ONLY
-        )
 
     @property
     def engine(self) -> AsyncEngine:
@@ -199,7 +129,7 @@ class SqlJobRunStore:
             if not self._schema_checked:
                 await self._check_schema()
             yield
-        except (SQLAlchemyError, OSError, sqlite3.Error) as error:
+        except self._executor.errors as error:
             raise StoreError(name, error) from error
 
     async def _check_schema(self) -> None:
@@ -214,166 +144,91 @@ class SqlJobRunStore:
             raise SchemaOutdatedError(found, SCHEMA_REVISION)
         self._schema_checked = True
 
+    async def _one(self, operation: str, statement: Any, values: Mapping[str, Any]) -> bool:
+        """A lone write that returns a row when it applied."""
+        async with self._operation(operation):
+            return bool(await self._executor.fetch(operation, statement, values))
+
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        values = asdict(row)
-        live = select(job_runs).where(
-            job_runs.c.module_id == row.module_id,
-            job_runs.c.job == row.job,
-            job_runs.c.instance == row.instance,
-            job_runs.c.status == RUNNING,
-        )
+        values = _values("row_", row, RUN_COLUMNS) | {"notify_payload": notify_payload(row)}
+        statements = self._statements
         async with self._operation("start_or_join"):
             for _ in range(_START_RETRIES):
-                async with self._dialect.single_statement() as connection:
-                    # The partial unique index decides: at most one live row per key,
-                    # whatever number of hosts race here.
-                    insert = self._insert_run.values(values)
-                    if self._dialect.is_postgres:
-                        # Wake listening workers (``jobrun worker``) now rather than at
-                        # their next poll: the NOTIFY rides in the insert's statement and
-                        # is sent only when a row was inserted, so a start stays one
-                        # round trip.
-                        added = insert.returning(job_runs.c.id).cte("added")
-                        announce = select(
-                            func.pg_notify(NOTIFY_CHANNEL, notify_payload(row))
-                        ).select_from(added)
-                        was_inserted = (await connection.execute(announce)).first() is not None
-                    else:
-                        was_inserted = (await connection.execute(insert)).rowcount == 1
-                    if was_inserted:
-                        return row, True
-                    found = (await connection.execute(live)).mappings().first()
-                if found is not None:
-                    return _run_row(found), False
+                # The partial unique index decides: at most one live row per key,
+                # whatever number of hosts race here. On Postgres the NOTIFY that
+                # wakes listening workers rides in the same statement.
+                if await self._executor.fetch("start_or_join", statements.start, values):
+                    return row, True
+                found = await self._executor.fetch("start_or_join", statements.live, values)
+                if found:
+                    return RunRow(*found[0]), False
                 # The live run ended between our insert and our read: try again.
         raise StoreError("start_or_join", RuntimeError("the key's live run kept changing; gave up"))
 
     async def get(self, run_id: str) -> RunRow | None:
-        async with self._operation("get"), self._dialect.reading() as connection:
-            result = await connection.execute(self._hot.get, {"run_id": run_id})
-            found = result.mappings().first()
-        return None if found is None else _run_row(found)
+        async with self._operation("get"):
+            found = await self._executor.fetch("get", self._statements.get, {"run_id": run_id})
+        return RunRow(*found[0]) if found else None
 
     async def claim(self, request: ClaimRequest) -> RunRow | None:
-        runs = job_runs.c
         if not request.expires_at:
             return None
-        candidate = (
-            select(runs.id)
-            .where(
-                runs.status == RUNNING,
-                request.now_at >= DUE_AT,
-                tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
-            )
-            .order_by(DUE_AT, runs.id)
-            .limit(1)
-            # Postgres: concurrent claimers pass over each other's rows instead of
-            # queueing on them. SQLite renders nothing here: its single write
-            # statement holds the database's write lock from before its read.
-            .with_for_update(skip_locked=True)
+        jobs = list(request.expires_at.items())
+        one_expiry = len(set(request.expires_at.values())) == 1
+        skipped = sorted(request.skip_ids)
+        statement = self._shapes.get(
+            ("claim", len(jobs), one_expiry, len(skipped)),
+            lambda: claim_statement(len(jobs), one_expiry, len(skipped)),
         )
-        if request.skip_ids:
-            candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
-        expiries = set(request.expires_at.values())
-        if len(expiries) == 1:
-            expiry: Any = next(iter(expiries))
-        else:
-            expiry = case(
-                *(
-                    (and_(runs.module_id == module_id, runs.job == job), expires_at)
-                    for (module_id, job), expires_at in request.expires_at.items()
-                ),
-            )
-        # The previous lease is still on the row only when it expired: a takeover.
-        taken_over = runs.lease_owner.is_not(None)
-        began = and_(taken_over, runs.lease_began_at.is_not(None))
-        statement = (
-            update(job_runs)
-            .where(runs.id == candidate.scalar_subquery())
-            .values(
-                lease_owner=request.token,
-                lease_driver=request.driver,
-                lease_began_at=request.now_at,
-                next_attempt_at=expiry,
-                lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
-                attempts=runs.attempts + case((began, 1), else_=0),
-                last_error=case(
-                    (
-                        began,
-                        literal("the lease of driver ", Text)
-                        + runs.lease_driver
-                        + literal(" expired during a pass; the run was taken over", Text),
-                    ),
-                    else_=runs.last_error,
-                ),
-            )
-            .returning(*job_runs.c)
-        )
-        async with self._operation("claim"), self._dialect.single_statement() as connection:
+        values: dict[str, Any] = {
+            "now_at": request.now_at,
+            "token": request.token,
+            "driver": request.driver,
+        }
+        for index, ((module_id, job), expires_at) in enumerate(jobs):
+            values |= {f"module_{index}": module_id, f"job_{index}": job}
+            values[f"expires_{index}"] = expires_at
+        values |= {f"skip_{index}": run_id for index, run_id in enumerate(skipped)}
+        async with self._operation("claim"):
             # One statement, one round trip: choosing and leasing cannot come apart.
-            found = (await connection.execute(statement)).mappings().first()
-        return None if found is None else _run_row(found)
+            found = await self._executor.fetch("claim", statement, values)
+        return RunRow(*found[0]) if found else None
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
-        conditions = [
-            column == value
-            for column, value in (
-                (job_runs.c.module_id, run_filter.module_id),
-                (job_runs.c.job, run_filter.job),
-                (job_runs.c.instance, run_filter.instance),
-                (job_runs.c.status, run_filter.status),
-            )
-            if value is not None
-        ]
-        query = (
-            select(job_runs)
-            .where(and_(True, *conditions))
-            .order_by(job_runs.c.id.desc())
-            .limit(run_filter.limit)
-        )
-        async with self._operation("list"), self._dialect.reading() as connection:
-            rows = (await connection.execute(query)).mappings().all()
-        return [_run_row(row) for row in rows]
+        given = tuple(name for name in LIST_FILTERS if getattr(run_filter, name) is not None)
+        statement = self._shapes.get(("list", given), lambda: list_statement(given))
+        values: dict[str, Any] = {f"filter_{name}": getattr(run_filter, name) for name in given}
+        values["limit"] = run_filter.limit
+        async with self._operation("list"):
+            rows = await self._executor.fetch("list", statement, values)
+        return [RunRow(*row) for row in rows]
 
     async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
-        values = _fence_values(run_id, token) | _patch_values(patch)
-        async with self._operation("patch"), self._dialect.single_statement() as connection:
-            return (await connection.execute(self._hot.patch, values)).rowcount == 1
+        values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
+        return await self._one("patch", self._statements.patch, values)
 
     async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
-        values = _fence_values(run_id, token) | _patch_values(patch)
-        async with self._operation("commit_pass"):
-            if self._dialect.is_postgres:
-                async with self._dialect.single_statement() as connection:
-                    result = await connection.execute(self._hot.commit_in_one, values)
-                    return result.first() is not None
-            # SQLite has no data-modifying CTEs: two statements, one transaction.
-            direct = self._direct
-            if direct is not None and not direct.patch.observed():
-                async with self._engine.connect() as connection:
-                    return await direct.patch.fetch_in_transaction(
-                        connection, values, direct.drop_ledger
-                    )
-            async with self._engine.begin() as connection:
-                if (await connection.execute(self._hot.patch, values)).rowcount != 1:
-                    return False
-                await connection.execute(self._hot.drop_ledger, values)
-                return True
+        values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
+        statements = self._statements
+        if self._is_postgres:
+            return await self._one("commit_pass", statements.commit_in_one, values)
+        # SQLite has no data-modifying CTEs: two statements, one transaction.
+        async with self._operation("commit_pass"), self._executor.transaction("commit_pass") as tx:
+            if not await tx.fetch(statements.patch, values):
+                return False
+            await tx.fetch(statements.drop_ledger, values)
+            return True
 
     async def steps(self, run_id: str) -> dict[str, StepRow]:
-        direct = self._direct
-        if direct is not None and not direct.steps.observed():
-            async with self._operation("steps"), self._engine.connect() as connection:
-                found = await direct.steps.fetch(connection, {"run_id": run_id})
-            return {row[0]: StepRow(*row) for row in found}
-        async with self._operation("steps"), self._dialect.reading() as connection:
-            rows = (await connection.execute(self._hot.steps, {"run_id": run_id})).all()
-        return {
-            row.step: StepRow(row.step, row.result, row.attempts, row.last_error) for row in rows
-        }
+        async with self._operation("steps"):
+            rows = await self._executor.fetch("steps", self._statements.steps, {"run_id": run_id})
+        return {row[0]: StepRow(*row) for row in rows}
 
     async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
-        values = _fence_values(run_id, token) | {
+        # The one write that makes a step durable: one statement, committed on return.
+        values = {
+            "fence_id": run_id,
+            "fence_token": token,
             "step_run_id": run_id,
             "step_step": row.step,
             "step_result": row.result,
@@ -381,63 +236,26 @@ class SqlJobRunStore:
             "step_last_error": row.last_error,
             "step_recorded_at": recorded_at,
         }
-        direct = self._direct
-        if direct is not None and not direct.record_step.observed():
-            async with self._operation("record_step"), self._engine.connect() as connection:
-                return len(await direct.record_step.fetch(connection, values)) == 1
-        async with self._operation("record_step"), self._dialect.single_statement() as connection:
-            # The one write that makes a step durable: one round trip on Postgres.
-            return (await connection.execute(self._hot.record_step, values)).rowcount == 1
+        return await self._one("record_step", self._statements.record_step, values)
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
         values = _fence_values(run_id, token) | {"expires_at": expires_at}
-        async with self._operation("extend_lease"), self._dialect.single_statement() as connection:
-            return (await connection.execute(self._hot.extend_lease, values)).rowcount == 1
+        return await self._one("extend_lease", self._statements.extend_lease, values)
 
     async def cancel(self, run_id: str, reason: str, at: str) -> bool:
-        statement = (
-            update(job_runs)
-            .where(job_runs.c.id == run_id, job_runs.c.status == RUNNING)
-            .values(
-                status=FAILED,
-                last_error=reason,
-                updated_at=at,
-                ended_at=at,
-                next_attempt_at=None,
-                **_NO_LEASE,
-            )
-        )
-        async with self._operation("cancel"), self._dialect.single_statement() as connection:
-            return (await connection.execute(statement)).rowcount == 1
+        values = {"run_id": run_id, "reason": reason, "at": at}
+        return await self._one("cancel", self._statements.cancel, values)
 
     async def resume(self, run_id: str, at: str) -> bool:
-        revive = (
-            update(job_runs)
-            .where(job_runs.c.id == run_id, job_runs.c.status == FAILED)
-            .values(
-                status=RUNNING,
-                attempts=0,
-                lease_takeovers=0,
-                updated_at=at,
-                ended_at=None,
-                next_attempt_at=None,
-                **_NO_LEASE,
-            )
-        )
-        # Failed steps get their attempts back; completed ones keep their memo.
-        refill = (
-            update(job_steps)
-            .where(job_steps.c.run_id == run_id, job_steps.c.result.is_(None))
-            .values(attempts=0)
-        )
+        values = {"run_id": run_id, "at": at}
         try:
-            async with self._operation("resume"), self._engine.begin() as connection:
-                if (await connection.execute(revive)).rowcount != 1:
+            async with self._operation("resume"), self._executor.transaction("resume") as tx:
+                if not await tx.fetch(self._statements.revive, values):
                     return False
-                await connection.execute(refill)
+                await tx.fetch(self._statements.refill, values)
                 return True
         except StoreError as error:
-            if isinstance(error.__cause__, IntegrityError):
+            if error.__cause__ is not None and self._executor.is_unique_violation(error.__cause__):
                 raise JobConflictError(
                     f"run {run_id} cannot resume: another run of its key is live",
                     "job_run_key_live",
@@ -445,55 +263,32 @@ class SqlJobRunStore:
             raise
 
     async def release(self, run_id: str) -> bool:
-        statement = (
-            update(job_runs)
-            .where(
-                job_runs.c.id == run_id,
-                job_runs.c.status == RUNNING,
-                job_runs.c.lease_owner.is_not(None),
-            )
-            .values(next_attempt_at=None, **_NO_LEASE)
-        )
-        async with self._operation("release"), self._dialect.single_statement() as connection:
-            return (await connection.execute(statement)).rowcount == 1
+        return await self._one("release", self._statements.release, {"run_id": run_id})
 
     async def health(self, now_at: str) -> HealthCounts:
-        runs = job_runs.c
-        live = runs.status == RUNNING
-        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
-        # Finished runs are kept forever; every filter here leads with status so
-        # the history is never scanned (done runs are not counted at all).
-        query = select(
-            func.count().filter(live),
-            func.count().filter(waiting),
-            func.count().filter(and_(live, runs.lease_owner.is_not(None))),
-            func.count().filter(runs.status == FAILED),
-            func.min(DUE_AT).filter(waiting),
-        ).where(runs.status.in_([RUNNING, FAILED]))
-        async with self._operation("health"), self._dialect.reading() as connection:
-            row = (await connection.execute(query)).one()
+        async with self._operation("health"):
+            found = await self._executor.fetch(
+                "health", self._statements.health, {"now_at": now_at}
+            )
+        row = found[0]
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
-        doomed = (
-            select(job_runs.c.id)
-            .where(
-                job_runs.c.status.in_(statuses),
-                job_runs.c.status != RUNNING,
-                job_runs.c.ended_at < ended_before,
-            )
-            .order_by(job_runs.c.id)
-            .limit(batch_size)
-        )
         deleted = 0
+        values: dict[str, Any] = {"ended_before": ended_before, "batch_size": batch_size}
+        values |= {f"status_{index}": status for index, status in enumerate(statuses)}
+        doomed, _, _ = prune_statements(len(statuses), 0)
+        select_batch = self._shapes.get(("prune", len(statuses)), doomed)
         while True:
-            async with self._operation("prune"), self._engine.begin() as connection:
-                ids = list((await connection.execute(doomed)).scalars())
+            async with self._operation("prune"), self._executor.transaction("prune") as tx:
+                ids = [row[0] for row in await tx.fetch(select_batch, values)]
                 if ids:
-                    await connection.execute(delete(job_steps).where(job_steps.c.run_id.in_(ids)))
-                    await connection.execute(
-                        delete(job_runs).where(job_runs.c.id.in_(ids), job_runs.c.status != RUNNING)
-                    )
+                    _, ledgers, done_runs = prune_statements(len(statuses), len(ids))
+                    drop_ledgers = self._shapes.get(("prune-ledgers", len(ids)), ledgers)
+                    drop_runs = self._shapes.get(("prune-runs", len(ids)), done_runs)
+                    by_id = {f"id_{index}": run_id for index, run_id in enumerate(ids)}
+                    await tx.fetch(drop_ledgers, by_id)
+                    await tx.fetch(drop_runs, by_id)
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
