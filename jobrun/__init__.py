@@ -50,6 +50,7 @@ from jobrun.errors import (
     StepReusedError,
     StoreError,
 )
+from jobrun.sql.executor import StatementHook
 from jobrun.sql.migrate import upgrade
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.worker import run_worker
@@ -84,6 +85,7 @@ __all__ = [
     "RunKey",
     "SchemaOutdatedError",
     "SqlJobRunStore",
+    "StatementHook",
     "StepEnd",
     "StepFailedError",
     "StepReusedError",

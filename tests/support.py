@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -140,3 +142,33 @@ async def run_alembic(*args: str, env: dict[str, str]) -> tuple[int, str]:
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
     return process.returncode or 0, output.decode()
+
+
+class StatementLog:
+    """A ``statement_hook`` that records every statement a store sends, as
+    ``(operation, sql, parameters)``; ``before``/``after`` (if set) run around each one."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Sequence[Any]]] = []
+        self.before: Any = None
+        self.after: Any = None
+
+    @asynccontextmanager
+    async def __call__(
+        self, operation: str, sql: str, parameters: Sequence[Any]
+    ) -> AsyncIterator[None]:
+        self.seen.append((operation, sql, parameters))
+        if self.before is not None:
+            await self.before(operation, sql)
+        yield
+        if self.after is not None:
+            await self.after(operation, sql)
+
+    def sql(self, containing: str = "") -> list[str]:
+        return [sql for _, sql, _ in self.seen if containing in sql]
+
+
+def logged_store(engine: AsyncEngine, **options: Any) -> tuple[jobrun.SqlJobRunStore, StatementLog]:
+    """A SQL store on ``engine`` whose statements are recorded (the path users run)."""
+    log = StatementLog()
+    return jobrun.SqlJobRunStore(engine, statement_hook=log, **options), log

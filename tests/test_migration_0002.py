@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import event, inspect, select, text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -22,7 +22,7 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, revision_of, run_alembic
+from tests.support import SQL_BACKENDS, logged_store, revision_of, run_alembic
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
@@ -397,21 +397,13 @@ async def test_the_claim_reads_runs_through_the_due_at_index(at_0001: AsyncEngin
     compiled = str(due_first.compile(engine.sync_engine, compile_kwargs={"literal_binds": True}))
 
     # The store's own claim statement, exactly as it sends it.
-    claims: list[tuple[str, Any]] = []
-
-    def keep_claim(_c: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.startswith(f"UPDATE {RUNS}") and "coalesce(" in statement:
-            claims.append((statement, parameters))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", keep_claim)
-    try:
-        registry = jobrun.JobRegistry()
-        registry.register(MODULE, JOB, lambda p: jobrun.PassResult(done=True))
-        report = await jobrun.run_due_jobs(
-            jobrun.SqlJobRunStore(engine), registry, limit=1, clock=FakeClock(LATER)
-        )
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", keep_claim)
+    store, log = logged_store(engine)
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, lambda p: jobrun.PassResult(done=True))
+    report = await jobrun.run_due_jobs(store, registry, limit=1, clock=FakeClock(LATER))
+    claims = [
+        (sql, tuple(parameters)) for operation, sql, parameters in log.seen if operation == "claim"
+    ]
     assert report.completed == 1
     assert claims
 

@@ -9,6 +9,7 @@ root with the root on ``PYTHONPATH``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -24,13 +25,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 import jobrun.worker
+import jobrun.worker as worker_module
 from jobrun.sql.schema import job_runs
 from tests import worker_app
+from tests.support import StatementLog
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBRUN = Path(sys.executable).parent / "jobrun"
@@ -155,23 +158,33 @@ async def test_concurrency_bounds_the_passes_in_flight_across_databases(
     assert worker_app.most_in_flight == 3
 
 
+def log_worker_statements(monkeypatch: pytest.MonkeyPatch) -> StatementLog:
+    """Every statement of the stores ``run_worker`` builds, through the store's own hook."""
+    log = StatementLog()
+    hooked = functools.partial(jobrun.SqlJobRunStore, statement_hook=log)
+    monkeypatch.setattr(worker_module, "SqlJobRunStore", hooked)
+    return log
+
+
 async def test_a_store_failure_is_logged_and_retried(
     sqlite_template: Path,
     tmp_path: Path,
     engines: Callable[[str], AsyncEngine],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     engine = engines(sqlite_copy(sqlite_template, tmp_path, "flaky"))
     await start_pages(engine, 1, pages=1)
     failures = 0
 
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def fail_twice(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+    async def fail_twice(_operation: str, statement: str) -> None:
         nonlocal failures
         # The claims fail (after the worker's start-up check went through).
-        if statement.lstrip().startswith("UPDATE") and failures < 2:
+        if statement.startswith("UPDATE") and failures < 2:
             failures += 1
             raise OSError("the disk went away")
+
+    log_worker_statements(monkeypatch).before = fail_twice
 
     caplog.set_level(logging.WARNING, logger="jobrun.worker")
     worker = Worker([engine], interval_s=0.1)
@@ -209,31 +222,24 @@ async def test_bad_options_are_refused_before_anything_runs(
 # --- idling ---------------------------------------------------------------------------------
 
 
-def count_statements(engine: AsyncEngine) -> list[str]:
-    seen: list[str] = []
-
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    return seen
-
-
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
-async def test_an_idle_database_costs_one_claim_per_interval(engine: AsyncEngine):
+async def test_an_idle_database_costs_one_claim_per_interval(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+):
     interval = 0.25
-    seen = count_statements(engine)
+    log = log_worker_statements(monkeypatch)
+    seen = log.seen
     # Four drivers: only one of them polls while the database is idle.
     worker = Worker([engine], interval_s=interval, concurrency=4)
     # The back-off climbs from 50 ms to the interval in about 0.6 s.
     await asyncio.sleep(1.0)
     before = len(seen)
     await asyncio.sleep(2.0)
-    idle = seen[before:]
+    idle = [sql for _, sql, _ in seen[before:]]
     await worker.finish()
-    assert all(statement.lstrip().upper().startswith("UPDATE") for statement in idle), idle
+    assert all(statement.upper().startswith("UPDATE") for statement in idle), idle
     # 2 s at one claim per 0.25 s: 8, give or take the edges.
     assert 4 <= len(idle) <= 9, len(idle)
 
@@ -251,9 +257,9 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
 ):
     # The first idle wait is already 10 s, so only a notification can explain a quick start.
     monkeypatch.setattr(jobrun.worker, "FIRST_IDLE_DELAY_S", 10.0)
-    seen = count_statements(engine)
+    log = log_worker_statements(monkeypatch)
     worker = Worker([engine], interval_s=30)
-    await eventually(lambda: _claims_seen(seen, 1))
+    await eventually(lambda: _claims_seen(log, 1))
     await asyncio.sleep(0.5)
     began = time.monotonic()
     await start_pages(engine, 1, pages=1)
@@ -270,8 +276,8 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
         assert picked_up_in is None, "without NOTIFY the run waits for the next poll"
 
 
-async def _claims_seen(seen: list[str], count: int) -> bool:
-    return sum(statement.lstrip().upper().startswith("UPDATE") for statement in seen) >= count
+async def _claims_seen(log: StatementLog, count: int) -> bool:
+    return sum(statement.upper().startswith("UPDATE") for statement in log.sql()) >= count
 
 
 @pytest.mark.postgres

@@ -42,12 +42,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import ClauseElement
 
-StatementHook = Callable[[str, str], AbstractAsyncContextManager[None]]
-"""Called as ``async with hook(operation, sql):`` around every statement the store sends.
+StatementHook = Callable[[str, str, Sequence[Any]], AbstractAsyncContextManager[None]]
+"""Called as ``async with hook(operation, sql, parameters):`` around every statement sent.
 
 ``operation`` is the store method (``"record_step"``, ``"commit_pass"``, ...);
 ``sql`` the statement's text as sent (``BEGIN IMMEDIATE``, ``COMMIT`` and
-``ROLLBACK`` are statements too). Whatever the hook raises on entry stops the
+``ROLLBACK`` are statements too) and ``parameters`` its positional values. Whatever the hook raises on entry stops the
 statement; on exit it sees the statement's error, if any.
 """
 
@@ -112,7 +112,7 @@ class _Executor:
     async def _send(self, driver: Any, operation: str, sql: str, arguments: list[Any]) -> list[Row]:
         if self._hook is None:
             return await self._driver_fetch(driver, sql, arguments)
-        async with self._hook(operation, sql):
+        async with self._hook(operation, sql, arguments):
             return await self._driver_fetch(driver, sql, arguments)
 
     async def _driver_fetch(self, driver: Any, sql: str, arguments: list[Any]) -> list[Row]:

@@ -291,7 +291,7 @@ def prune_statements(
     statuses: int, ids: int
 ) -> tuple[Callable[[], ClauseElement], Callable[[], ClauseElement], Callable[[], ClauseElement]]:
     """Builders: the batch of finished runs to delete, then its ledgers, then the runs."""
-    status_params: list[Any] = [bindparam(f"status_{i}") for i in range(statuses)]
+    status_params: list[Any] = [bindparam(f"wanted_status_{i}") for i in range(statuses)]
     id_params: list[Any] = [bindparam(f"id_{i}") for i in range(ids)]
 
     def doomed() -> ClauseElement:

@@ -75,7 +75,7 @@ class SqlJobRunStore:
 
     Statements go straight to the driver (aiosqlite, asyncpg), so SQLAlchemy's
     statement events do not see them: ``statement_hook`` is called as
-    ``async with statement_hook(operation, sql):`` around every statement the store
+    ``async with statement_hook(operation, sql, parameters):`` around every statement it
     sends, for counting, tracing or fault injection (see
     :data:`jobrun.StatementHook`).
     """
@@ -276,7 +276,7 @@ class SqlJobRunStore:
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
         deleted = 0
         values: dict[str, Any] = {"ended_before": ended_before, "batch_size": batch_size}
-        values |= {f"status_{index}": status for index, status in enumerate(statuses)}
+        values |= {f"wanted_status_{index}": status for index, status in enumerate(statuses)}
         doomed, _, _ = prune_statements(len(statuses), 0)
         select_batch = self._shapes.get(("prune", len(statuses)), doomed)
         while True:
