@@ -145,9 +145,15 @@ class SqlJobRunStore:
         self._schema_checked = True
 
     async def _one(self, operation: str, statement: Any, values: Mapping[str, Any]) -> bool:
-        """A lone write that returns a row when it applied."""
-        async with self._operation(operation):
+        """A lone write that returns a row when it applied (the step write's path: the
+        error translation of ``_operation`` spelled out, without a context manager)."""
+        if not self._schema_checked:
+            async with self._operation(operation):
+                pass
+        try:
             return bool(await self._executor.fetch(operation, statement, values))
+        except self._executor.errors as error:
+            raise StoreError(operation, error) from error
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         values = _values("row_", row, RUN_COLUMNS) | {"notify_payload": notify_payload(row)}
