@@ -216,8 +216,10 @@ async def scenario(args: Any) -> None:
     for backend in backends(args):
         dbos = results[backend].get("dbos")
         if dbos and "dbos_ms_per_step" in dbos:
-            print(f"{backend}: DBOS {dbos['dbos_ms_per_step']:.3f} ms/step, jobrun in the same "
-                  f"child {dbos['jobrun_ms_per_step']:.3f} ({dbos['dbos_over_jobrun']:.1f}x)")
+            print(
+                f"{backend}: DBOS {dbos['dbos_ms_per_step']:.3f} ms/step, jobrun in the same "
+                f"child {dbos['jobrun_ms_per_step']:.3f} ({dbos['dbos_over_jobrun']:.1f}x)"
+            )
     table("ms per durable one-row write (ratio to the raw driver)", ["", *backends(args)], rows)
     save(args, "step", results)
 

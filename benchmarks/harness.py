@@ -60,7 +60,9 @@ def backends(args: argparse.Namespace) -> list[str]:
     return ["sqlite"] if args.sqlite_only else ["sqlite", "postgres"]
 
 
-async def fresh_engine(backend: str, args: argparse.Namespace, **engine_options: Any) -> AsyncEngine:
+async def fresh_engine(
+    backend: str, args: argparse.Namespace, **engine_options: Any
+) -> AsyncEngine:
     """A migrated, empty jobrun database (a temp SQLite file; the bench Postgres database)."""
     if backend == "sqlite":
         path = Path(tempfile.mkdtemp(prefix="jobrun-bench-")) / "bench.db"
@@ -89,7 +91,9 @@ async def _create_database(url: str) -> None:
     target = make_url(url)
     admin = await asyncpg.connect(driver_dsn(create_async_engine(target.set(database="postgres"))))
     try:
-        exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", target.database)
+        exists = await admin.fetchval(
+            "SELECT 1 FROM pg_database WHERE datname = $1", target.database
+        )
         if not exists:
             await admin.execute(f'CREATE DATABASE "{target.database}"')
     finally:
@@ -161,5 +165,7 @@ def save(args: argparse.Namespace, name: str, results: dict[str, Any]) -> Path:
     return path
 
 
-def main(scenario: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+def main(
+    scenario: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace
+) -> None:
     asyncio.run(scenario(args))

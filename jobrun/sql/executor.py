@@ -11,10 +11,10 @@ counting, tracing and fault injection, called around every statement sent,
 ``BEGIN`` and ``COMMIT`` included.
 
 * SQLite: one connection per engine, checked out of the host's pool once (so its
-  connect and checkout events run) and kept for the engine's life, in driver
-  autocommit; operations take turns on it. A write is one hop to aiosqlite's
-  thread and is committed when it returns. A transaction is ``BEGIN IMMEDIATE``,
-  its statements and ``COMMIT``; if anything interrupts it (an error, a
+  connect and checkout events run), detached from the pool's count and kept for
+  the engine's life, in driver autocommit; operations take turns on it. A write
+  is one hop to aiosqlite's thread and is committed when it returns. A
+  transaction is ``BEGIN IMMEDIATE``, its statements and ``COMMIT``; if anything interrupts it (an error, a
   cancellation) ``ROLLBACK`` is queued behind whatever the thread is still doing
   before the next operation gets its turn, so no transaction is ever left open.
   ``AsyncEngine.dispose()`` closes the connection.
@@ -40,7 +40,9 @@ from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import SingletonThreadPool, StaticPool
 from sqlalchemy.sql.expression import ClauseElement
+from sqlalchemy.util import await_only
 
 StatementHook = Callable[[str, str, Sequence[Any]], AbstractAsyncContextManager[None]]
 """Called as ``async with hook(operation, sql, parameters):`` around every statement sent.
@@ -173,6 +175,11 @@ class _SqliteConnection:
             if driver.in_transaction:
                 await driver.rollback()
             driver.isolation_level = None
+            if not isinstance(self._engine.sync_engine.pool, StaticPool | SingletonThreadPool):
+                # Out of the pool's count, so the host keeps every connection it sized
+                # the pool for. (A pool of one shared connection keeps it: that
+                # connection is the database, in memory.)
+                raw.detach()
         except BaseException:
             await connection.invalidate()
             await connection.close()
@@ -181,11 +188,13 @@ class _SqliteConnection:
 
     def close(self) -> None:
         """Close the connection; called from ``Engine.dispose`` (inside SQLAlchemy's greenlet)."""
-        connection, self._connection, self.driver = self._connection, None, None
-        if connection is not None:
-            # Not handed back: the pool it came from is being disposed.
-            connection.sync_connection.invalidate()  # type: ignore[union-attr]
-            connection.sync_connection.close()  # type: ignore[union-attr]
+        connection, driver = self._connection, self.driver
+        self._connection = self.driver = None
+        if connection is None:
+            return
+        # Not handed back (detached, or its pool is being disposed): closed for good.
+        connection.sync_connection.invalidate()  # type: ignore[union-attr]
+        await_only(driver.close())
 
 
 _sqlite_connections: weakref.WeakKeyDictionary[Engine, _SqliteConnection] = (
