@@ -14,7 +14,8 @@ counting, tracing and fault injection, called around every statement sent,
   connect and checkout events run), detached from the pool's count and kept for
   the engine's life, in driver autocommit; operations take turns on it. A write
   is one hop to aiosqlite's thread and is committed when it returns. A
-  transaction is ``BEGIN IMMEDIATE``, its statements and ``COMMIT``; if anything interrupts it (an error, a
+  transaction is ``BEGIN IMMEDIATE``, its statements and ``COMMIT``; if anything
+  interrupts it (an error, a
   cancellation) ``ROLLBACK`` is queued behind whatever the thread is still doing
   before the next operation gets its turn, so no transaction is ever left open.
   ``AsyncEngine.dispose()`` closes the connection.
