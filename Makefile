@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test mutation clean
 
 venv: $(STAMP)
 
@@ -30,7 +30,15 @@ test: venv
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 
+# Mutation testing on demand, never in CI (see tests/README.md). MUTANTS narrows
+# it, e.g. make mutation MUTANTS='jobrun._core.lease*'.
+MUTANTS ?=
+mutation: venv
+	$(BIN)/python -m pip install --quiet -e '.[mutation]'
+	$(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \
-		.import_linter_cache .hypothesis
+		.import_linter_cache .hypothesis mutants
 	rm -f demo.db demo.db-wal demo.db-shm

@@ -2,7 +2,7 @@
 
 jobrun: ``C`` runs, each driven by its own ``run_due_jobs`` task (``limit=1``), each
 pass doing ``S`` new trivial steps; the engine's pool is sized ``C``. Floor: ``C``
-tasks, each with its own asyncpg connection (an asyncpg pool of ``C``), doing
+tasks, each on its own asyncpg connection from the same engine's pool, doing
 one-row autocommit upserts into a table shaped like the ledger. Interleaved, in
 steps (or upserts) per second. SQLite has one writer per database, so only
 ``C = 1`` is measured there.
@@ -60,12 +60,12 @@ async def floor_sample(backend: str, engine: Any, concurrency: int, steps: int) 
         sql, run = UPSERT.format("?, ?, ?, ?, ?, ?"), connection.execute_fetchall
         pool = None
     else:
-        import asyncpg
-
-        pool = await asyncpg.create_pool(
-            driver_dsn(engine), min_size=concurrency, max_size=concurrency
-        )
-        await pool.execute(SCRATCH)
+        # The floor borrows its connections from the same engine's pool (sized C),
+        # so both sides hold the same number of server connections.
+        pool = engine
+        async with engine.connect() as connection:
+            raw = await connection.get_raw_connection()
+            await raw.driver_connection.execute(SCRATCH)
         sql = UPSERT.format("$1, $2, $3, $4, $5, $6")
 
     async def writer() -> None:
@@ -75,10 +75,11 @@ async def floor_sample(backend: str, engine: Any, concurrency: int, steps: int) 
                 values[1] = uuid.uuid4().hex
                 await run(sql, values)
             return
-        async with pool.acquire() as connection:
+        async with pool.connect() as connection:
+            driver = (await connection.get_raw_connection()).driver_connection
             for _ in range(steps):
                 values[1] = uuid.uuid4().hex
-                await connection.execute(sql, *values)
+                await driver.execute(sql, *values)
 
     async def sample() -> float:
         started = time.perf_counter()
@@ -86,7 +87,8 @@ async def floor_sample(backend: str, engine: Any, concurrency: int, steps: int) 
         return concurrency * steps / (time.perf_counter() - started)
 
     async def close() -> None:
-        await (connection.close() if pool is None else pool.close())
+        if pool is None:
+            await connection.close()
 
     return sample, close
 

@@ -24,7 +24,7 @@ from jobrun._core.observe import (
     observe_all,
 )
 from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
-from jobrun._core.port import JobRunStore, OperatorStore, StoreLimits
+from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore, StoreLimits
 from jobrun._core.queue_safety import assert_queue_safe
 from jobrun._core.records import (
     DriveError,
@@ -38,6 +38,7 @@ from jobrun._core.records import (
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.runs import get_job_run, job_runs, start_job_run
+from jobrun._core.scheduled_runs import start_scheduled_runs
 from jobrun.errors import (
     JobConflictError,
     JobRunError,
@@ -51,7 +52,9 @@ from jobrun.errors import (
     StoreError,
 )
 from jobrun.sql.executor import StatementHook
+from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
 from jobrun.sql.migrate import upgrade
+from jobrun.sql.provisioning import UpgradeResult, upgrade_many
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.worker import run_worker
 
@@ -83,6 +86,7 @@ __all__ = [
     "PassWatch",
     "RetryPolicy",
     "RunKey",
+    "ScheduleStore",
     "SchemaOutdatedError",
     "SqlJobRunStore",
     "StatementHook",
@@ -91,18 +95,23 @@ __all__ = [
     "StepReusedError",
     "StoreError",
     "StoreLimits",
+    "UpgradeResult",
     "assert_queue_safe",
     "cancel_job_run",
     "get_job_run",
     "job_run_health",
     "job_run_list_limit",
     "job_runs",
+    "migrate_on_connection",
     "observe_all",
     "prune_job_runs",
     "release_job_lease",
     "resume_job_run",
     "run_due_jobs",
     "run_worker",
+    "skip_jobrun_tables",
     "start_job_run",
+    "start_scheduled_runs",
     "upgrade",
+    "upgrade_many",
 ]

@@ -13,9 +13,12 @@ database. It is not durable and not shared between processes.
 
 from __future__ import annotations
 
+import builtins
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
 from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
@@ -24,6 +27,7 @@ from jobrun._core.records import (
     RunFilter,
     RunPatch,
     RunRow,
+    ScheduleRow,
     StepRow,
 )
 from jobrun.errors import JobConflictError
@@ -58,6 +62,7 @@ class MemoryJobRunStore:
         self._default_scope = default_scope
         self.runs: dict[str, RunRow] = {}
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
+        self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
 
     @property
     def limits(self) -> StoreLimits:
@@ -85,6 +90,11 @@ class MemoryJobRunStore:
         def due_at(row: RunRow) -> str:
             return row.next_attempt_at or row.started_at
 
+        full = {
+            job
+            for job, most in request.max_concurrent.items()
+            if self._in_flight(job, request.now_at) >= most
+        }
         candidates = sorted(
             (
                 row
@@ -92,9 +102,10 @@ class MemoryJobRunStore:
                 if row.status == JobRunStatus.RUNNING
                 and due_at(row) <= request.now_at
                 and (row.module_id, row.job) in request.expires_at
+                and (row.module_id, row.job) not in full
                 and row.id not in request.skip_ids
             ),
-            key=lambda row: (due_at(row), row.id),
+            key=lambda row: (-row.priority, due_at(row), row.id),
         )
         if not candidates:
             return None
@@ -118,6 +129,34 @@ class MemoryJobRunStore:
         )
         self.runs[row.id] = claimed
         return claimed
+
+    def _in_flight(self, job: tuple[str, str], now_at: str) -> int:
+        """Runs of ``job`` holding a lease that has not expired."""
+        return sum(
+            1
+            for row in self.runs.values()
+            if (row.module_id, row.job) == job
+            and row.status == JobRunStatus.RUNNING
+            and row.lease_owner is not None
+            and row.next_attempt_at is not None
+            and row.next_attempt_at > now_at
+        )
+
+    async def schedule_rows(self) -> list[ScheduleRow]:
+        return [self.schedules[key] for key in sorted(self.schedules)]
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        for row in rows:
+            self.schedules.setdefault((row.module_id, row.job, row.schedule), row)
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        key = (schedule.module_id, schedule.job, schedule.schedule)
+        stored = self.schedules.get(key)
+        if stored is None or not stored.last_slot_at < schedule.last_slot_at:
+            return None
+        run, inserted = await self.start_or_join(row)
+        self.schedules[key] = replace(schedule, last_run_id=run.id)
+        return run, inserted
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         wanted = {
@@ -240,11 +279,21 @@ class MemoryJobRunStore:
             oldest_due_at=min(waiting, default=None),
         )
 
-    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
         doomed = [
             run_id
             for run_id, row in self.runs.items()
-            if row.status in statuses
+            if (only_jobs is None or (row.module_id, row.job) in only_jobs)
+            and (row.module_id, row.job) not in except_jobs
+            and row.status in statuses
             and row.status != JobRunStatus.RUNNING
             and row.ended_at is not None
             and row.ended_at < ended_before
@@ -253,3 +302,44 @@ class MemoryJobRunStore:
             del self.runs[run_id]
             self.ledgers.pop(run_id, None)
         return len(doomed)
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        rows = sorted(
+            (row for row in self.runs.values() if run_matches(row, query)),
+            key=lambda row: row.id,
+            reverse=True,
+        )
+        return rows[: query.limit]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        return min(cap, sum(1 for row in self.runs.values() if run_matches(row, query)))
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        loads: dict[tuple[str, str], JobLoad] = {}
+        for row in self.runs.values():
+            running = row.status == JobRunStatus.RUNNING
+            failed = (
+                row.status == JobRunStatus.FAILED
+                and row.ended_at is not None
+                and row.ended_at >= failed_since_at
+            )
+            if not (running or failed):
+                continue
+            due_at = row.next_attempt_at or row.started_at
+            due = running and row.lease_owner is None and due_at <= now_at
+            key = (row.module_id, row.job)
+            load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
+            oldest = load.oldest_due_at
+            if due and (oldest is None or due_at < oldest):
+                oldest = due_at
+            loads[key] = replace(
+                load,
+                running=load.running + running,
+                due=load.due + due,
+                oldest_due_at=oldest,
+                stranded=load.stranded + is_stranded(row, now_at),
+                failed_recently=load.failed_recently + failed,
+            )
+        return [loads[key] for key in sorted(loads)]

@@ -11,6 +11,12 @@ driver that starts a pass wakes one idle sibling, so work spreads out as it
 appears. On Postgres a listener connection waits on ``LISTEN jobrun_started``
 (``start_job_run`` notifies it) and wakes the database's drivers at once.
 
+Per database, one more task starts the runs of due schedule slots (see
+:meth:`jobrun.JobRegistry.schedule`): it sleeps until the next slot, calls
+:func:`jobrun.start_scheduled_runs` and wakes the drivers. Another, with
+``prune_after`` or a job's ``keep_for``, deletes expired finished runs every
+``PRUNE_INTERVAL_S``, in small transactions, away from the drivers.
+
 ``stop`` ends the worker gracefully: no new claims, passes in flight finish.
 Cancelling the task running :func:`run_worker` cancels those passes too, and
 each hands its lease back.
@@ -25,6 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import make_url
@@ -43,12 +50,19 @@ from jobrun._core.observe import (
 from jobrun._core.passes import OpenScope
 from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
-from jobrun.sql.store import NOTIFY_CHANNEL, SqlJobRunStore
+from jobrun._core.retention import check_prune_after, prune_by_retention, retains
+from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.tenancy import notify_channel
 
 log = logging.getLogger("jobrun.worker")
 
 FIRST_IDLE_DELAY_S = 0.05
 DEFAULT_INTERVAL_S = 5.0
+PRUNE_INTERVAL_S = 600.0
+"""Retention runs at start and then every ten minutes: pruning is never urgent."""
+MAX_SCHEDULE_SLEEP_S = 60.0
+"""The scheduler looks again at least this often (a clock that jumps is noticed)."""
 
 HealthCallback = Callable[[str, JobRunHealth], None]
 
@@ -61,10 +75,12 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(self, engine: AsyncEngine, label: str) -> None:
+    def __init__(self, engine: AsyncEngine, label: str, schema: str | None = None) -> None:
         self.engine = engine
-        self.label = label
-        self.store = SqlJobRunStore(engine)
+        self.label = label if schema is None else f"{label} schema {schema}"
+        self.store = SqlJobRunStore(engine, schema=schema)
+        # One tenant's starts wake only that tenant's drivers.
+        self.channel = notify_channel(schema)
         self.delay_s = FIRST_IDLE_DELAY_S
         self.polling = False
         # A wake-up that found nobody idle: the next driver to go idle claims again.
@@ -130,6 +146,7 @@ class _Worker:
         on_health: HealthCallback | None,
         stop: asyncio.Event,
         driver_name: str,
+        prune_after: timedelta | None,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -143,6 +160,7 @@ class _Worker:
         self.on_health = on_health
         self.stop = stop
         self.driver_name = driver_name
+        self.prune_after = prune_after
         self.slots = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -156,6 +174,10 @@ class _Worker:
                     group.create_task(self._health(database, self.on_health))
                 if _listens(database.engine):
                     group.create_task(self._listen(database))
+                if self.registry.schedules():
+                    group.create_task(self._schedule(database))
+                if retains(self.registry, self.prune_after):
+                    group.create_task(self._prune(database))
 
     async def _stopper(self) -> None:
         await self.stop.wait()
@@ -225,6 +247,49 @@ class _Worker:
                 )
             await self._sleep(self.interval_s)
 
+    async def _schedule(self, database: _Database) -> None:
+        """Start each due slot's run, then sleep until the next slot."""
+        schedules = self.registry.schedules()
+        while not self.stop.is_set():
+            try:
+                if await start_scheduled_runs(database.store, self.registry):
+                    database.wake_all()
+            except Exception as error:
+                log.warning(
+                    "starting the scheduled runs of %s failed: %s; trying again in %.1f s",
+                    database.label,
+                    error,
+                    self.interval_s,
+                    extra={"database": database.label},
+                )
+                await self._sleep(self.interval_s)
+                continue
+            now = datetime.now(UTC)
+            upcoming = min(schedule.next_slot(now) for schedule in schedules)
+            await self._sleep(min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds()))
+
+    async def _prune(self, database: _Database) -> None:
+        while not self.stop.is_set():
+            try:
+                deleted = await prune_by_retention(
+                    database.store, self.registry, prune_after=self.prune_after
+                )
+                if deleted:
+                    log.info(
+                        "pruned %d finished runs of %s",
+                        deleted,
+                        database.label,
+                        extra={"database": database.label, "deleted": deleted},
+                    )
+            except Exception as error:
+                log.warning(
+                    "pruning %s failed: %s",
+                    database.label,
+                    error,
+                    extra={"database": database.label},
+                )
+            await self._sleep(PRUNE_INTERVAL_S)
+
     def _wanted(self, payload: str) -> bool:
         try:
             module_id, job = json.loads(payload)
@@ -259,7 +324,7 @@ class _Worker:
             raw = (await connection.get_raw_connection()).driver_connection
             assert raw is not None
             raw.add_termination_listener(lambda _connection: lost.set())
-            await raw.add_listener(NOTIFY_CHANNEL, notified)
+            await raw.add_listener(database.channel, notified)
             log.debug("listening for new runs on %s", database.label)
             # Anything started before the LISTEN took effect: look now.
             database.wake_all()
@@ -274,7 +339,7 @@ class _Worker:
                 log.warning("lost the listening connection to %s", database.label)
                 return
             with contextlib.suppress(Exception):
-                await raw.remove_listener(NOTIFY_CHANNEL, notified)
+                await raw.remove_listener(database.channel, notified)
 
 
 def _listens(engine: AsyncEngine) -> bool:
@@ -311,6 +376,8 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     driver_name: str | None = None,
+    prune_after: timedelta | None = None,
+    schema: str | None = None,
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
 
@@ -322,7 +389,13 @@ async def run_worker(
     across all databases. ``observer`` hears every pass (default: log lines);
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
     database every ``interval_s``. A failing database is logged and retried every
-    ``interval_s``; it never stops the others.
+    ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
+    tenant's schema in every database (see ``SqlJobRunStore(schema=...)``).
+
+    The registry's schedules are started at each slot (once per slot across any
+    number of workers). ``prune_after`` deletes finished runs that ended longer
+    ago than that (a job's ``keep_for`` wins for its own runs), at start and then
+    every ``PRUNE_INTERVAL_S``.
     """
     if not databases:
         raise ValueError("run_worker needs at least one database")
@@ -334,6 +407,7 @@ async def run_worker(
         _positive_seconds(pass_timeout_s, "pass_timeout_s")
     if not isinstance(registry, JobRegistry):
         raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+    prune_after = check_prune_after(prune_after)
     owned: list[AsyncEngine] = []
     try:
         engines: list[AsyncEngine] = []
@@ -348,7 +422,7 @@ async def run_worker(
                 raise TypeError(
                     f"a database is a URL or an AsyncEngine, got {type(database).__name__}"
                 )
-        states = [_Database(engine, database_label(engine)) for engine in engines]
+        states = [_Database(engine, database_label(engine), schema) for engine in engines]
         for state in states:
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)
@@ -365,6 +439,7 @@ async def run_worker(
             on_health=on_health,
             stop=stop if stop is not None else asyncio.Event(),
             driver_name=driver_name or default_driver_name(),
+            prune_after=prune_after,
         )
         began = time.monotonic()
         log.info(

@@ -13,6 +13,6 @@ def cli() -> None:
 
 def main() -> None:
     # Imported here so that each command module registers itself on the group.
-    from jobrun._cli import commands, worker  # noqa: F401  (registration side effect)
+    from jobrun._cli import commands, console, schedules, worker  # noqa: F401  (registration side effect)
 
     cli()

@@ -137,6 +137,7 @@ def runs_table(runs: Iterable[JobRun], at: datetime) -> Table:
     table.add_column("cursor", max_width=24)
     table.add_column("counters", overflow="fold")
     table.add_column("attempts", justify="right")
+    table.add_column("priority", justify="right")
     table.add_column("last error", max_width=40)
     table.add_column("started", no_wrap=True)
     table.add_column("updated", no_wrap=True)
@@ -150,6 +151,7 @@ def runs_table(runs: Iterable[JobRun], at: datetime) -> Table:
             shorten(None if run.cursor is None else compact_json(run.cursor), 24),
             counters_text(run.counters),
             str(run.attempts),
+            str(run.priority),
             shorten(run.last_error, 40),
             instant(run.started_at),
             instant(run.updated_at),
@@ -190,6 +192,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("cursor", compact_json(run.cursor))
     record.add_row("counters", counters_text(run.counters) or "-")
     record.add_row("attempts", str(run.attempts))
+    record.add_row("priority", str(run.priority))
     record.add_row("last error", run.last_error or "-")
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -24,11 +25,13 @@ from jobrun._cli.connect import (
     make_engine,
     outdated_message,
     parse_url,
+    schema_option,
     sqlite_file,
 )
+from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.registry import JobRegistry
-from jobrun.errors import SchemaOutdatedError, StoreError
+from jobrun.errors import JobValidationError, SchemaOutdatedError, StoreError
 from jobrun.worker import DEFAULT_INTERVAL_S, HealthCallback, run_worker
 
 log = logging.getLogger("jobrun.worker")
@@ -214,6 +217,14 @@ async def _work(
     help="Seconds a pass may take before it is failed (and retried).",
 )
 @click.option(
+    "--prune-after",
+    type=Duration(),
+    default=None,
+    metavar="DURATION",
+    help="Delete finished runs that ended longer ago than this (30d, 12h, ...); "
+    "a job's keep_for wins for its runs. Checked at start and every 10 minutes.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=1, max=65535),
     default=None,
@@ -232,6 +243,7 @@ async def _work(
     show_default=True,
     help="Level of the jobrun loggers (info: one line per pass; debug: per step).",
 )
+@schema_option
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -247,10 +259,12 @@ def worker(
     max_passes: int,
     concurrency: int,
     pass_timeout: float | None,
+    prune_after: timedelta | None,
     metrics_port: int | None,
     metrics_host: str,
     log_level: str,
     log_format: str,
+    schema: str | None,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
@@ -258,7 +272,8 @@ def worker(
     finish, exit status 0. A second signal cancels the passes in flight (each
     hands its lease back at once) and exits with status 1. On Postgres the worker
     LISTENs for new runs and starts them at once; otherwise an idle database is
-    polled once per --interval.
+    polled once per --interval. The app's schedules are started at each slot,
+    once per slot however many workers run.
 
     \b
     Example:
@@ -284,11 +299,15 @@ def worker(
         "max_passes": max_passes,
         "concurrency": concurrency,
         "pass_timeout_s": pass_timeout,
+        "prune_after": prune_after,
+        "schema": schema,
     }
     try:
         graceful = asyncio.run(_work(urls, registry, observer, on_health, options))
     except SchemaOutdatedError as error:
         raise click.ClickException(outdated_message(error)) from error
+    except JobValidationError as error:
+        raise click.UsageError(error.message) from error
     except StoreError as error:
         raise click.ClickException(error.message) from error
     except OSError as error:

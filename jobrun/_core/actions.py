@@ -98,12 +98,16 @@ async def prune_job_runs(
     statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
     batch_size: int = 500,
     clock: Clock = system_clock,
+    only_jobs: frozenset[tuple[str, str]] | None = None,
+    except_jobs: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
     """Delete finished runs that ended before a cutoff, with their ledgers.
 
     ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
     Running runs are never deleted. Works in batches of ``batch_size`` runs, one
-    short transaction each. Returns how many runs were deleted.
+    short transaction each. ``only_jobs`` limits it to runs of those
+    ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept. Returns how
+    many runs were deleted.
     """
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
@@ -124,4 +128,10 @@ async def prune_job_runs(
         raise TypeError(
             f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
         )
-    return await store.prune(format_instant(cutoff), wanted, batch_size)
+    return await store.prune(
+        format_instant(cutoff),
+        wanted,
+        batch_size,
+        only_jobs=None if only_jobs is None else frozenset(only_jobs),
+        except_jobs=frozenset(except_jobs),
+    )

@@ -71,8 +71,13 @@ async def _claim(
         (job.module_id, job.name): Lease(token, driver, job.lease_ms).expiry_after(now_at)
         for job in jobs
     }
+    limits = {
+        (job.module_id, job.name): job.max_concurrent
+        for job in jobs
+        if job.max_concurrent is not None
+    }
     claiming = asyncio.ensure_future(
-        store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids))
+        store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids, limits))
     )
     try:
         # Shielded: a claim interrupted in flight may land anyway, so its answer is

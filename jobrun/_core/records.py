@@ -50,6 +50,7 @@ class RunRow:
     lease_driver: str | None = None
     lease_began_at: str | None = None
     lease_takeovers: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ class ClaimRequest:
     ``expires_at`` gives, per ``(module_id, job)``, the lease expiry to write
     (jobs may have different lease lengths); ``skip_ids`` are runs this drive
     already had, so one call never gives a run more passes than it should.
+    ``max_concurrent`` gives, for the jobs that have one, how many of their
+    runs may be leased at once.
     """
 
     now_at: str
@@ -88,6 +91,23 @@ class ClaimRequest:
     driver: str
     expires_at: Mapping[tuple[str, str], str]
     skip_ids: frozenset[str] = frozenset()
+    max_concurrent: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """One ``_substrat_job_schedules`` row: how far a schedule has got (times as stored text).
+
+    ``schedule`` is the instance its runs share, or ``''`` when each slot's run
+    has its own instance.
+    """
+
+    module_id: str
+    job: str
+    schedule: str
+    last_slot_at: str
+    last_run_id: str | None
+    updated_at: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +168,7 @@ class JobRun:
     lease_driver: str | None = None
     lease_expires_at: datetime | None = None
     lease_takeovers: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +242,8 @@ def job_run_of(row: RunRow) -> JobRun:
             return None
         try:
             return parse_instant(text)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
+            # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
             problems.append(f"{column} is not a timestamp: {text!r}")
             return None
 
@@ -252,6 +274,7 @@ def job_run_of(row: RunRow) -> JobRun:
         # While a run is leased, next_attempt_at holds the lease's expiry.
         lease_expires_at=next_attempt_at if leased else None,
         lease_takeovers=row.lease_takeovers,
+        priority=row.priority,
     )
 
 
@@ -264,6 +287,22 @@ def job_run_list_limit(limit: float | None) -> int:
     if not math.isfinite(limit):
         return JOB_RUN_LIST_LIMIT
     return min(JOB_RUN_LIST_MAX, max(1, math.floor(limit)))
+
+
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+
+def priority_value(priority: object) -> int:
+    """Check a run's priority: an int that both engines' INTEGER column holds."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise JobValidationError(
+            f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
+            [{"path": "priority", "message": "out of the 32-bit range"}],
+        )
+    return priority
 
 
 def status_filter(status: str | None) -> str | None:

@@ -16,31 +16,16 @@ from jobrun._core.records import (
     RunRow,
     job_run_list_limit,
     job_run_of,
+    priority_value,
     status_filter,
 )
 
 
-async def start_job_run(
-    store: JobRunStore,
-    *,
-    module_id: str,
-    job: str,
-    instance: str = DEFAULT_INSTANCE,
-    payload: Any = None,
-    clock: Clock = system_clock,
-) -> JobRun:
-    """Start a run, or join the live run of the same key (its payload wins).
-
-    Everything is checked before anything is written: the key parts, and the
-    payload's queue-safety and size. The job need not be registered here; a run
-    of a job no driver knows waits until one does.
-    """
-    require_name(module_id, "module_id")
-    require_name(job, "job")
-    require_name(instance, "instance", allow_empty=True)
-    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
-    at = format_instant(clock())
-    row = RunRow(
+def new_run_row(
+    *, module_id: str, job: str, instance: str, payload_text: str, priority: int, at: str
+) -> RunRow:
+    """A fresh ``running`` row, due at ``at``."""
+    return RunRow(
         id=mint_run_id(),
         module_id=module_id,
         job=job,
@@ -55,6 +40,39 @@ async def start_job_run(
         updated_at=at,
         next_attempt_at=None,
         ended_at=None,
+        priority=priority,
+    )
+
+
+async def start_job_run(
+    store: JobRunStore,
+    *,
+    module_id: str,
+    job: str,
+    instance: str = DEFAULT_INSTANCE,
+    payload: Any = None,
+    priority: int = 0,
+    clock: Clock = system_clock,
+) -> JobRun:
+    """Start a run, or join the live run of the same key (its payload and priority win).
+
+    Everything is checked before anything is written: the key parts, the
+    priority, and the payload's queue-safety and size. The job need not be
+    registered here; a run of a job no driver knows waits until one does.
+    Among due runs, a higher ``priority`` is claimed first (default 0).
+    """
+    require_name(module_id, "module_id")
+    require_name(job, "job")
+    require_name(instance, "instance", allow_empty=True)
+    checked_priority = priority_value(priority)
+    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
+    row = new_run_row(
+        module_id=module_id,
+        job=job,
+        instance=instance,
+        payload_text=payload_text,
+        priority=checked_priority,
+        at=format_instant(clock()),
     )
     stored, _inserted = await store.start_or_join(row)
     return job_run_of(stored)

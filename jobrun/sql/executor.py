@@ -85,13 +85,16 @@ class Compiler:
         self._dialect = dialect
         self._schema_translate_map = dict(schema_translate_map or {})
 
-    def __call__(self, statement: ClauseElement) -> Prepared:
+    def __call__(self, statement: ClauseElement, *, with_values: bool = False) -> Prepared:
+        """Compile ``statement``; ``with_values`` for the operator's one-off statements,
+        whose IN lists of values are rendered into this compilation."""
         compiled: Any = statement.compile(
             dialect=self._dialect,
             schema_translate_map=self._schema_translate_map or None,
             render_schema_translate=bool(self._schema_translate_map),
+            compile_kwargs={"render_postcompile": True} if with_values else {},
         )
-        if compiled.post_compile_params:
+        if compiled.post_compile_params and not with_values:
             # An IN list of values would be rendered per call: spell its parameters out.
             raise TypeError(f"jobrun statements are compiled once: {compiled.string}")
         if compiled._bind_processors:
@@ -99,7 +102,7 @@ class Compiler:
             raise TypeError(f"jobrun statements need no bind processing: {compiled.string}")
         fixed = compiled.construct_params(_check=False)
         order = tuple(
-            (name, compiled.binds[name].required, fixed.get(name))
+            (name, name in compiled.binds and compiled.binds[name].required, fixed.get(name))
             for name in (compiled.positiontup or ())
         )
         return Prepared(compiled.string, order)

@@ -21,6 +21,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    or_,
     select,
     tuple_,
     update,
@@ -29,7 +30,7 @@ from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun.sql.executor import Compiler, Prepared
-from jobrun.sql.schema import DUE_AT, LIVE_ONLY, job_runs, job_steps
+from jobrun.sql.schema import DUE_AT, LEASED_ONLY, LIVE_ONLY, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
@@ -40,8 +41,6 @@ PATCH_COLUMNS = tuple(RunPatch.__dataclass_fields__)
 STEP_COLUMNS = ("run_id", "step", "result", "attempts", "last_error", "recorded_at")
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
-# Postgres: the channel a new run is announced on.
-NOTIFY_CHANNEL = "jobrun_started"
 
 
 def _fence() -> Any:
@@ -53,7 +52,8 @@ def _fence() -> Any:
     )
 
 
-def _insert(is_postgres: bool, table: Any) -> Any:
+def dialect_insert(is_postgres: bool, table: Any) -> Any:
+    """The dialect's INSERT construct, which knows ``ON CONFLICT``."""
     from sqlalchemy.dialects import postgresql, sqlite
 
     return (postgresql if is_postgres else sqlite).insert(table)
@@ -70,28 +70,29 @@ def _record_step(is_postgres: bool) -> Any:
     values = select(
         *(bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in STEP_COLUMNS)
     ).where(exists(held))
-    upsert = _insert(is_postgres, job_steps).from_select(list(STEP_COLUMNS), values)
+    upsert = dialect_insert(is_postgres, job_steps).from_select(list(STEP_COLUMNS), values)
     return upsert.on_conflict_do_update(
         index_elements=[job_steps.c.run_id, job_steps.c.step],
         set_={name: upsert.excluded[name] for name in STEP_COLUMNS[2:]},
     ).returning(literal(1))
 
 
-def _start(is_postgres: bool) -> Any:
+def start_insert(is_postgres: bool) -> Any:
+    """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
     insert = (
-        _insert(is_postgres, job_runs)
+        dialect_insert(is_postgres, job_runs)
         .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
         .returning(job_runs.c.id)
     )
     if not is_postgres:
         return insert
-    # Wake listening workers now rather than at their next poll: the NOTIFY rides in
-    # the insert's statement and is sent only when a row was inserted.
+    # Wake listening workers now rather than at their next poll.
     added = insert.cte("added")
-    return select(
-        func.pg_notify(NOTIFY_CHANNEL, bindparam("notify_payload", type_=Text))
-    ).select_from(added)
+    channel = bindparam("notify_channel", type_=Text)
+    payload = bindparam("notify_payload", type_=Text)
+    return select(func.pg_notify(channel, payload)).select_from(added)
 
 
 class Statements:
@@ -132,7 +133,7 @@ class Statements:
             .values(next_attempt_at=bindparam("expires_at"))
             .returning(runs.id)
         )
-        self.start = compile_(_start(is_postgres))
+        self.start = compile_(start_insert(is_postgres))
         self.live = compile_(
             select(job_runs).where(
                 runs.module_id == bindparam("row_module_id"),
@@ -215,9 +216,34 @@ class Shapes:
         return found
 
 
-def claim_statement(jobs: int, one_expiry: bool, skipped: int) -> Any:
+def _in_flight(index: int) -> Any:
+    """How many runs of limited job ``index`` hold a lease that has not expired (a
+    separate alias: the count must not correlate with the claim's candidate row)."""
+    leased = job_runs.alias("leased")
+    return (
+        select(func.count())
+        .select_from(leased)
+        .where(
+            # Spelled as the partial index's predicate, so both engines use it.
+            LEASED_ONLY,
+            leased.c.module_id == bindparam(f"limited_module_{index}"),
+            leased.c.job == bindparam(f"limited_job_{index}"),
+            leased.c.status == RUNNING,
+            leased.c.next_attempt_at > bindparam("now_at", type_=Text),
+        )
+        .scalar_subquery()
+    )
+
+
+def limit_locks(count: int) -> Any:
+    """Postgres: the advisory locks ``lock_{i}`` that order limited claims."""
+    return select(*(func.pg_advisory_xact_lock(bindparam(f"lock_{i}")) for i in range(count)))
+
+
+def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int) -> Any:
     """The claim for ``jobs`` (module_id, job) pairs (``module_{i}``, ``job_{i}``), their
-    expiries (``expires_{i}``, or ``expires_0`` for all) and ``skipped`` ids (``skip_{i}``)."""
+    expiries (``expires_{i}``, or ``expires_0`` for all), ``skipped`` ids (``skip_{i}``)
+    and ``limited`` jobs under a concurrency limit (``limited_*_{i}``, ``limited_most_{i}``)."""
     runs = job_runs.c
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     candidate = (
@@ -227,13 +253,22 @@ def claim_statement(jobs: int, one_expiry: bool, skipped: int) -> Any:
             bindparam("now_at", type_=Text) >= DUE_AT,
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
         )
-        .order_by(DUE_AT, runs.id)
+        .order_by(runs.priority.desc(), DUE_AT, runs.id)
         .limit(1)
         # Postgres: concurrent claimers pass over each other's rows instead of
         # queueing on them. SQLite renders nothing here: its single write
         # statement holds the database's write lock from before its read.
         .with_for_update(skip_locked=True)
     )
+    for index in range(limited):
+        # Uncorrelated, so evaluated once per claim, not once per candidate row.
+        candidate = candidate.where(
+            or_(
+                runs.module_id != bindparam(f"limited_module_{index}"),
+                runs.job != bindparam(f"limited_job_{index}"),
+                _in_flight(index) < bindparam(f"limited_most_{index}", type_=runs.attempts.type),
+            )
+        )
     if skipped:
         candidate = candidate.where(
             runs.id.not_in([bindparam(f"skip_{i}") for i in range(skipped)])

@@ -7,14 +7,19 @@ listed in ``docs/design.md`` ("Round trips").
 
 from __future__ import annotations
 
+import builtins
+import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import astuple
+from dataclasses import asdict, astuple
 from typing import Any
 
+from sqlalchemy import and_, func, literal, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.expression import ClauseElement
 
+from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -26,25 +31,30 @@ from jobrun._core.records import (
     RunFilter,
     RunPatch,
     RunRow,
+    ScheduleRow,
     StepRow,
 )
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
-from jobrun.sql.schema import SCHEMA_REVISION
+from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs, job_schedules
 from jobrun.sql.sqlite_setup import configure_sqlite
 from jobrun.sql.statements import (
+    FAILED,
     LIST_FILTERS,
-    NOTIFY_CHANNEL,
     PATCH_COLUMNS,
     RUN_COLUMNS,
+    RUNNING,
     Shapes,
     Statements,
     claim_statement,
+    dialect_insert,
+    limit_locks,
     list_statement,
     prune_statements,
 )
+from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
-__all__ = ["NOTIFY_CHANNEL", "SqlJobRunStore", "notify_payload"]
+__all__ = ["SqlJobRunStore", "limit_lock_key", "notify_payload"]
 
 _START_RETRIES = 10
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
@@ -55,6 +65,16 @@ def notify_payload(row: RunRow) -> str:
     too long for a notification (listeners then wake for any job)."""
     text = json.dumps([row.module_id, row.job])
     return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
+
+
+def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
+    """Postgres: the advisory lock (a signed 64-bit key) that orders one job's limited
+    claims; per schema, so tenants never wait on each other."""
+    digest = hashlib.blake2b(
+        json.dumps(["jobrun.max_concurrent", schema, module_id, job]).encode("utf-8"),
+        digest_size=8,
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -88,6 +108,7 @@ class SqlJobRunStore:
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
+        schema: str | None = None,
         statement_hook: StatementHook | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -95,7 +116,11 @@ class SqlJobRunStore:
                 "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
                 f"got {type(engine).__name__}"
             )
-        self._engine = engine
+        self._host_engine = engine
+        self._schema = checked_schema(engine, schema)
+        # The schema check runs through SQLAlchemy: a copy of the engine whose
+        # translate map puts jobrun's tables in the schema (the host's stays as it is).
+        self._engine = in_schema(engine, self._schema)
         self._limits = StoreLimits(
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
@@ -105,14 +130,21 @@ class SqlJobRunStore:
         self._is_postgres = engine.dialect.name == "postgresql"
         if not self._is_postgres:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
-        compile_ = Compiler(engine.dialect)
+        # In a schema, every compiled statement names it (rendered once, here).
+        compile_ = self._compile = Compiler(
+            engine.dialect, None if self._schema is None else {None: self._schema}
+        )
         self._statements = Statements(compile_, self._is_postgres)
         self._shapes = Shapes(compile_)
         self._schema_checked = False
 
     @property
     def engine(self) -> AsyncEngine:
-        return self._engine
+        return self._host_engine
+
+    @property
+    def schema(self) -> str | None:
+        return self._schema
 
     @property
     def limits(self) -> StoreLimits:
@@ -120,7 +152,7 @@ class SqlJobRunStore:
 
     @property
     def default_scope(self) -> object:
-        return self._engine
+        return self._host_engine
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:
@@ -138,7 +170,7 @@ class SqlJobRunStore:
         from jobrun.sql.migrate import current_revision
 
         async with self._engine.connect() as connection:
-            found = await connection.run_sync(current_revision)
+            found = await connection.run_sync(current_revision, self._schema)
         # Revision ids are zero-padded numbers, so text order is revision order.
         if found is None or found < SCHEMA_REVISION:
             raise SchemaOutdatedError(found, SCHEMA_REVISION)
@@ -156,7 +188,7 @@ class SqlJobRunStore:
             raise StoreError(operation, error) from error
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        values = _values("row_", row, RUN_COLUMNS) | {"notify_payload": notify_payload(row)}
+        values = self._start_values(row)
         statements = self._statements
         async with self._operation("start_or_join"):
             for _ in range(_START_RETRIES):
@@ -171,6 +203,12 @@ class SqlJobRunStore:
                 # The live run ended between our insert and our read: try again.
         raise StoreError("start_or_join", RuntimeError("the key's live run kept changing; gave up"))
 
+    def _start_values(self, row: RunRow) -> dict[str, Any]:
+        return _values("row_", row, RUN_COLUMNS) | {
+            "notify_channel": notify_channel(self._schema),
+            "notify_payload": notify_payload(row),
+        }
+
     async def get(self, run_id: str) -> RunRow | None:
         async with self._operation("get"):
             found = await self._executor.fetch("get", self._statements.get, {"run_id": run_id})
@@ -182,10 +220,11 @@ class SqlJobRunStore:
         jobs = list(request.expires_at.items())
         one_expiry = len(set(request.expires_at.values())) == 1
         skipped = sorted(request.skip_ids)
-        statement = self._shapes.get(
-            ("claim", len(jobs), one_expiry, len(skipped)),
-            lambda: claim_statement(len(jobs), one_expiry, len(skipped)),
+        limited = sorted(
+            (key, most) for key, most in request.max_concurrent.items() if key in request.expires_at
         )
+        shape = (len(jobs), one_expiry, len(skipped), len(limited))
+        statement = self._shapes.get(("claim", *shape), lambda: claim_statement(*shape))
         values: dict[str, Any] = {
             "now_at": request.now_at,
             "token": request.token,
@@ -195,10 +234,97 @@ class SqlJobRunStore:
             values |= {f"module_{index}": module_id, f"job_{index}": job}
             values[f"expires_{index}"] = expires_at
         values |= {f"skip_{index}": run_id for index, run_id in enumerate(skipped)}
+        for index, ((module_id, job), most) in enumerate(limited):
+            values |= {f"limited_module_{index}": module_id, f"limited_job_{index}": job}
+            values[f"limited_most_{index}"] = most
         async with self._operation("claim"):
-            # One statement, one round trip: choosing and leasing cannot come apart.
-            found = await self._executor.fetch("claim", statement, values)
+            if limited and self._is_postgres:
+                found = await self._claim_in_turn(statement, values, [key for key, _ in limited])
+            else:
+                # One statement, one round trip: choosing and leasing cannot come
+                # apart. On SQLite it holds the write lock from before its read, so
+                # a limit's count cannot change under it either.
+                found = await self._executor.fetch("claim", statement, values)
         return RunRow(*found[0]) if found else None
+
+    async def _claim_in_turn(
+        self, statement: Any, values: dict[str, Any], limited: builtins.list[tuple[str, str]]
+    ) -> Any:
+        """Postgres, jobs under a concurrency limit: under READ COMMITTED two claimers
+        could both count "1 below a limit of 2" and both lease. A transaction-scoped
+        advisory lock per limited job, taken in a statement of its own, makes them
+        count one after the other. Jobs without a limit never pay this."""
+        # Always in the same (sorted) order, so two claimers cannot deadlock.
+        keys = sorted(limit_lock_key(self._schema, module_id, job) for module_id, job in limited)
+        locks = self._shapes.get(("limit-locks", len(keys)), lambda: limit_locks(len(keys)))
+        async with self._executor.transaction("claim") as transaction:
+            await transaction.fetch(locks, {f"lock_{index}": key for index, key in enumerate(keys)})
+            return await transaction.fetch(statement, values)
+
+    async def schedule_rows(self) -> builtins.list[ScheduleRow]:
+        query = select(job_schedules).order_by(*job_schedules.primary_key.columns)
+        async with self._operation("schedule_rows"):
+            rows = await self._executor.fetch("schedule_rows", self._once(query), {})
+        return [ScheduleRow(*row) for row in rows]
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        if not rows:
+            return
+        async with (
+            self._operation("add_schedules"),
+            self._executor.transaction("add_schedules") as transaction,
+        ):
+            for row in rows:
+                statement = (
+                    dialect_insert(self._is_postgres, job_schedules)
+                    .values(asdict(row))
+                    .on_conflict_do_nothing(index_elements=list(job_schedules.primary_key.columns))
+                )
+                await transaction.fetch(self._once(statement), {})
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        slots = job_schedules.c
+        key = and_(
+            slots.module_id == schedule.module_id,
+            slots.job == schedule.job,
+            slots.schedule == schedule.schedule,
+        )
+        # The conditional write that picks the one caller who starts this slot: on
+        # Postgres a second caller waits on the row, then finds the slot taken.
+        take = (
+            update(job_schedules)
+            .where(key, slots.last_slot_at < schedule.last_slot_at)
+            .values(
+                last_slot_at=schedule.last_slot_at,
+                last_run_id=row.id,
+                updated_at=schedule.updated_at,
+            )
+            .returning(slots.module_id)
+        )
+        values = self._start_values(row)
+        statements = self._statements
+        async with (
+            self._operation("start_slot"),
+            self._executor.transaction("start_slot") as transaction,
+        ):
+            if not await transaction.fetch(self._once(take), {}):
+                return None
+            # The run is inserted in the same transaction as the slot is taken: a
+            # crash between them loses both or neither.
+            for _ in range(_START_RETRIES):
+                if await transaction.fetch(statements.start, values):
+                    return row, True
+                found = await transaction.fetch(statements.live, values)
+                if found:
+                    live = RunRow(*found[0])
+                    point = update(job_schedules).where(key).values(last_run_id=live.id)
+                    await transaction.fetch(self._once(point), {})
+                    return live, False
+        raise StoreError("start_slot", RuntimeError("the key's live run kept changing; gave up"))
+
+    def _once(self, statement: ClauseElement) -> Any:
+        """An operator's one-off statement, values inline, compiled for this call."""
+        return self._compile(statement, with_values=True)
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         given = tuple(name for name in LIST_FILTERS if getattr(run_filter, name) is not None)
@@ -279,12 +405,28 @@ class SqlJobRunStore:
         row = found[0]
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
-    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
-        deleted = 0
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
+        if only_jobs is not None and not only_jobs:
+            return 0
         values: dict[str, Any] = {"ended_before": ended_before, "batch_size": batch_size}
         values |= {f"wanted_status_{index}": status for index, status in enumerate(statuses)}
         doomed, _, _ = prune_statements(len(statuses), 0)
-        select_batch = self._shapes.get(("prune", len(statuses)), doomed)
+        batch: Any = doomed()
+        job_key = tuple_(job_runs.c.module_id, job_runs.c.job)
+        if only_jobs is not None:
+            batch = batch.where(job_key.in_(sorted(only_jobs)))
+        if except_jobs:
+            batch = batch.where(job_key.not_in(sorted(except_jobs)))
+        select_batch = self._compile(batch, with_values=True)
+        deleted = 0
         while True:
             async with self._operation("prune"), self._executor.transaction("prune") as tx:
                 ids = [row[0] for row in await tx.fetch(select_batch, values)]
@@ -298,3 +440,84 @@ class SqlJobRunStore:
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+
+    @staticmethod
+    def _stranded(now_at: str) -> Any:
+        """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
+        runs = job_runs.c
+        return and_(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            runs.next_attempt_at < now_at,
+        )
+
+    def _selected(self, query: RunQuery) -> tuple[Any, ...]:
+        runs = job_runs.c
+        conditions: builtins.list[Any] = []
+        if query.module_id is not None:
+            conditions.append(runs.module_id == query.module_id)
+        if query.job is not None:
+            conditions.append(runs.job == query.job)
+        if query.instance_prefix:
+            # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+            prefix = query.instance_prefix
+            conditions.append(func.substr(runs.instance, 1, len(prefix)) == prefix)
+        if query.statuses:
+            conditions.append(runs.status.in_(query.statuses))
+        if query.started_since_at is not None:
+            conditions.append(runs.started_at >= query.started_since_at)
+        if query.stranded_at is not None:
+            conditions.append(self._stranded(query.stranded_at))
+        if query.before_id is not None:
+            conditions.append(runs.id < query.before_id)
+        return tuple(conditions)
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        # Newest first down the primary key, stopped by the limit: a page costs the
+        # same on the first and the thousandth page, however many runs are kept.
+        statement = (
+            select(job_runs)
+            .where(and_(True, *self._selected(query)))
+            .order_by(job_runs.c.id.desc())
+            .limit(query.limit)
+        )
+        async with self._operation("find"):
+            rows = await self._executor.fetch("find", self._once(statement), {})
+        return [RunRow(*row) for row in rows]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        # The LIMIT inside bounds the work: at most ``cap`` index entries are read.
+        capped = select(literal(1)).where(and_(True, *self._selected(query))).limit(cap)
+        statement = select(func.count()).select_from(capped.subquery())
+        async with self._operation("count"):
+            found = await self._executor.fetch("count", self._once(statement), {})
+        return int(found[0][0])
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        runs = job_runs.c
+        live = runs.status == RUNNING
+        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        failed = and_(runs.status == FAILED, runs.ended_at >= failed_since_at)
+        statement = (
+            select(
+                runs.module_id,
+                runs.job,
+                func.count().filter(live),
+                func.count().filter(waiting),
+                func.min(DUE_AT).filter(waiting),
+                func.count().filter(self._stranded(now_at)),
+                func.count().filter(failed),
+            )
+            # Status leads, as in health(): finished history is not scanned.
+            .where(runs.status.in_([RUNNING, FAILED]), live | failed)
+            .group_by(runs.module_id, runs.job)
+            .order_by(runs.module_id, runs.job)
+        )
+        async with self._operation("job_loads"):
+            rows = await self._executor.fetch("job_loads", self._once(statement), {})
+        return [
+            JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
+            for row in rows
+        ]
