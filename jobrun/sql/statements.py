@@ -323,23 +323,11 @@ def list_statement(filters: tuple[str, ...]) -> Any:
 
 
 def prune_statements(
-    statuses: int, ids: int
-) -> tuple[Callable[[], ClauseElement], Callable[[], ClauseElement], Callable[[], ClauseElement]]:
-    """Builders: the batch of finished runs to delete, then its ledgers, then the runs."""
-    status_params: list[Any] = [bindparam(f"wanted_status_{i}") for i in range(statuses)]
+    ids: int,
+) -> tuple[Callable[[], ClauseElement], Callable[[], ClauseElement]]:
+    """Builders for one prune batch of ``ids`` runs (``id_{i}``): its ledgers, then the
+    runs themselves (rechecked: never one that is running again)."""
     id_params: list[Any] = [bindparam(f"id_{i}") for i in range(ids)]
-
-    def doomed() -> ClauseElement:
-        return (
-            select(job_runs.c.id)
-            .where(
-                job_runs.c.status.in_(status_params),
-                job_runs.c.status != RUNNING,
-                job_runs.c.ended_at < bindparam("ended_before"),
-            )
-            .order_by(job_runs.c.id)
-            .limit(bindparam("batch_size", type_=job_runs.c.attempts.type))
-        )
 
     def ledgers() -> ClauseElement:
         return delete(job_steps).where(job_steps.c.run_id.in_(id_params))
@@ -347,4 +335,4 @@ def prune_statements(
     def done_runs() -> ClauseElement:
         return delete(job_runs).where(job_runs.c.id.in_(id_params), job_runs.c.status != RUNNING)
 
-    return doomed, ledgers, done_runs
+    return ledgers, done_runs

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, astuple
 from typing import Any
 
-from sqlalchemy import and_, func, literal, select, tuple_, update
+from sqlalchemy import and_, func, literal, not_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -75,6 +75,13 @@ def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
         digest_size=8,
     ).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _any_job(jobs: frozenset[tuple[str, str]]) -> Any:
+    """``(module_id, job)`` is one of ``jobs``, spelled without a tuple IN (whose
+    values the drivers would need SQLAlchemy to unpack)."""
+    runs = job_runs.c
+    return or_(*(and_(runs.module_id == module, runs.job == job) for module, job in sorted(jobs)))
 
 
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -416,22 +423,24 @@ class SqlJobRunStore:
     ) -> int:
         if only_jobs is not None and not only_jobs:
             return 0
-        values: dict[str, Any] = {"ended_before": ended_before, "batch_size": batch_size}
-        values |= {f"wanted_status_{index}": status for index, status in enumerate(statuses)}
-        doomed, _, _ = prune_statements(len(statuses), 0)
-        batch: Any = doomed()
-        job_key = tuple_(job_runs.c.module_id, job_runs.c.job)
+        runs = job_runs.c
+        batch: Any = (
+            select(runs.id)
+            .where(runs.status.in_(statuses), runs.status != RUNNING, runs.ended_at < ended_before)
+            .order_by(runs.id)
+            .limit(batch_size)
+        )
         if only_jobs is not None:
-            batch = batch.where(job_key.in_(sorted(only_jobs)))
+            batch = batch.where(_any_job(only_jobs))
         if except_jobs:
-            batch = batch.where(job_key.not_in(sorted(except_jobs)))
-        select_batch = self._compile(batch, with_values=True)
+            batch = batch.where(not_(_any_job(except_jobs)))
+        select_batch = self._once(batch)
         deleted = 0
         while True:
             async with self._operation("prune"), self._executor.transaction("prune") as tx:
-                ids = [row[0] for row in await tx.fetch(select_batch, values)]
+                ids = [row[0] for row in await tx.fetch(select_batch, {})]
                 if ids:
-                    _, ledgers, done_runs = prune_statements(len(statuses), len(ids))
+                    ledgers, done_runs = prune_statements(len(ids))
                     drop_ledgers = self._shapes.get(("prune-ledgers", len(ids)), ledgers)
                     drop_runs = self._shapes.get(("prune-runs", len(ids)), done_runs)
                     by_id = {f"id_{index}": run_id for index, run_id in enumerate(ids)}
