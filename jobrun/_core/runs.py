@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.clock import ClockLike
+from jobrun._core.dbclock import aligned_clock
+from jobrun._core.formats import format_instant
 from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
@@ -19,6 +21,7 @@ from jobrun._core.records import (
     priority_value,
     status_filter,
 )
+from jobrun._system import mint_run_id
 
 
 def new_run_row(
@@ -52,9 +55,17 @@ async def start_job_run(
     instance: str = DEFAULT_INSTANCE,
     payload: Any = None,
     priority: int = 0,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
 ) -> JobRun:
     """Start a run, or join the live run of the same key (its payload and priority win).
+
+    The key is ``(module_id, job, instance)``; ``instance`` (default
+    ``"default"``) tells apart runs of one job that may be live side by side,
+    such as one per customer. Returns the run's record: ``status`` is
+    ``"running"``, and its ``id`` is the one to keep, whether the run was new or
+    joined (compare ``started_at`` or the payload if you need to know which).
+    Nothing runs here: a driver (:func:`run_due_jobs`, :func:`run_worker`)
+    picks the run up, at once, since a new run is due immediately.
 
     Everything is checked before anything is written: the key parts, the
     priority, and the payload's queue-safety and size. The job need not be
@@ -72,7 +83,9 @@ async def start_job_run(
         instance=instance,
         payload_text=payload_text,
         priority=checked_priority,
-        at=format_instant(clock()),
+        # The database's time with the default clock: a fast local clock must not
+        # date the run into the future, where no driver would see it due.
+        at=format_instant((await aligned_clock(store, clock)).now()),
     )
     stored, _inserted = await store.start_or_join(row)
     return job_run_of(stored)
@@ -87,7 +100,14 @@ async def job_runs(
     status: str | None = None,
     limit: float | None = None,
 ) -> list[JobRun]:
-    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500]."""
+    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500].
+
+    This is an operator's read with a page cap, not an iterator. To wait for many
+    runs, keep the ids :func:`start_job_run` returned and read each with
+    :func:`get_job_run`, or ask whether any is left:
+    ``await job_runs(store, module_id=..., job=..., status="running", limit=1)``
+    returns an empty list once none of that job's runs is live.
+    """
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")

@@ -30,6 +30,7 @@ from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun.sql.executor import Compiler, Prepared
+from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import DUE_AT, LEASED_ONLY, LIVE_ONLY, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -188,14 +189,15 @@ class Statements:
         )
         now_at = bindparam("now_at", type_=Text)
         live = runs.status == RUNNING
-        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        # Due includes the stranded: a lease that expired is due since its expiry.
+        waiting = and_(live, now_at >= DUE_AT)
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         self.health = compile_(
             select(
                 func.count().filter(live),
                 func.count().filter(waiting),
-                func.count().filter(and_(live, runs.lease_owner.is_not(None))),
+                func.count().filter(and_(live, runs.lease_owner.is_not(None), now_at < DUE_AT)),
                 func.count().filter(runs.status == FAILED),
                 func.min(DUE_AT).filter(waiting),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
@@ -240,12 +242,9 @@ def limit_locks(count: int) -> Any:
     return select(*(func.pg_advisory_xact_lock(bindparam(f"lock_{i}")) for i in range(count)))
 
 
-def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int) -> Any:
-    """The claim for ``jobs`` (module_id, job) pairs (``module_{i}``, ``job_{i}``), their
-    expiries (``expires_{i}``, or ``expires_0`` for all), ``skipped`` ids (``skip_{i}``)
-    and ``limited`` jobs under a concurrency limit (``limited_*_{i}``, ``limited_most_{i}``)."""
+def _due_candidate(pairs: list[Any], skipped: int, limited: int) -> Any:
+    """The first due run in claim order, among the requested jobs under their limits."""
     runs = job_runs.c
-    pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     candidate = (
         select(runs.id)
         .where(
@@ -273,6 +272,64 @@ def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int) -> 
         candidate = candidate.where(
             runs.id.not_in([bindparam(f"skip_{i}") for i in range(skipped)])
         )
+    return candidate.scalar_subquery()
+
+
+def _dead(dead: int) -> list[Any]:
+    return [bindparam(f"dead_{i}") for i in range(dead)]
+
+
+def _orphan_candidate(pairs: list[Any], dead: int) -> Any:
+    """A run whose holder was proven dead (``dead_{i}``), due or not (see
+    ``jobrun._core.holders``). Taking it over adds no pass in flight, so per-job
+    limits do not apply."""
+    runs = job_runs.c
+    return (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            runs.lease_owner.in_(_dead(dead)),
+            # Unexpired (once expired it is simply due): the due index's range.
+            bindparam("now_at", type_=Text) < DUE_AT,
+            tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+        )
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+
+
+def _takeover_reason(dead: int) -> Any:
+    """``last_error`` after the claim: why the run was taken over, if its pass had begun."""
+    runs = job_runs.c
+    began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
+    reasons = [
+        (
+            began,
+            literal("the lease of driver ", Text)
+            + runs.lease_driver
+            + literal(" expired during a pass; the run was taken over", Text),
+        )
+    ]
+    if dead:
+        died = runs.lease_owner.in_(_dead(dead))
+        death = literal(" died during a pass; the run was taken over at once", Text)
+        reasons.insert(
+            0, (and_(began, died), literal("the driver ", Text) + runs.lease_driver + death)
+        )
+    return case(*reasons, else_=runs.last_error)
+
+
+def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int, dead: int) -> Any:
+    """The claim for ``jobs`` (module_id, job) pairs (``module_{i}``, ``job_{i}``), their
+    expiries (``expires_{i}``, or ``expires_0`` for all), ``skipped`` ids (``skip_{i}``),
+    ``limited`` jobs under a concurrency limit (``limited_*_{i}``, ``limited_most_{i}``)
+    and ``dead`` proven-dead lease owners (``dead_{i}``), whose runs come first."""
+    runs = job_runs.c
+    pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
+    chosen: Any = _due_candidate(pairs, skipped, limited)
+    if dead:
+        chosen = func.coalesce(_orphan_candidate(pairs, dead), chosen)
     expiry: Any = bindparam("expires_0")
     if not one_expiry:
         expiry = case(
@@ -281,12 +338,13 @@ def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int) -> 
                 for i, (module, job) in enumerate(pairs)
             ),
         )
-    # The previous lease is still on the row only when it expired: a takeover.
+    # The previous lease is still on the row only when it expired or its holder
+    # died: a takeover.
     taken_over = runs.lease_owner.is_not(None)
     began = and_(taken_over, runs.lease_began_at.is_not(None))
     return (
         update(job_runs)
-        .where(runs.id == candidate.scalar_subquery())
+        .where(runs.id == chosen)
         .values(
             lease_owner=bindparam("token"),
             lease_driver=bindparam("driver"),
@@ -294,18 +352,36 @@ def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int) -> 
             next_attempt_at=expiry,
             lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
             attempts=runs.attempts + case((began, 1), else_=0),
-            last_error=case(
-                (
-                    began,
-                    literal("the lease of driver ", Text)
-                    + runs.lease_driver
-                    + literal(" expired during a pass; the run was taken over", Text),
-                ),
-                else_=runs.last_error,
-            ),
+            last_error=_takeover_reason(dead),
         )
         .returning(*job_runs.c)
     )
+
+
+def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
+    """Runs held under an unexpired lease at ``now_at``, of ``jobs`` pairs (``module_{i}``,
+    ``job_{i}``; ``None``: every job), with whether each holder's presence is held
+    (Postgres, see ``jobrun.sql.presence``; NULL elsewhere)."""
+    runs = job_runs.c
+    held = presence_held() if with_presence else literal(None)
+    query = select(
+        runs.id,
+        runs.module_id,
+        runs.job,
+        runs.lease_owner,
+        runs.lease_driver,
+        runs.lease_began_at,
+        held,
+    ).where(
+        runs.status == RUNNING,
+        runs.lease_owner.is_not(None),
+        # Not expired: a held lease's expiry is its due instant (the index's range).
+        bindparam("now_at", type_=Text) < DUE_AT,
+    )
+    if jobs is not None:
+        pairs = [tuple_(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
+        query = query.where(tuple_(runs.module_id, runs.job).in_(pairs))
+    return query
 
 
 LIST_FILTERS = ("module_id", "job", "instance", "status")
@@ -322,17 +398,7 @@ def list_statement(filters: tuple[str, ...]) -> Any:
     )
 
 
-def prune_statements(
-    ids: int,
-) -> tuple[Callable[[], ClauseElement], Callable[[], ClauseElement]]:
-    """Builders for one prune batch of ``ids`` runs (``id_{i}``): its ledgers, then the
-    runs themselves (rechecked: never one that is running again)."""
+def prune_ledgers(ids: int) -> Any:
+    """One prune batch's ledgers: the runs ``id_{i}`` just deleted."""
     id_params: list[Any] = [bindparam(f"id_{i}") for i in range(ids)]
-
-    def ledgers() -> ClauseElement:
-        return delete(job_steps).where(job_steps.c.run_id.in_(id_params))
-
-    def done_runs() -> ClauseElement:
-        return delete(job_runs).where(job_runs.c.id.in_(id_params), job_runs.c.status != RUNNING)
-
-    return ledgers, done_runs
+    return delete(job_steps).where(job_steps.c.run_id.in_(id_params))

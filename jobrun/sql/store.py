@@ -10,12 +10,14 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, astuple
+from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, func, literal, not_, or_, select, update
+from sqlalchemy import and_, delete, func, literal, not_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -28,14 +30,17 @@ from jobrun._core.port import (
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     RunFilter,
     RunPatch,
     RunRow,
     ScheduleRow,
     StepRow,
 )
+from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
+from jobrun.sql.presence import Presence
 from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs, job_schedules
 from jobrun.sql.sqlite_setup import configure_sqlite
 from jobrun.sql.statements import (
@@ -48,9 +53,10 @@ from jobrun.sql.statements import (
     Statements,
     claim_statement,
     dialect_insert,
+    held_leases_statement,
     limit_locks,
     list_statement,
-    prune_statements,
+    prune_ledgers,
 )
 from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
@@ -58,6 +64,10 @@ __all__ = ["SqlJobRunStore", "limit_lock_key", "notify_payload"]
 
 _START_RETRIES = 10
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
+# How often the skew between this host's clock and Postgres's is measured again.
+CLOCK_CHECK_INTERVAL_S = 60.0
+# How often the skew between this host's clock and Postgres's is measured again.
+CLOCK_CHECK_INTERVAL_S = 60.0
 
 
 def notify_payload(row: RunRow) -> str:
@@ -144,13 +154,19 @@ class SqlJobRunStore:
         self._statements = Statements(compile_, self._is_postgres)
         self._shapes = Shapes(compile_)
         self._schema_checked = False
+        # Postgres: the host's own engine, whose dispose is what lets go of the presence.
+        self._presence = Presence(self._host_engine) if self._is_postgres else None
+        # (measured at, database clock minus system clock in seconds)
+        self._clock_offset: tuple[float, float] | None = None
 
     @property
     def engine(self) -> AsyncEngine:
+        """The engine this store was made with (the host owns and disposes of it)."""
         return self._host_engine
 
     @property
     def schema(self) -> str | None:
+        """The Postgres schema holding jobrun's tables, or ``None`` for the default."""
         return self._schema
 
     @property
@@ -230,7 +246,8 @@ class SqlJobRunStore:
         limited = sorted(
             (key, most) for key, most in request.max_concurrent.items() if key in request.expires_at
         )
-        shape = (len(jobs), one_expiry, len(skipped), len(limited))
+        dead = sorted(request.dead_owners)
+        shape = (len(jobs), one_expiry, len(skipped), len(limited), len(dead))
         statement = self._shapes.get(("claim", *shape), lambda: claim_statement(*shape))
         values: dict[str, Any] = {
             "now_at": request.now_at,
@@ -241,6 +258,7 @@ class SqlJobRunStore:
             values |= {f"module_{index}": module_id, f"job_{index}": job}
             values[f"expires_{index}"] = expires_at
         values |= {f"skip_{index}": run_id for index, run_id in enumerate(skipped)}
+        values |= {f"dead_{index}": owner for index, owner in enumerate(dead)}
         for index, ((module_id, job), most) in enumerate(limited):
             values |= {f"limited_module_{index}": module_id, f"limited_job_{index}": job}
             values[f"limited_most_{index}"] = most
@@ -333,6 +351,51 @@ class SqlJobRunStore:
         """An operator's one-off statement, values inline, compiled for this call."""
         return self._compile(statement, with_values=True)
 
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> builtins.list[HeldLease]:
+        values: dict[str, Any] = {"now_at": now_at}
+        if jobs is not None:
+            if not jobs:
+                return []
+            for index, (module_id, job) in enumerate(sorted(jobs)):
+                values |= {f"module_{index}": module_id, f"job_{index}": job}
+        shape = (None if jobs is None else len(jobs), self._presence is not None)
+        statement = self._shapes.get(("held", *shape), lambda: held_leases_statement(*shape))
+        async with self._operation("held_leases"):
+            rows = await self._executor.fetch("held_leases", statement, values)
+        return [HeldLease(*row) for row in rows]
+
+    async def presence(self) -> int | None:
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.key()
+
+    async def presence_connection(self) -> Any:
+        """Postgres (asyncpg): the presence's own connection, which ``jobrun.worker``
+        also LISTENs on; ``None`` elsewhere."""
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.connection()
+
+    async def clock_offset_s(self) -> float:
+        if not self._is_postgres:
+            return 0.0
+        cached = self._clock_offset
+        if cached is not None and time.monotonic() - cached[0] < CLOCK_CHECK_INTERVAL_S:
+            return cached[1]
+        statement = self._shapes.get(("clock",), lambda: select(func.clock_timestamp()))
+        async with self._operation("clock_offset"):
+            sent = system_clock().timestamp()
+            found = await self._executor.fetch("clock_offset", statement, {})
+            received = system_clock().timestamp()
+        # The database read its clock about halfway through the round trip.
+        offset = float(found[0][0].timestamp()) - (sent + received) / 2
+        self._clock_offset = (time.monotonic(), offset)
+        return offset
+
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         given = tuple(name for name in LIST_FILTERS if getattr(run_filter, name) is not None)
         statement = self._shapes.get(("list", given), lambda: list_statement(given))
@@ -424,28 +487,31 @@ class SqlJobRunStore:
         if only_jobs is not None and not only_jobs:
             return 0
         runs = job_runs.c
-        batch: Any = (
+        doomed: Any = (
             select(runs.id)
             .where(runs.status.in_(statuses), runs.status != RUNNING, runs.ended_at < ended_before)
             .order_by(runs.id)
             .limit(batch_size)
         )
         if only_jobs is not None:
-            batch = batch.where(_any_job(only_jobs))
+            doomed = doomed.where(_any_job(only_jobs))
         if except_jobs:
-            batch = batch.where(not_(_any_job(except_jobs)))
-        select_batch = self._once(batch)
+            doomed = doomed.where(not_(_any_job(except_jobs)))
+        # The runs first, each re-checked as it is deleted (a run resumed since the
+        # batch was chosen is running again and stays), then the ledgers of exactly
+        # the runs deleted: a resume can never keep its row and lose its ledger.
+        delete_runs = self._once(
+            delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
+        )
         deleted = 0
         while True:
             async with self._operation("prune"), self._executor.transaction("prune") as tx:
-                ids = [row[0] for row in await tx.fetch(select_batch, {})]
+                ids = [row[0] for row in await tx.fetch(delete_runs, {})]
                 if ids:
-                    ledgers, done_runs = prune_statements(len(ids))
-                    drop_ledgers = self._shapes.get(("prune-ledgers", len(ids)), ledgers)
-                    drop_runs = self._shapes.get(("prune-runs", len(ids)), done_runs)
-                    by_id = {f"id_{index}": run_id for index, run_id in enumerate(ids)}
-                    await tx.fetch(drop_ledgers, by_id)
-                    await tx.fetch(drop_runs, by_id)
+                    count = len(ids)
+                    build = partial(prune_ledgers, count)
+                    ledgers = self._shapes.get(("prune-ledgers", count), build)
+                    await tx.fetch(ledgers, {f"id_{index}": id_ for index, id_ in enumerate(ids)})
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
