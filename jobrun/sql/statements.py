@@ -21,6 +21,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    null,
     or_,
     select,
     tuple_,
@@ -363,7 +364,7 @@ def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
     ``job_{i}``; ``None``: every job), with whether each holder's presence is held
     (Postgres, see ``jobrun.sql.presence``; NULL elsewhere)."""
     runs = job_runs.c
-    held = presence_held() if with_presence else literal(None)
+    held = presence_held() if with_presence else null()
     query = select(
         runs.id,
         runs.module_id,
