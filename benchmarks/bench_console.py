@@ -58,7 +58,7 @@ def _fill_select(i: str, ms: str, started_at: str, pad: str) -> str:
     return f"""
 SELECT {_ulid_time(ms)} || {pad}, 'shop', 'job-' || ({i} % 20),
        'tenant-' || ({i} % 1000) || '/' || {i}, '{{}}',
-       CASE WHEN {i} > :count - 50 THEN 'running' WHEN {i} % 100 = 0 THEN 'failed'
+       CASE WHEN {i} > :count - 50 THEN 'running' WHEN ({i} / 20) % 100 = 0 THEN 'failed'
             ELSE 'done' END,
        NULL, '{{}}', 0, NULL, {started_at}, {started_at},
        CASE WHEN {i} > :count - 10 THEN {started_at} END,

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from jobrun._core.browse import JobLoad, RunQuery
+from jobrun._core.formats import first_id_at
 from tests.support import hand_made_row, put_rows
 
 NOW = "2026-01-01T12:00:00.000Z"
@@ -31,12 +32,20 @@ async def test_find_is_newest_first_and_pages_by_keyset(store: Any, engine: Any)
 
 
 async def test_find_filters_by_every_field(store: Any, engine: Any) -> None:
+    # Run 2 has a real id, minted as it started; the others' ids predate every ULID.
+    second = first_id_at("2026-01-01T10:00:00.000Z")[:-1] + "2"
     await put_rows(
         store,
         engine,
         [
             _row(1, instance="Shop-1", status="failed"),
-            _row(2, instance="shop-10", status="done", started_at="2026-01-01T10:00:00.000Z"),
+            _row(
+                2,
+                id=second,
+                instance="shop-10",
+                status="done",
+                started_at="2026-01-01T10:00:00.000Z",
+            ),
             _row(3, instance="shop%", status="running"),
             _row(4, instance="shop-2", job="other"),
             _row(5, instance="x", module_id="crm"),
@@ -45,10 +54,12 @@ async def test_find_filters_by_every_field(store: Any, engine: Any) -> None:
     assert await _ids(store, module_id="crm") == [f"{5:026d}"]
     assert await _ids(store, module_id="shop", job="other") == [f"{4:026d}"]
     # A prefix is exact: case counts, and % is an ordinary character.
-    assert await _ids(store, instance_prefix="shop-1") == [f"{2:026d}"]
+    assert await _ids(store, instance_prefix="shop-1") == [second]
     assert await _ids(store, instance_prefix="shop%") == [f"{3:026d}"]
-    assert await _ids(store, statuses=("failed", "done")) == [f"{2:026d}", f"{1:026d}"]
-    assert await _ids(store, started_since_at="2026-01-01T00:00:00.000Z") == [f"{2:026d}"]
+    assert await _ids(store, statuses=("failed", "done")) == [second, f"{1:026d}"]
+    assert await _ids(store, started_since_at="2026-01-01T00:00:00.000Z") == [second]
+    # Started since is also "minted since": a run's id is the instant it started.
+    assert await _ids(store, started_since_at="2026-01-01T10:00:00.001Z") == []
 
 
 async def test_stranded_means_leased_with_an_expired_lease(store: Any, engine: Any) -> None:
