@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.formats import first_id_at
-from tests.support import hand_made_row, put_rows
+from jobrun._core.formats import first_id_at, format_instant
+from tests.support import SQL_BACKENDS, hand_made_row, put_rows
+from tests.test_migration_0002 import _plan
 
 NOW = "2026-01-01T12:00:00.000Z"
 
@@ -121,3 +125,75 @@ def test_a_query_refuses_what_it_cannot_mean() -> None:
         RunQuery(statuses=("stranded",))
     with pytest.raises(ValueError, match="limit"):
         RunQuery(limit=0)
+
+
+async def _plans(engine: Any, read: Any) -> list[str]:
+    """The plan of each statement ``read`` sends (Postgres: with sequential scans off, so
+    a few thousand rows still show which index fits)."""
+    sent: list[tuple[str, Any]] = []
+
+    def keep(_c: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", keep)
+    try:
+        await read()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", keep)
+    plans = []
+    async with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            await connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        for statement, parameters in sent:
+            if "_substrat_job_runs" in statement and "alembic" not in statement:
+                plans.append(await _plan(connection, statement, parameters))
+    return plans
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
+async def test_pages_and_counts_seek_an_index_in_id_order(store: Any, engine: Any) -> None:
+    """A job's page, its counts per status and "started since" read id-ordered index
+    ranges: no full scan, no sort of the matching rows (the merge sorts a page's few)."""
+    base_ms = 1_790_000_000_000
+    rows = [
+        _row(
+            index,
+            id=first_id_at(format_instant(datetime.fromtimestamp((base_ms + index) / 1000, UTC)))[
+                :-6
+            ]
+            + f"{index:06d}",
+            job=f"job-{index % 4}",
+            instance=f"i{index}",
+            status=("done", "failed", "running")[min(index % 50, 2)],
+        )
+        for index in range(1, 4001)
+    ]
+    await put_rows(store, engine, rows)
+    if engine.dialect.name == "postgresql":
+        async with engine.begin() as connection:
+            await connection.exec_driver_sql("ANALYZE _substrat_job_runs")
+    job = {"module_id": "shop", "job": "job-1"}
+    since = "2026-09-21T14:13:22.000Z"
+    page = await _plans(engine, lambda: store.find(RunQuery(**job, limit=51)))
+    counts = await _plans(engine, lambda: store.count(RunQuery(**job, statuses=("done",)), 100))
+    recent = await _plans(
+        engine, lambda: store.count(RunQuery(statuses=("failed",), started_since_at=since), 100)
+    )
+    assert len(page) == len(counts) == len(recent) == 1
+    # The last 2 s of the 4 hold 40 failed runs (index % 50 == 1, index >= 2000).
+    assert await store.count(RunQuery(statuses=("failed",), started_since_at=since), 100) == 40
+    if engine.dialect.name == "sqlite":
+        arm = "USING INDEX _substrat_job_runs_job_status (module_id=? AND job=? AND status=?)"
+        assert page[0].count(arm) == 3, page[0]
+        assert "SCAN _substrat_job_runs" not in page[0], page[0]
+        assert (
+            "COVERING INDEX _substrat_job_runs_job_status (module_id=? AND job=? AND status=?)"
+            in counts[0]
+        )
+        assert "_substrat_job_runs_status (status=? AND id>?)" in recent[0], recent[0]
+    else:
+        assert page[0].count("Index Scan Backward using _substrat_job_runs_job_status") == 3
+        assert "Merge Append" in page[0], page[0]
+        assert not re.search(r"(^|->\s+)Sort\s+\(", page[0], re.MULTILINE), page[0]
+        assert "_substrat_job_runs_job_status" in counts[0], counts[0]
+        assert re.search(r"Index Cond: .*status = 'failed'.*id >= ", recent[0]), recent[0]
