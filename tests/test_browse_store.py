@@ -154,14 +154,16 @@ async def _plans(engine: Any, read: Any) -> list[str]:
 async def test_pages_and_counts_seek_an_index_in_id_order(store: Any, engine: Any) -> None:
     """A job's page, its counts per status and "started since" read id-ordered index
     ranges: no full scan, no sort of the matching rows (the merge sorts a page's few)."""
-    base_ms = 1_790_000_000_000
+    # Runs 1 ms apart from 2026-09-21T14:13:20Z, ids minted as they started.
+    started = [
+        format_instant(datetime.fromtimestamp((1_790_000_000_000 + index) / 1000, UTC))
+        for index in range(4001)
+    ]
     rows = [
         _row(
             index,
-            id=first_id_at(format_instant(datetime.fromtimestamp((base_ms + index) / 1000, UTC)))[
-                :-6
-            ]
-            + f"{index:06d}",
+            id=first_id_at(started[index])[:-6] + f"{index:06d}",
+            started_at=started[index],
             job=f"job-{index % 4}",
             instance=f"i{index}",
             status=("done", "failed", "running")[min(index % 50, 2)],
