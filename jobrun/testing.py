@@ -47,6 +47,7 @@ class FakeClock:
         return self._now
 
     def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
+        """Move the clock forward (never back) and return the new time."""
         if seconds < 0 or milliseconds < 0:
             raise ValueError("a FakeClock only moves forward")
         self._now += timedelta(seconds=seconds, milliseconds=milliseconds)
@@ -54,8 +55,14 @@ class FakeClock:
 
 
 class MemoryJobRunStore:
-    """The store port in a dict. Every operation completes without yielding, so
-    each is atomic with respect to other tasks on the loop."""
+    """The store port in a dict, for tests: pass it wherever a store is asked for.
+
+    It keeps the same contract as ``SqlJobRunStore`` (one live run per key,
+    fenced writes, the ledger dropped with the pass commit). Every operation
+    completes without yielding, so each is atomic with respect to other tasks on
+    the loop. ``default_scope`` is what ``await p.scope()`` returns in passes
+    driven without an ``open_scope``.
+    """
 
     def __init__(self, limits: StoreLimits | None = None, default_scope: object = None) -> None:
         self._limits = limits or StoreLimits()

@@ -143,6 +143,11 @@ async def run_due_jobs(
 ) -> JobDriveReport:
     """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
 
+    This is the bounded driver: it returns when nothing registered is due or the
+    bounds are reached, so the host calls it again, from a loop, a timer or a
+    scheduler tick (:func:`run_worker` is such a loop). A run that is backing off
+    after a failure is not due until its ``next_attempt_at``.
+
     Runs are leased one at a time, in the order they became due, so any number of
     drivers may share a database: each run is driven by one of them at a time.
     A run's failure is recorded on the run and reported, never raised; only the

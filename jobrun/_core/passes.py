@@ -66,11 +66,24 @@ class _Keep:
 
 
 KEEP_CURSOR: Final = _Keep()
+"""The default cursor of :class:`PassResult`: commit the cursor the pass started with.
+
+A pass that returns ``PassResult(done=False)`` without a cursor is therefore
+called again with the same cursor (useful while polling for something). To
+store JSON ``null`` as the cursor, pass ``cursor=None`` explicitly.
+"""
 
 
 @dataclass(frozen=True, slots=True)
 class PassResult:
-    """What a handler hands back. Leave ``cursor`` out to keep the committed one."""
+    """What a handler hands back at the end of a pass.
+
+    ``cursor`` is where the next pass starts (any queue-safe JSON value: numbers,
+    strings, lists, dicts, ``None``); leave it out to keep the committed one.
+    ``done=True`` ends the run as ``done``. The cursor and the pass's counters
+    are committed together, in one transaction, and the step ledger is dropped
+    with them. A mapping ``{"cursor": ..., "done": ...}`` is accepted too.
+    """
 
     cursor: Any = KEEP_CURSOR
     done: bool = False

@@ -145,6 +145,14 @@ class RunKey:
 class JobRun:
     """The operator's record of a run, decoded tolerantly.
 
+    ``status`` is ``running``, ``done`` or ``failed`` (see :class:`JobRunStatus`).
+    ``payload`` is what the run was started with; ``cursor`` and ``counters``
+    are as of the last committed pass; ``attempts`` counts consecutive failed
+    passes and ``last_error`` holds the latest failure (``Type: message``).
+    ``next_attempt_at`` is when a backing-off run is due again, or, while a
+    driver holds the run, its lease's expiry (also in ``lease_expires_at``, with
+    the holder in ``lease_driver``). Times are aware UTC datetimes.
+
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
     the first such column (payload, then cursor, then counters).
@@ -200,6 +208,11 @@ class JobRunHealth:
 
 @dataclass(slots=True)
 class DriveError:
+    """One failed pass in a :class:`JobDriveReport`: the run and its error text.
+
+    ``error`` is the text stored as the run's ``last_error`` (``Type: message``).
+    """
+
     run_id: str
     error: str
 
@@ -242,7 +255,8 @@ def job_run_of(row: RunRow) -> JobRun:
             return None
         try:
             return parse_instant(text)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
+            # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
             problems.append(f"{column} is not a timestamp: {text!r}")
             return None
 

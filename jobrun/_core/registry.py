@@ -48,7 +48,20 @@ def _check_keep_for(value: object) -> timedelta | None:
 
 
 class JobRegistry:
-    """Which handler runs which job. The pair is the key: ``("a/b", "c") != ("a", "b/c")``."""
+    """Which handler runs which job, keyed by ``(module_id, name)``.
+
+    A handler takes a :class:`JobPass` and returns a :class:`PassResult`; it may
+    be a plain function or a coroutine function::
+
+        registry = jobrun.JobRegistry()
+
+        @registry.job("shop", "reindex", retry=jobrun.RetryPolicy(max_attempts=5))
+        async def reindex(p: jobrun.JobPass) -> jobrun.PassResult:
+            ...
+
+    Drivers only claim runs of the jobs their registry holds. The pair is the
+    key: ``("a/b", "c") != ("a", "b/c")``.
+    """
 
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, str], RegisteredJob] = {}
@@ -167,6 +180,7 @@ class JobRegistry:
         return list(self._schedules.values())
 
     def get(self, module_id: str, name: str) -> RegisteredJob | None:
+        """The registration of a job (handler, retry, lease), or ``None`` if unknown."""
         return self._jobs.get((module_id, name))
 
     def __contains__(self, key: object) -> bool:

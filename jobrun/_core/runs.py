@@ -56,6 +56,14 @@ async def start_job_run(
 ) -> JobRun:
     """Start a run, or join the live run of the same key (its payload and priority win).
 
+    The key is ``(module_id, job, instance)``; ``instance`` (default
+    ``"default"``) tells apart runs of one job that may be live side by side,
+    such as one per customer. Returns the run's record: ``status`` is
+    ``"running"``, and its ``id`` is the one to keep, whether the run was new or
+    joined (compare ``started_at`` or the payload if you need to know which).
+    Nothing runs here: a driver (:func:`run_due_jobs`, :func:`run_worker`)
+    picks the run up, at once, since a new run is due immediately.
+
     Everything is checked before anything is written: the key parts, the
     priority, and the payload's queue-safety and size. The job need not be
     registered here; a run of a job no driver knows waits until one does.
@@ -87,7 +95,14 @@ async def job_runs(
     status: str | None = None,
     limit: float | None = None,
 ) -> list[JobRun]:
-    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500]."""
+    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500].
+
+    This is an operator's read with a page cap, not an iterator. To wait for many
+    runs, keep the ids :func:`start_job_run` returned and read each with
+    :func:`get_job_run`, or ask whether any is left:
+    ``await job_runs(store, module_id=..., job=..., status="running", limit=1)``
+    returns an empty list once none of that job's runs is live.
+    """
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")

@@ -329,10 +329,12 @@ class SqlJobRunStore:
 
     @property
     def engine(self) -> AsyncEngine:
+        """The engine this store was made with (the host owns and disposes of it)."""
         return self._host_engine
 
     @property
     def schema(self) -> str | None:
+        """The Postgres schema holding jobrun's tables, or ``None`` for the default."""
         return self._schema
 
     @property
