@@ -1,10 +1,17 @@
-"""Test doubles for code that uses jobrun: a fake clock and an in-memory store.
+"""A testing kit for code that uses jobrun: a fake clock, stores, drive-until-idle, crashes.
 
     clock = FakeClock()
     store = MemoryJobRunStore()
     await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     await jobrun.run_due_jobs(store, registry, clock=clock)
     clock.advance(seconds=5)
+
+    report = await drive_until_idle(store, registry, clock=clock, crash=crash_after_step(2))
+    assert report.passes[-1].memo_hits() == ["fetch", "save"]
+
+``FakeClock`` drives the engine's waits too (lease renewal, the pass budget);
+``FakeClock(autojump=True)`` jumps to the next deadline whenever every task waits.
+The fixtures of ``jobrun.pytest_plugin`` wrap these for pytest.
 
 The memory store keeps the same contract as ``SqlJobRunStore`` (one live run per
 key, atomic pass commits), so a handler tested against it behaves the same on a
@@ -16,13 +23,13 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
 from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     JobRunStatus,
     RunFilter,
     RunPatch,
@@ -30,28 +37,24 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._testing.clock import FakeClock
+from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash, crash_after_step
+from jobrun._testing.idle import IdleReport, PassRecord, drive_until_idle
+from jobrun._testing.stores import sqlite_store
 from jobrun.errors import JobConflictError
 
-__all__ = ["FakeClock", "MemoryJobRunStore"]
-
-
-class FakeClock:
-    """A clock that moves only when told to; call it to read the time."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
-        if self._now.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start")
-
-    def __call__(self) -> datetime:
-        return self._now
-
-    def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
-        """Move the clock forward (never back) and return the new time."""
-        if seconds < 0 or milliseconds < 0:
-            raise ValueError("a FakeClock only moves forward")
-        self._now += timedelta(seconds=seconds, milliseconds=milliseconds)
-        return self._now
+__all__ = [
+    "CrashAfter",
+    "CrashingStore",
+    "FakeClock",
+    "IdleReport",
+    "MemoryJobRunStore",
+    "PassRecord",
+    "SimulatedCrash",
+    "crash_after_step",
+    "drive_until_idle",
+    "sqlite_store",
+]
 
 
 class MemoryJobRunStore:
@@ -102,13 +105,22 @@ class MemoryJobRunStore:
             for job, most in request.max_concurrent.items()
             if self._in_flight(job, request.now_at) >= most
         }
-        candidates = sorted(
+        wanted = [
+            row
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING and (row.module_id, row.job) in request.expires_at
+        ]
+        # Taking over a dead holder's run adds no pass in flight: limits do not apply.
+        orphans = [
+            row
+            for row in wanted
+            if row.lease_owner in request.dead_owners and due_at(row) > request.now_at
+        ]
+        candidates = orphans or sorted(
             (
                 row
-                for row in self.runs.values()
-                if row.status == JobRunStatus.RUNNING
-                and due_at(row) <= request.now_at
-                and (row.module_id, row.job) in request.expires_at
+                for row in wanted
+                if due_at(row) <= request.now_at
                 and (row.module_id, row.job) not in full
                 and row.id not in request.skip_ids
             ),
@@ -119,6 +131,7 @@ class MemoryJobRunStore:
         row = candidates[0]
         taken_over = row.lease_owner is not None
         began = taken_over and row.lease_began_at is not None
+        died = row.lease_owner in request.dead_owners
         claimed = replace(
             row,
             lease_owner=request.token,
@@ -128,8 +141,13 @@ class MemoryJobRunStore:
             lease_takeovers=row.lease_takeovers + (1 if taken_over else 0),
             attempts=row.attempts + (1 if began else 0),
             last_error=(
-                f"the lease of driver {row.lease_driver} expired during a pass; "
-                "the run was taken over"
+                (
+                    f"the driver {row.lease_driver} died during a pass; "
+                    "the run was taken over at once"
+                    if died
+                    else f"the lease of driver {row.lease_driver} expired during a pass; "
+                    "the run was taken over"
+                )
                 if began
                 else row.last_error
             ),
@@ -164,6 +182,31 @@ class MemoryJobRunStore:
         run, inserted = await self.start_or_join(row)
         self.schedules[key] = replace(schedule, last_run_id=run.id)
         return run, inserted
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        return [
+            HeldLease(
+                row.id,
+                row.module_id,
+                row.job,
+                row.lease_owner,
+                row.lease_driver,
+                row.lease_began_at,
+            )
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING
+            and row.lease_owner is not None
+            and (row.next_attempt_at or row.started_at) > now_at
+            and (jobs is None or (row.module_id, row.job) in jobs)
+        ]
+
+    async def presence(self) -> int | None:
+        return None
+
+    async def clock_offset_s(self) -> float:
+        return 0.0
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         wanted = {
@@ -276,12 +319,16 @@ class MemoryJobRunStore:
         waiting = [
             row.next_attempt_at or row.started_at
             for row in live
-            if row.lease_owner is None and (row.next_attempt_at or row.started_at) <= now_at
+            if (row.next_attempt_at or row.started_at) <= now_at
         ]
         return HealthCounts(
             running=len(live),
             due=len(waiting),
-            leased=sum(1 for row in live if row.lease_owner is not None),
+            leased=sum(
+                1
+                for row in live
+                if row.lease_owner is not None and (row.next_attempt_at or row.started_at) > now_at
+            ),
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
         )

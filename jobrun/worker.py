@@ -8,7 +8,8 @@ When a database has nothing due, one of its drivers polls (one claim query)
 after a delay that doubles from 50 ms up to ``interval_s``, while the others
 wait to be woken: an idle database costs one claim query per interval. A
 driver that starts a pass wakes one idle sibling, so work spreads out as it
-appears. On Postgres a listener connection waits on ``LISTEN jobrun_started``
+appears. On Postgres the store's presence connection (its own, not one of the pool's;
+see ``jobrun.sql.presence``) also waits on ``LISTEN jobrun_started``
 (``start_job_run`` notifies it) and wakes the database's drivers at once.
 
 Per database, one more task starts the runs of due schedule slots (see
@@ -28,18 +29,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core.actions import job_run_health
+from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.drive import JOB_DRIVE_LIMIT, run_due_jobs
-from jobrun._core.lease import default_driver_name
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -52,6 +52,7 @@ from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun._system import default_driver_name, resolve_clock
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 
@@ -75,8 +76,11 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(self, engine: AsyncEngine, label: str, schema: str | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, label: str, clock: Clock, schema: str | None = None
+    ) -> None:
         self.engine = engine
+        self.clock = clock
         self.label = label if schema is None else f"{label} schema {schema}"
         self.store = SqlJobRunStore(engine, schema=schema)
         # One tenant's starts wake only that tenant's drivers.
@@ -110,7 +114,7 @@ class _Database:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle.append(waiter)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self.clock.timeout(timeout_s):
                 await waiter
         except TimeoutError:
             pass
@@ -146,6 +150,7 @@ class _Worker:
         on_health: HealthCallback | None,
         stop: asyncio.Event,
         driver_name: str,
+        clock: Clock,
         prune_after: timedelta | None,
     ) -> None:
         self.databases = databases
@@ -160,6 +165,7 @@ class _Worker:
         self.on_health = on_health
         self.stop = stop
         self.driver_name = driver_name
+        self.clock = clock
         self.prune_after = prune_after
         self.slots = asyncio.Semaphore(concurrency)
 
@@ -186,7 +192,7 @@ class _Worker:
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
+            async with self.clock.timeout(seconds):
                 await self.stop.wait()
 
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
@@ -207,6 +213,7 @@ class _Worker:
                         driver_name=driver,
                         stop=self.stop,
                         observer=observer,
+                        clock=self.clock,
                     )
             except Exception as error:
                 log.warning(
@@ -252,7 +259,7 @@ class _Worker:
         schedules = self.registry.schedules()
         while not self.stop.is_set():
             try:
-                if await start_scheduled_runs(database.store, self.registry):
+                if await start_scheduled_runs(database.store, self.registry, clock=self.clock):
                     database.wake_all()
             except Exception as error:
                 log.warning(
@@ -264,7 +271,7 @@ class _Worker:
                 )
                 await self._sleep(self.interval_s)
                 continue
-            now = datetime.now(UTC)
+            now = self.clock.now()
             upcoming = min(schedule.next_slot(now) for schedule in schedules)
             await self._sleep(min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds()))
 
@@ -320,26 +327,32 @@ class _Worker:
             if self._wanted(payload):
                 database.wake_all()
 
-        async with database.engine.connect() as connection:
-            raw = (await connection.get_raw_connection()).driver_connection
-            assert raw is not None
-            raw.add_termination_listener(lambda _connection: lost.set())
-            await raw.add_listener(database.channel, notified)
-            log.debug("listening for new runs on %s", database.label)
-            # Anything started before the LISTEN took effect: look now.
-            database.wake_all()
-            stopping = asyncio.ensure_future(self.stop.wait())
-            losing = asyncio.ensure_future(lost.wait())
-            try:
-                await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                losing.cancel()
-            if lost.is_set():
-                log.warning("lost the listening connection to %s", database.label)
-                return
-            with contextlib.suppress(Exception):
-                await raw.remove_listener(database.channel, notified)
+        # The store's presence connection (see ``jobrun.sql.presence``): a connection
+        # of its own, never one of the host's pool, which a small pool could not spare.
+        raw = await database.store.presence_connection()
+        assert raw is not None
+
+        def on_lost(_connection: Any) -> None:
+            lost.set()
+
+        raw.add_termination_listener(on_lost)
+        await raw.add_listener(database.channel, notified)
+        log.debug("listening for new runs on %s", database.label)
+        # Anything started before the LISTEN took effect: look now.
+        database.wake_all()
+        stopping = asyncio.ensure_future(self.stop.wait())
+        losing = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            losing.cancel()
+            raw.remove_termination_listener(on_lost)
+        if lost.is_set():
+            log.warning("lost the listening connection to %s", database.label)
+            return
+        with contextlib.suppress(Exception):
+            await raw.remove_listener(database.channel, notified)
 
 
 def _listens(engine: AsyncEngine) -> bool:
@@ -376,6 +389,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     driver_name: str | None = None,
+    clock: ClockLike | None = None,
     prune_after: timedelta | None = None,
     schema: str | None = None,
 ) -> None:
@@ -391,6 +405,8 @@ async def run_worker(
     database every ``interval_s``. A failing database is logged and retried every
     ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
     tenant's schema in every database (see ``SqlJobRunStore(schema=...)``).
+    ``clock`` (default: the system's) is handed to every drive and times the
+    worker's own waits.
 
     The registry's schedules are started at each slot (once per slot across any
     number of workers). ``prune_after`` deletes finished runs that ended longer
@@ -407,6 +423,7 @@ async def run_worker(
         _positive_seconds(pass_timeout_s, "pass_timeout_s")
     if not isinstance(registry, JobRegistry):
         raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+    timing = resolve_clock(clock)
     prune_after = check_prune_after(prune_after)
     owned: list[AsyncEngine] = []
     try:
@@ -422,7 +439,7 @@ async def run_worker(
                 raise TypeError(
                     f"a database is a URL or an AsyncEngine, got {type(database).__name__}"
                 )
-        states = [_Database(engine, database_label(engine), schema) for engine in engines]
+        states = [_Database(engine, database_label(engine), timing, schema) for engine in engines]
         for state in states:
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)
@@ -439,9 +456,10 @@ async def run_worker(
             on_health=on_health,
             stop=stop if stop is not None else asyncio.Event(),
             driver_name=driver_name or default_driver_name(),
+            clock=timing,
             prune_after=prune_after,
         )
-        began = time.monotonic()
+        began = timing.monotonic()
         log.info(
             "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
             ", ".join(state.label for state in states),
@@ -455,7 +473,7 @@ async def run_worker(
         finally:
             log.info(
                 "worker stopped after %.1f s",
-                time.monotonic() - began,
+                timing.monotonic() - began,
                 extra={"databases": [state.label for state in states]},
             )
     finally:

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import event
 
 from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.formats import first_id_at, format_instant
+from jobrun._core.formats import format_instant
+from jobrun._core.ids import first_id_at
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows
 from tests.test_migration_0002 import _plan
 

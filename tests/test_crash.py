@@ -124,7 +124,7 @@ def plan_kills(rng: random.Random, kills: int) -> list[dict[str, Any]]:
 
 
 async def run_children(
-    url: str, backend: str, run_id: str, log_path: Path, seed: int, say: Any
+    url: str, backend: str, run_id: str, log_path: Path, seed: int, say: Any, lease_ms: int | None
 ) -> collections.Counter[str]:
     """Start children until one finds the run done; return how each child ended."""
     rng = random.Random(seed)
@@ -147,9 +147,10 @@ async def run_children(
             "steps_per_pass": STEPS_PER_PASS,
             "invocation": invocation,
             "child_seed": rng.getrandbits(32),
-            "lease_ms": LEASE_MS,
-            # Half the restarts release the dead child's lease, half wait for it to expire.
-            "release": rng.random() < 0.5,
+            "lease_ms": lease_ms,
+            # Short lease: half the restarts release the dead child's lease by hand, half
+            # take it over (proven dead, or expired). Default lease: never by hand.
+            "release": rng.random() < 0.5 and lease_ms is not None,
             # One pass per claim, or many passes handing the lease on between them.
             "max_passes": rng.choice([1, 3, 1000]),
             **plan,
@@ -195,8 +196,15 @@ def read_log(log_path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("lease", ["short", "default"])
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
-async def test_walk_survives_kill_9(backend: str, database_url: str, tmp_path: Path) -> None:
+async def test_walk_survives_kill_9(
+    backend: str, lease: str, database_url: str, tmp_path: Path
+) -> None:
+    """``default``: the library's default lease, which no child waits out (each would
+    cost a minute): every restart takes the run over because the killed child is
+    proven dead."""
+    lease_ms = LEASE_MS if lease == "short" else None
     # CI replays one fixed schedule; a local run draws a new one each time.
     if SEED_TEXT:
         seed = int(SEED_TEXT)
@@ -205,7 +213,7 @@ async def test_walk_survives_kill_9(backend: str, database_url: str, tmp_path: P
     else:
         seed = random.SystemRandom().randrange(2**32)
     replay = f"seed {seed} (replay with JOBRUN_CRASH_SEED={seed} JOBRUN_CRASH_KILLS={KILLS})"
-    print(f"\n[{backend}] kill -9 suite: {KILLS} kills, {OBJECTS} objects, {replay}")
+    print(f"\n[{backend}, {lease} lease] kill -9 suite: {KILLS} kills, {OBJECTS} objects, {replay}")
     notes: list[str] = []
 
     def say(text: str) -> None:
@@ -229,7 +237,9 @@ async def test_walk_survives_kill_9(backend: str, database_url: str, tmp_path: P
         log_path = tmp_path / "crash.log"
         began = time.monotonic()
         try:
-            endings = await run_children(database_url, backend, run.id, log_path, seed, say)
+            endings = await run_children(
+                database_url, backend, run.id, log_path, seed, say, lease_ms
+            )
         except Exception as error:
             raise AssertionError(f"{error}\n{replay}") from error
         elapsed = time.monotonic() - began

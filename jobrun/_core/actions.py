@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from jobrun._core.formats import Clock, format_instant, parse_instant, system_clock
+from jobrun._core.clock import ClockLike
+from jobrun._core.dbclock import aligned_clock
+from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
+from jobrun._core.stranded import dead_holders
+from jobrun._system import resolve_clock
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
@@ -25,7 +29,7 @@ async def _record(store: OperatorStore, run_id: str) -> JobRun:
 
 
 async def cancel_job_run(
-    store: OperatorStore, run_id: str, reason: str, *, clock: Clock = system_clock
+    store: OperatorStore, run_id: str, reason: str, *, clock: ClockLike | None = None
 ) -> JobRun:
     """Fail a running run now, with ``reason`` on the record.
 
@@ -37,7 +41,8 @@ async def cancel_job_run(
             "a cancellation needs a reason for the record",
             [{"path": "reason", "message": "empty or not a str"}],
         )
-    if not await store.cancel(run_id, f"cancelled: {reason}", format_instant(clock())):
+    at = format_instant(resolve_clock(clock).now())
+    if not await store.cancel(run_id, f"cancelled: {reason}", at):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not running; nothing to cancel",
@@ -47,14 +52,14 @@ async def cancel_job_run(
 
 
 async def resume_job_run(
-    store: OperatorStore, run_id: str, *, clock: Clock = system_clock
+    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None
 ) -> JobRun:
     """Put a failed run back to running, from its last committed cursor.
 
     Its last pass's completed steps are kept (not repeated); attempts start
     again from zero. Refused while another run of the same key is live.
     """
-    if not await store.resume(run_id, format_instant(clock())):
+    if not await store.resume(run_id, format_instant(resolve_clock(clock).now())):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not failed; only a failed run can resume",
@@ -75,17 +80,28 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
     return False
 
 
-async def job_run_health(store: OperatorStore, *, clock: Clock = system_clock) -> JobRunHealth:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age."""
-    now = clock()
-    counts = await store.health(format_instant(now))
+async def job_run_health(store: OperatorStore, *, clock: ClockLike | None = None) -> JobRunHealth:
+    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
+
+    A run stranded by its driver (lease expired, or holder provably dead) is due,
+    not leased: it waits for a driver like any other due run.
+    """
+    now = (await aligned_clock(store, clock)).now()
+    now_at = format_instant(now)
+    counts = await store.health(now_at)
+    dead = await dead_holders(store, now_at, None)
+    # A dead holder's run has been waiting since its pass began, at the latest.
+    oldest = min(
+        [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
+        key=lambda instant: instant or "~",
+    )
     waited_s = 0.0
-    if counts.oldest_due_at is not None:
-        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
+    if oldest is not None:
+        waited_s = max(0.0, (now - parse_instant(oldest)).total_seconds())
     return JobRunHealth(
         running=counts.running,
-        due=counts.due,
-        leased=counts.leased,
+        due=counts.due + len(dead),
+        leased=counts.leased - len(dead),
         failed=counts.failed,
         oldest_due_age_s=waited_s,
     )
@@ -97,7 +113,7 @@ async def prune_job_runs(
     older_than: timedelta | datetime,
     statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
     batch_size: int = 500,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
     only_jobs: frozenset[tuple[str, str]] | None = None,
     except_jobs: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
@@ -121,7 +137,7 @@ async def prune_job_runs(
     if isinstance(older_than, timedelta):
         if older_than < timedelta(0):
             raise ValueError(f"older_than must not be negative, got {older_than}")
-        cutoff = clock() - older_than
+        cutoff = resolve_clock(clock).now() - older_than
     elif isinstance(older_than, datetime):
         cutoff = older_than
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from jobrun._core.formats import first_id_at
+from jobrun._core.ids import first_id_at
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random as random_module
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
-from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
-from jobrun._core.lease import MIN_LEASE_MS, Lease, default_driver_name
+from jobrun._core import stranded
+from jobrun._core.clock import Clock, ClockLike
+from jobrun._core.dbclock import aligned_clock
+from jobrun._core.formats import format_instant
+from jobrun._core.holders import local_identity
+from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -29,6 +33,7 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
+from jobrun._system import default_driver_name, mint_run_id, system_random
 from jobrun.errors import JobValidationError
 
 JOB_DRIVE_LIMIT = 50
@@ -63,12 +68,17 @@ async def _claim(
     driver: str,
     skip_ids: frozenset[str],
 ) -> tuple[RunRow, RegisteredJob, Lease] | None:
-    now_at = format_instant(clock())
     jobs = list(registry)
+    wanted = frozenset((job.module_id, job.name) for job in jobs)
+    # Who we are, precisely enough for another claimer to prove our death.
+    identity = replace(local_identity(), presence=await store.presence())
+    holder = identity.describe(driver)
+    now_at = format_instant(clock.now())
+    dead = await stranded.dead_owners(store, now_at, wanted)
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = mint_run_id()
     expires_at = {
-        (job.module_id, job.name): Lease(token, driver, job.lease_ms).expiry_after(now_at)
+        (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
         for job in jobs
     }
     limits = {
@@ -77,7 +87,17 @@ async def _claim(
         if job.max_concurrent is not None
     }
     claiming = asyncio.ensure_future(
-        store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids, limits))
+        store.claim(
+            ClaimRequest(
+                now_at,
+                token,
+                holder,
+                expires_at,
+                skip_ids,
+                max_concurrent=limits,
+                dead_owners=dead,
+            )
+        )
     )
     try:
         # Shielded: a claim interrupted in flight may land anyway, so its answer is
@@ -89,13 +109,14 @@ async def _claim(
         with contextlib.suppress(BaseException):
             taken = await asyncio.shield(claiming)
             if taken is not None:
-                await hand_back(store, taken, Lease(token, driver, MIN_LEASE_MS))
+                await hand_back(store, taken, Lease(token, holder, MIN_LEASE_MS))
         raise
     if row is None:
         return None
+    stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return row, registered, Lease(token, driver, registered.lease_ms)
+    return row, registered, Lease(token, holder, registered.lease_ms)
 
 
 async def _fail_for_takeovers(
@@ -134,8 +155,8 @@ async def run_due_jobs(
     limit: int = JOB_DRIVE_LIMIT,
     max_passes: int = 1,
     open_scope: OpenScope | None = None,
-    clock: Clock = system_clock,
-    random: Callable[[], float] = random_module.random,
+    clock: ClockLike | None = None,
+    random: Callable[[], float] = system_random,
     pass_timeout_s: float | None = None,
     driver_name: str | None = None,
     stop: asyncio.Event | None = None,
@@ -167,18 +188,19 @@ async def run_due_jobs(
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
     driver = driver_name or default_driver_name()
+    timing = await aligned_clock(store, clock)
     watcher = LOG_PASSES if observer is None else observer
     report = JobDriveReport()
     driven: set[str] = set()
     while report.attempted < limit and not (stop is not None and stop.is_set()):
-        claimed = await _claim(store, registry, clock, driver, frozenset(driven))
+        claimed = await _claim(store, registry, timing, driver, frozenset(driven))
         if claimed is None:
             break
         row, registered, lease = claimed
         driven.add(row.id)
         report.attempted += 1
         if row.lease_takeovers > registered.max_takeovers:
-            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, clock))
+            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, timing))
             continue
         current = row
         taken_over = was_taken_over(row)
@@ -189,7 +211,7 @@ async def run_due_jobs(
                 break
             last = number + 1 >= passes
             start = PassStart(_key_of(current), driver, number + 1, current.attempts, taken_over)
-            probe = start_watch(watcher, start)
+            probe = start_watch(watcher, start, timing.monotonic)
             outcome = await _observed(
                 probe,
                 run_job_pass(
@@ -197,7 +219,7 @@ async def run_due_jobs(
                     row=current,
                     handler=registered.handler,
                     retry=registered.retry,
-                    clock=clock,
+                    clock=timing,
                     random=random,
                     open_scope=scope_opener,
                     lease=lease,

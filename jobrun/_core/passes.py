@@ -23,14 +23,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias
 
+from jobrun._core.clock import Clock
 from jobrun._core.formats import (
-    Clock,
     decode_counters,
     decode_json,
     encode_json,
     encode_json_within,
     format_instant,
-    mint_run_id,
 )
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.names import require_name
@@ -39,6 +38,7 @@ from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
+from jobrun._system import mint_run_id
 from jobrun.errors import (
     JobValidationError,
     LeaseLostError,
@@ -212,7 +212,7 @@ class JobPass:
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
         if self._keeper.lost:
-            # The background renewal found the run taken: this body must not run.
+            # Sticky: once the lease is gone, no step body starts again in this pass.
             raise LeaseLostError(self.run.id)
         attempts = (prior.attempts if prior is not None else 0) + 1
         if prior is not None and prior.attempts >= policy.max_attempts:
@@ -234,10 +234,12 @@ class JobPass:
 
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+            # Refused: the lease is gone. The pass stops even if the handler catches this.
+            self._keeper.lose()
             raise LeaseLostError(self.run.id)
 
     def _now(self) -> str:
-        return format_instant(self._clock())
+        return format_instant(self._clock.now())
 
 
 def _interpret(result: Any) -> tuple[Any, bool]:
@@ -292,6 +294,7 @@ async def run_job_pass(
         lease,
         clock,
         lambda expires_at: store.extend_lease(row.id, lease.token, expires_at),
+        row.id,
     )
     try:
         # Decoded inside the try: a malformed row is a failed pass, not a crashed drive.
@@ -312,7 +315,8 @@ async def run_job_pass(
             keeper=keeper,
             probe=probe,
         )
-        budget = asyncio.timeout(timeout_s)
+        # On the pass's clock, so a test clock can run out a long budget at once.
+        budget = clock.timeout(timeout_s)
         try:
             async with keeper, budget:
                 result = handler(context)
@@ -328,7 +332,7 @@ async def run_job_pass(
             cursor_text = row.cursor
         else:
             cursor_text = encode_queue_safe(next_cursor, "cursor", store.limits.max_cursor_bytes)
-        at = format_instant(clock())
+        at = format_instant(clock.now())
         kept = keep_lease and not done
         # A lease handed on gets a fresh token. Should this commit land unseen (its
         # reply lost, or the pass interrupted while awaiting it), the failure record
@@ -403,7 +407,7 @@ async def fail_run(
     store: JobRunStore, row: RunRow, reason: str, lease: Lease, clock: Clock
 ) -> PassOutcome:
     """End a held run as ``failed`` without a pass, for a reason the driver found."""
-    at = format_instant(clock())
+    at = format_instant(clock.now())
     patch = replace(
         _unleased(row),
         status=JobRunStatus.FAILED.value,
@@ -434,7 +438,7 @@ async def _record_failure(
         policy, against = job_policy, attempts
     exhausted = against >= policy.max_attempts
     text = cap_error_text(describe_exception(error))
-    at = format_instant(clock())
+    at = format_instant(clock.now())
     written = await store.patch(
         row.id,
         RunPatch(

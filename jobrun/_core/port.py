@@ -15,6 +15,7 @@ from typing import Protocol
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     RunFilter,
     RunPatch,
     RunRow,
@@ -83,7 +84,30 @@ class JobRunStore(Protocol):
         that pass had begun, ``attempts`` too, with the takeover in
         ``last_error``. Concurrent claimers never get the same run. Returns the
         row as written.
+
+        A run still held by a token in ``dead_owners`` (its holder was proven
+        dead) is claimed first, due or not, with the same accounting and the
+        death in ``last_error``.
         """
+        ...
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        """Running runs held by a lease that has not expired by ``now_at``, of ``jobs``
+        (``(module_id, job)`` pairs; ``None``: every job), with what the backend
+        knows of each holder's presence."""
+        ...
+
+    async def presence(self) -> int | None:
+        """This process's presence in the database, established at the first call:
+        a key the database frees by itself when the process dies. ``None`` where
+        the backend has no such thing (SQLite, memory)."""
+        ...
+
+    async def clock_offset_s(self) -> float:
+        """How far the database's clock is ahead of this host's system clock, in
+        seconds; ``0.0`` where both are one clock (SQLite, memory)."""
         ...
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
@@ -131,8 +155,10 @@ class OperatorStore(JobRunStore, Protocol):
     """What operators do by hand. Every action is conditional on the run's status."""
 
     async def health(self, now_at: str) -> HealthCounts:
-        """Counts of running, due (not leased, due by ``now_at``), leased and failed
-        runs, and the due instant of the run that has waited longest."""
+        """Counts of running, due, leased and failed runs, and the due instant of
+        the run that has waited longest. Due means due by ``now_at`` and either
+        not leased or leased under an expired lease (whose expiry is then its
+        due instant); leased means held by a lease that has not expired."""
         ...
 
     async def cancel(self, run_id: str, reason: str, at: str) -> bool:

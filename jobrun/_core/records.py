@@ -92,6 +92,9 @@ class ClaimRequest:
     expires_at: Mapping[tuple[str, str], str]
     skip_ids: frozenset[str] = frozenset()
     max_concurrent: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Lease tokens whose holders were proven dead: such a run is taken over at
+    # once, before any due run, whatever its lease's expiry says.
+    dead_owners: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,23 @@ class ScheduleRow:
     last_slot_at: str
     last_run_id: str | None
     updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """A run held under a lease that has not expired: the candidates for proven death.
+
+    ``presence_held`` is what the database knows of the holder's presence
+    (Postgres: whether its advisory lock is held); ``None`` when it cannot say.
+    """
+
+    run_id: str
+    module_id: str
+    job: str
+    lease_owner: str
+    lease_driver: str | None
+    lease_began_at: str | None
+    presence_held: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +214,12 @@ class HealthCounts:
 class JobRunHealth:
     """How the job runs of one database are doing, for dashboards and alerts.
 
-    ``due`` counts live runs that could start now (not leased, not backing off);
-    ``oldest_due_age_s`` is how long the longest-waiting of them has waited
-    (0 when none), the number to alert on when drivers fall behind.
+    ``due`` counts live runs that could start now: not backing off and either
+    not leased or stranded (their lease expired, or its holder is provably
+    dead); ``leased`` counts runs held by a live lease. ``oldest_due_age_s`` is
+    how long the longest-waiting due run has waited (0 when none), the number
+    to alert on when drivers fall behind; a run whose holder died counts from
+    the start of the holder's pass.
     """
 
     running: int

@@ -6,6 +6,7 @@ import builtins
 import hashlib
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -30,7 +31,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.formats import first_id_at
+from jobrun._core.ids import first_id_at
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -39,6 +40,7 @@ from jobrun._core.port import (
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     JobRunStatus,
     RunFilter,
     RunPatch,
@@ -46,8 +48,10 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
+from jobrun.sql.presence import Presence, presence_held
 from jobrun.sql.schema import (
     DUE_AT,
     LEASED_ONLY,
@@ -66,6 +70,8 @@ _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
 # Postgres: new runs are announced on ``notify_channel(schema)``, with ``notify_payload``.
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
+# How often the skew between this host's clock and Postgres's is measured again.
+CLOCK_CHECK_INTERVAL_S = 60.0
 
 
 def _status_arms(query: RunQuery) -> tuple[str, ...]:
@@ -198,8 +204,8 @@ def _in_flight(module_id: str, job: str, now_at: str) -> Any:
     )
 
 
-def _claim_statement(request: ClaimRequest) -> Any:
-    """The claim: one UPDATE that picks the first due run in claim order and leases it."""
+def _due_candidate(request: ClaimRequest) -> Any:
+    """The first due run in claim order, among the requested jobs under their limits."""
     runs = job_runs.c
     candidate = (
         select(runs.id)
@@ -227,6 +233,58 @@ def _claim_statement(request: ClaimRequest) -> Any:
             )
     if request.skip_ids:
         candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
+    return candidate.scalar_subquery()
+
+
+def _orphan_candidate(request: ClaimRequest) -> Any:
+    """A run whose holder was proven dead, due or not (see ``jobrun._core.holders``).
+
+    Taking it over adds no pass in flight, so per-job limits do not apply.
+    """
+    runs = job_runs.c
+    return (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            runs.lease_owner.in_(sorted(request.dead_owners)),
+            # Unexpired (once expired it is simply due): the due index's range.
+            request.now_at < DUE_AT,
+            tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
+        )
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+
+
+def _takeover_reason(request: ClaimRequest) -> Any:
+    """``last_error`` after the claim: why the run was taken over, if its pass had begun."""
+    runs = job_runs.c
+    began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
+    reasons = [
+        (
+            began,
+            literal("the lease of driver ", Text)
+            + runs.lease_driver
+            + literal(" expired during a pass; the run was taken over", Text),
+        )
+    ]
+    if request.dead_owners:
+        died = runs.lease_owner.in_(sorted(request.dead_owners))
+        death = literal(" died during a pass; the run was taken over at once", Text)
+        reasons.insert(
+            0, (and_(began, died), literal("the driver ", Text) + runs.lease_driver + death)
+        )
+    return case(*reasons, else_=runs.last_error)
+
+
+def _claim_statement(request: ClaimRequest) -> Any:
+    """The claim: one UPDATE that picks a dead holder's run, else the first due run in
+    claim order, and leases it."""
+    runs = job_runs.c
+    chosen: Any = _due_candidate(request)
+    if request.dead_owners:
+        chosen = func.coalesce(_orphan_candidate(request), chosen)
     expiries = set(request.expires_at.values())
     if len(expiries) == 1:
         expiry: Any = next(iter(expiries))
@@ -237,12 +295,13 @@ def _claim_statement(request: ClaimRequest) -> Any:
                 for (module_id, job), expires_at in request.expires_at.items()
             ),
         )
-    # The previous lease is still on the row only when it expired: a takeover.
+    # The previous lease is still on the row only when it expired or its holder
+    # died: a takeover.
     taken_over = runs.lease_owner.is_not(None)
     began = and_(taken_over, runs.lease_began_at.is_not(None))
     return (
         update(job_runs)
-        .where(runs.id == candidate.scalar_subquery())
+        .where(runs.id == chosen)
         .values(
             lease_owner=request.token,
             lease_driver=request.driver,
@@ -250,15 +309,7 @@ def _claim_statement(request: ClaimRequest) -> Any:
             next_attempt_at=expiry,
             lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
             attempts=runs.attempts + case((began, 1), else_=0),
-            last_error=case(
-                (
-                    began,
-                    literal("the lease of driver ", Text)
-                    + runs.lease_driver
-                    + literal(" expired during a pass; the run was taken over", Text),
-                ),
-                else_=runs.last_error,
-            ),
+            last_error=_takeover_reason(request),
         )
         .returning(*job_runs.c)
     )
@@ -326,6 +377,14 @@ class SqlJobRunStore:
         self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
             index_elements=list(_KEY), index_where=LIVE_ONLY
         )
+        self._presence = (
+            # The host's own engine: its dispose is what lets go of the presence.
+            Presence(self._host_engine)
+            if self._dialect.is_postgres and engine.dialect.driver == "asyncpg"
+            else None
+        )
+        # (measured at, database clock minus system clock in seconds)
+        self._clock_offset: tuple[float, float] | None = None
 
     @property
     def engine(self) -> AsyncEngine:
@@ -496,6 +555,62 @@ class SqlJobRunStore:
         ).select_from(added)
         return (await connection.execute(announce)).first() is not None
 
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        runs = job_runs.c
+        held = presence_held() if self._presence is not None else literal(None)
+        query = select(
+            runs.id,
+            runs.module_id,
+            runs.job,
+            runs.lease_owner,
+            runs.lease_driver,
+            runs.lease_began_at,
+            held,
+        ).where(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            # Not expired: a held lease's expiry is its due instant (the index's range).
+            now_at < DUE_AT,
+        )
+        if jobs is not None:
+            if not jobs:
+                return []
+            query = query.where(tuple_(runs.module_id, runs.job).in_(sorted(jobs)))
+        async with self._operation("held_leases"), self._dialect.reading() as connection:
+            rows = (await connection.execute(query)).all()
+        return [HeldLease(*row) for row in rows]
+
+    async def presence(self) -> int | None:
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.key()
+
+    async def presence_connection(self) -> Any:
+        """Postgres (asyncpg): the presence's own connection, which ``jobrun.worker``
+        also LISTENs on; ``None`` elsewhere."""
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.connection()
+
+    async def clock_offset_s(self) -> float:
+        if not self._dialect.is_postgres:
+            return 0.0
+        cached = self._clock_offset
+        if cached is not None and time.monotonic() - cached[0] < CLOCK_CHECK_INTERVAL_S:
+            return cached[1]
+        async with self._operation("clock_offset"), self._dialect.reading() as connection:
+            sent = system_clock().timestamp()
+            database_now = (await connection.execute(select(func.clock_timestamp()))).scalar_one()
+            received = system_clock().timestamp()
+        # The database read its clock about halfway through the round trip.
+        offset = float(database_now.timestamp()) - (sent + received) / 2
+        self._clock_offset = (time.monotonic(), offset)
+        return offset
+
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         conditions = [
             column == value
@@ -642,13 +757,14 @@ class SqlJobRunStore:
     async def health(self, now_at: str) -> HealthCounts:
         runs = job_runs.c
         live = runs.status == RUNNING
-        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        # Due includes the stranded: a lease that expired is due since its expiry.
+        waiting = and_(live, now_at >= DUE_AT)
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         query = select(
             func.count().filter(live),
             func.count().filter(waiting),
-            func.count().filter(and_(live, runs.lease_owner.is_not(None))),
+            func.count().filter(and_(live, runs.lease_owner.is_not(None), now_at < DUE_AT)),
             func.count().filter(runs.status == FAILED),
             func.min(DUE_AT).filter(waiting),
         ).where(runs.status.in_([RUNNING, FAILED]))
@@ -665,14 +781,11 @@ class SqlJobRunStore:
         only_jobs: frozenset[tuple[str, str]] | None = None,
         except_jobs: frozenset[tuple[str, str]] = frozenset(),
     ) -> int:
+        runs = job_runs.c
         doomed = (
-            select(job_runs.c.id)
-            .where(
-                job_runs.c.status.in_(statuses),
-                job_runs.c.status != RUNNING,
-                job_runs.c.ended_at < ended_before,
-            )
-            .order_by(job_runs.c.id)
+            select(runs.id)
+            .where(runs.status.in_(statuses), runs.status != RUNNING, runs.ended_at < ended_before)
+            .order_by(runs.id)
             .limit(batch_size)
         )
         job_key = tuple_(job_runs.c.module_id, job_runs.c.job)
@@ -682,15 +795,18 @@ class SqlJobRunStore:
             doomed = doomed.where(job_key.in_(sorted(only_jobs)))
         if except_jobs:
             doomed = doomed.where(job_key.not_in(sorted(except_jobs)))
+        # The runs first, each re-checked as it is deleted (a run resumed since the
+        # batch was chosen is running again and stays), then the ledgers of exactly
+        # the runs deleted: a resume can never keep its row and lose its ledger.
+        delete_runs = (
+            delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
+        )
         deleted = 0
         while True:
             async with self._operation("prune"), self._engine.begin() as connection:
-                ids = list((await connection.execute(doomed)).scalars())
+                ids = list((await connection.execute(delete_runs)).scalars())
                 if ids:
                     await connection.execute(delete(job_steps).where(job_steps.c.run_id.in_(ids)))
-                    await connection.execute(
-                        delete(job_runs).where(job_runs.c.id.in_(ids), job_runs.c.status != RUNNING)
-                    )
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
