@@ -24,12 +24,14 @@ from sqlalchemy import (
     or_,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun._core.browse import JobLoad, RunQuery
+from jobrun._core.ids import first_id_at
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -70,6 +72,30 @@ _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_b
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 # How often the skew between this host's clock and Postgres's is measured again.
 CLOCK_CHECK_INTERVAL_S = 60.0
+
+
+def _status_arms(query: RunQuery) -> tuple[str, ...]:
+    """The statuses a page reads one by one: those asked for, or all of them within
+    one job (so each reads (module_id, job, status, id) in id order)."""
+    if query.stranded_at is not None:
+        return (RUNNING,)
+    if query.statuses:
+        return tuple(sorted(set(query.statuses)))
+    if query.module_id is not None and query.job is not None:
+        return tuple(member.value for member in JobRunStatus)
+    return ()
+
+
+def _prefix_successor(prefix: str) -> str | None:
+    """The least string above every string starting with ``prefix`` (code point order,
+    which is UTF-8 byte order); ``None`` when there is none."""
+    for position in range(len(prefix) - 1, -1, -1):
+        point = ord(prefix[position]) + 1
+        if 0xD800 <= point <= 0xDFFF:
+            point = 0xE000  # surrogates are not characters
+        if point <= 0x10FFFF:
+            return prefix[:position] + chr(point)
+    return None
 
 
 def notify_payload(row: RunRow) -> str:
@@ -805,28 +831,59 @@ class SqlJobRunStore:
         if query.job is not None:
             conditions.append(runs.job == query.job)
         if query.instance_prefix:
-            # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
-            prefix = query.instance_prefix
-            conditions.append(func.substr(runs.instance, 1, len(prefix)) == prefix)
+            conditions.extend(self._prefixed(query.instance_prefix))
         if query.statuses:
             conditions.append(runs.status.in_(query.statuses))
         if query.started_since_at is not None:
+            # The id bound is the index-friendly half (see RunQuery): a range on
+            # every index that ends in id, so the pages and counts seek.
             conditions.append(runs.started_at >= query.started_since_at)
+            conditions.append(runs.id >= first_id_at(query.started_since_at))
         if query.stranded_at is not None:
             conditions.append(self._stranded(query.stranded_at))
         if query.before_id is not None:
             conditions.append(runs.id < query.before_id)
         return tuple(conditions)
 
+    def _prefixed(self, prefix: str) -> builtins.list[Any]:
+        # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+        exact = func.substr(job_runs.c.instance, 1, len(prefix)) == prefix
+        if self._dialect.is_postgres:
+            # A range is a superset of the prefix only under a bytewise collation,
+            # which a Postgres database need not have.
+            return [exact]
+        # SQLite compares text bytewise: the range lets the key index seek within a job.
+        bounds = [exact, job_runs.c.instance >= prefix]
+        upper = _prefix_successor(prefix)
+        if upper is not None:
+            bounds.append(job_runs.c.instance < upper)
+        return bounds
+
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
-        # Newest first down the primary key, stopped by the limit: a page costs the
-        # same on the first and the thousandth page, however many runs are kept.
-        statement = (
-            select(job_runs)
-            .where(and_(True, *self._selected(query)))
-            .order_by(job_runs.c.id.desc())
-            .limit(query.limit)
-        )
+        # Newest first down an index ending in id, stopped by the limit: a page costs
+        # the same on the first and the thousandth page, however many runs are kept.
+        conditions = self._selected(query)
+        arms = _status_arms(query)
+        if len(arms) > 1:
+            # Each status reads its own id-ordered range of (module_id, job, status, id)
+            # or (status, id), stopped by the limit; the few rows are merged here.
+            pieces = [
+                select(job_runs)
+                .where(*conditions, job_runs.c.status == status)
+                .order_by(job_runs.c.id.desc())
+                .limit(query.limit)
+                .subquery()
+                for status in arms
+            ]
+            merged = union_all(*(select(piece) for piece in pieces)).subquery()
+            statement = select(merged).order_by(merged.c.id.desc()).limit(query.limit)
+        else:
+            statement = (
+                select(job_runs)
+                .where(and_(True, *conditions))
+                .order_by(job_runs.c.id.desc())
+                .limit(query.limit)
+            )
         async with self._operation("find"), self._dialect.reading() as connection:
             rows = (await connection.execute(statement)).mappings().all()
         return [_run_row(row) for row in rows]
