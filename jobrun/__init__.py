@@ -39,6 +39,7 @@ from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun.errors import (
+    HandlerMistakeError,
     JobConflictError,
     JobRunError,
     JobRunNotFoundError,
@@ -60,6 +61,7 @@ __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
     "DriveError",
+    "HandlerMistakeError",
     "JobConflictError",
     "JobDriveReport",
     "JobPass",

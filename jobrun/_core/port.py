@@ -24,9 +24,11 @@ class StoreLimits:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_cursor_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES
+    max_counters_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes"):
+        names = ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes")
+        for name in (*names, "max_counters_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

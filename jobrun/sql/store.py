@@ -155,6 +155,7 @@ class SqlJobRunStore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
+        max_counters_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -167,6 +168,7 @@ class SqlJobRunStore:
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
             max_step_result_bytes=max_step_result_bytes,
+            max_counters_bytes=max_counters_bytes,
         )
         self._dialect = Dialect(engine, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
         self._schema_checked = False
