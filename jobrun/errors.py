@@ -104,7 +104,7 @@ class StepReusedError(JobConflictError):
         super().__init__(
             f"step {step!r} was already called in this pass: one name stands for one unit "
             "of work, so a second call would get the first call's result back without "
-            "doing its own work. Give each call its own name (e.g. f\"fetch-{page}\")",
+            'doing its own work. Give each call its own name (e.g. f"fetch-{page}")',
             JOB_STEP_REUSED,
         )
         self.step = step

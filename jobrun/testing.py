@@ -184,7 +184,7 @@ class MemoryJobRunStore:
         )
         return True
 
-    async def resume(self, run_id: str, at: str) -> bool:
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
         row = self.runs.get(run_id)
         if row is None or row.status != JobRunStatus.FAILED:
             return False
@@ -201,6 +201,7 @@ class MemoryJobRunStore:
         self.runs[run_id] = replace(
             row,
             status=JobRunStatus.RUNNING.value,
+            counters=row.counters if counters is None else counters,
             attempts=0,
             lease_takeovers=0,
             updated_at=at,

@@ -192,7 +192,8 @@ def runs(
     elif not found:
         click.echo("no runs match")
     else:
-        console().print(runs_table(found, utc_now()))
+        out = console()
+        out.print(runs_table(found, utc_now(), out.width))
 
 
 @cli.command("show")

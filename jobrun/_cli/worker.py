@@ -20,6 +20,7 @@ import click
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import (
+    URL_ENVVAR,
     first_line,
     make_engine,
     outdated_message,
@@ -169,8 +170,11 @@ async def _work(
     "urls",
     multiple=True,
     required=True,
+    envvar=URL_ENVVAR,
+    show_envvar=True,
     metavar="URL",
-    help="A database to drive; repeat for several (each gets its own drivers).",
+    help="A database to drive; repeat for several (each gets its own drivers). "
+    f"{URL_ENVVAR} may hold several, separated by spaces.",
 )
 @click.option(
     "--app",

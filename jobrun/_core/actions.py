@@ -7,14 +7,28 @@ after a cancel or a release the pass writes nothing more.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from jobrun._core.formats import Clock, format_instant, parse_instant, system_clock
+from jobrun._core.formats import (
+    Clock,
+    format_instant,
+    parse_instant,
+    repaired_counters,
+    system_clock,
+)
+from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
+
+
+def _check_id(run_id: object) -> str:
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
+    return require_text(run_id, "run_id")
 
 
 async def _record(store: OperatorStore, run_id: str) -> JobRun:
@@ -37,6 +51,8 @@ async def cancel_job_run(
             "a cancellation needs a reason for the record",
             [{"path": "reason", "message": "empty or not a str"}],
         )
+    require_text(reason, "reason")
+    _check_id(run_id)
     if not await store.cancel(run_id, f"cancelled: {reason}", format_instant(clock())):
         record = await _record(store, run_id)
         raise JobConflictError(
@@ -53,8 +69,13 @@ async def resume_job_run(
 
     Its last pass's completed steps are kept (not repeated); attempts start
     again from zero. Refused while another run of the same key is live.
+    Counters that are malformed (written by something other than ``p.count``)
+    are repaired: every entry that is a finite number is kept, the rest dropped
+    (counters that are not a JSON object at all start again from ``{}``).
     """
-    if not await store.resume(run_id, format_instant(clock())):
+    row = await store.get(_check_id(run_id))
+    counters = None if row is None else repaired_counters(row.counters)
+    if not await store.resume(run_id, format_instant(clock()), counters=counters):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not failed; only a failed run can resume",
@@ -69,6 +90,7 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
     Returns whether a lease was held. The holder, if still alive, is refused at
     its next write and stops.
     """
+    _check_id(run_id)
     if await store.release(run_id):
         return True
     await _record(store, run_id)
@@ -117,7 +139,9 @@ async def prune_job_runs(
     if isinstance(older_than, timedelta):
         if older_than < timedelta(0):
             raise ValueError(f"older_than must not be negative, got {older_than}")
-        cutoff = clock() - older_than
+        now = clock()
+        # An age reaching before year 1 keeps everything: nothing ended that long ago.
+        cutoff = now - older_than if older_than < now - _EARLIEST else _EARLIEST
     elif isinstance(older_than, datetime):
         cutoff = older_than
     else:

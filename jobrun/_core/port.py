@@ -129,8 +129,11 @@ class OperatorStore(JobRunStore, Protocol):
         (so the holder's next write is refused) and its ledger kept."""
         ...
 
-    async def resume(self, run_id: str, at: str) -> bool:
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
         """A ``failed`` run becomes ``running`` again from its committed cursor.
+
+        ``counters``, when given, replaces the stored counters in the same write
+        (the repair of malformed ones).
 
         Attempts and takeovers reset; completed ledger rows are kept (they are
         not repeated) and failed ones get their attempts back. Raises

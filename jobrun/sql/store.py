@@ -412,7 +412,8 @@ class SqlJobRunStore:
         async with self._operation("cancel"), self._dialect.single_statement() as connection:
             return (await connection.execute(statement)).rowcount == 1
 
-    async def resume(self, run_id: str, at: str) -> bool:
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
+        repair = {} if counters is None else {"counters": counters}
         revive = (
             update(job_runs)
             .where(job_runs.c.id == run_id, job_runs.c.status == FAILED)
@@ -424,6 +425,7 @@ class SqlJobRunStore:
                 ended_at=None,
                 next_attempt_at=None,
                 **_NO_LEASE,
+                **repair,
             )
         )
         # Failed steps get their attempts back; completed ones keep their memo.
