@@ -9,10 +9,9 @@ Each command is wiring only: parse the arguments, open the store from ``--url``
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from alembic.util import CommandError
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import open_engine, run_action, run_on_store, url_option
@@ -28,7 +27,6 @@ from jobrun._cli.render import (
     step_json,
 )
 from jobrun._cli.render import now as utc_now
-from jobrun._cli.schema_check import SchemaState, check, revisions
 from jobrun._cli.watching import watch as watch_run
 from jobrun._core.actions import (
     cancel_job_run,
@@ -40,8 +38,11 @@ from jobrun._core.actions import (
 from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
 from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun.errors import JobRunNotFoundError
-from jobrun.sql.migrate import upgrade
 from jobrun.sql.store import SqlJobRunStore
+
+if TYPE_CHECKING:
+    # Alembic is imported by the db commands only: the others start without it.
+    from jobrun._cli.schema_check import SchemaState
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
@@ -81,6 +82,11 @@ def db_upgrade(url: str) -> None:
       jobrun db upgrade --url sqlite+aiosqlite:///app.db
     """
 
+    from alembic.util import CommandError
+
+    from jobrun._cli.schema_check import revisions
+    from jobrun.sql.migrate import upgrade
+
     async def act() -> tuple[SchemaState, SchemaState]:
         async with open_engine(url, create=True) as engine:
             before = await revisions(engine)
@@ -107,6 +113,8 @@ def db_current(url: str) -> None:
       jobrun db current --url postgresql+asyncpg://app@db.internal/app
     """
 
+    from jobrun._cli.schema_check import revisions
+
     async def act() -> SchemaState:
         async with open_engine(url) as engine:
             return await revisions(engine)
@@ -130,6 +138,8 @@ def db_check(url: str) -> None:
     Example:
       JOBRUN_DATABASE_URL=sqlite+aiosqlite:///app.db jobrun db check || alert
     """
+
+    from jobrun._cli.schema_check import check
 
     async def act() -> SchemaState:
         async with open_engine(url) as engine:

@@ -1,4 +1,8 @@
-"""Running jobrun's Alembic revisions on a host's engine."""
+"""Running jobrun's Alembic revisions on a host's engine.
+
+Alembic is imported only by the functions that migrate: importing jobrun, and
+the schema check every store makes once, stay as cheap as SQLAlchemy itself.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import text
+from sqlalchemy import column, inspect, select, table, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun.sql.schema import VERSION_TABLE
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 def migrations_directory() -> Path:
@@ -33,6 +37,8 @@ def migrations_directory() -> Path:
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic config for jobrun's revisions, optionally bound to a live connection."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_directory()))
     config.set_main_option("version_table", VERSION_TABLE)
@@ -42,12 +48,24 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def current_revision(connection: Connection) -> str | None:
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    """The revision recorded in jobrun's version table; ``None`` when there is none.
+
+    Read with plain SQL, as Alembic's ``MigrationContext`` would read it, so
+    that the check does not import Alembic (which costs as much as SQLAlchemy).
+    """
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return None
+    versions = table(VERSION_TABLE, column("version_num"))
+    found = list(connection.execute(select(versions.c.version_num)).scalars())
+    if len(found) > 1:
+        raise RuntimeError(f"{VERSION_TABLE} records several heads: {found}")
+    return found[0] if found else None
 
 
 # Alembic keeps the migration in progress in module globals (``alembic.context``,
@@ -102,6 +120,8 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
     """
     async with _alembic_turn(), engine.begin() as connection:
         await _take_turns(connection)
+        from alembic import command
+
         await connection.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
 
 
@@ -109,4 +129,6 @@ async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     """Take jobrun's tables back to ``revision`` (default: none at all)."""
     async with _alembic_turn(), engine.begin() as connection:
         await _take_turns(connection)
+        from alembic import command
+
         await connection.run_sync(lambda sync: command.downgrade(alembic_config(sync), revision))

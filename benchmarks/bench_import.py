@@ -1,0 +1,109 @@
+"""What it costs to start: ``import jobrun`` and the CLI, next to SQLAlchemy's own import.
+
+Run on demand from the repository root (not part of the test suite)::
+
+    .venv/bin/python benchmarks/bench_import.py            # 15 rounds
+    .venv/bin/python benchmarks/bench_import.py --rounds 5 --json
+
+Each case is a fresh interpreter (``subprocess``), timed from spawn to exit.
+The cases run interleaved, one sample of each per round and in a rotated order
+each round, so a noisy neighbour spreads over all of them alike; medians and
+minimums are reported, and ratios are only taken between numbers of this run.
+The goal: ``import jobrun`` costs about what ``import sqlalchemy.ext.asyncio``
+costs, and a CLI command that does not migrate does not import Alembic.
+Self-contained on purpose (no shared benchmark helpers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _cases(url: str) -> dict[str, list[str]]:
+    python = sys.executable
+    return {
+        "python -c pass": [python, "-c", "pass"],
+        "import sqlalchemy.ext.asyncio": [python, "-c", "import sqlalchemy.ext.asyncio"],
+        "import jobrun": [python, "-c", "import jobrun"],
+        "jobrun --help": [python, "-m", "jobrun", "--help"],
+        "jobrun health": [python, "-m", "jobrun", "health", "--url", url, "--json"],
+        "jobrun runs": [python, "-m", "jobrun", "runs", "--url", url],
+        "jobrun start": [python, "-m", "jobrun", "start", "--url", url, "bench", "start"],
+        "jobrun db current (Alembic)": [python, "-m", "jobrun", "db", "current", "--url", url],
+    }
+
+
+def _time_ms(command: list[str]) -> float:
+    began = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return (time.perf_counter() - began) * 1000
+
+
+def _imports_alembic(command: list[str]) -> bool:
+    """Whether the command imports Alembic at all (``-X importtime`` lists every module)."""
+    traced = [command[0], "-X", "importtime", *command[1:]]
+    done = subprocess.run(traced, check=True, capture_output=True, text=True)
+    return any(line.rstrip().endswith(("| alembic", "| alembic.runtime.migration"))
+               for line in done.stderr.splitlines())  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        url = f"sqlite+aiosqlite:///{Path(directory) / 'bench.db'}"
+        python = sys.executable
+        subprocess.run(
+            [python, "-m", "jobrun", "db", "upgrade", "--url", url],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        cases = _cases(url)
+        names = list(cases)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for round_number in range(options.rounds):
+            shift = round_number % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(_time_ms(cases[name]))
+        alembic = {name: _imports_alembic(cases[name]) for name in names}
+    base = statistics.median(samples["import sqlalchemy.ext.asyncio"])
+    rows = [
+        {
+            "case": name,
+            "median_ms": round(statistics.median(samples[name]), 1),
+            "min_ms": round(min(samples[name]), 1),
+            "vs_sqlalchemy_import": round(statistics.median(samples[name]) / base, 2),
+            "imports_alembic": alembic[name],
+        }
+        for name in names
+    ]
+    report = {
+        "command": " ".join(sys.argv),
+        "rounds": options.rounds,
+        "load_average": os.getloadavg(),
+        "results": rows,
+    }
+    if options.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{options.rounds} rounds, load average {report['load_average'][0]:.1f}")
+    print(f"{'case':32} {'median ms':>10} {'min ms':>8} {'x sqla':>7}  alembic")
+    for row in rows:
+        print(
+            f"{row['case']:32} {row['median_ms']:>10} {row['min_ms']:>8} "
+            f"{row['vs_sqlalchemy_import']:>7}  {'yes' if row['imports_alembic'] else 'no'}"
+        )
+
+
+if __name__ == "__main__":
+    main()
