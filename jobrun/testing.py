@@ -241,6 +241,15 @@ class MemoryJobRunStore:
             oldest_due_at=min(waiting, default=None),
         )
 
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for row in self.runs.values():
+            due_at = row.next_attempt_at or row.started_at
+            if row.status == JobRunStatus.RUNNING and row.lease_owner is None and due_at <= now_at:
+                key = (row.module_id, row.job)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
         doomed = [
             run_id

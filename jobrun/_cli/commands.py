@@ -411,17 +411,30 @@ def prune(url: str, older_than: timedelta, statuses: tuple[str, ...], as_json: b
 
 @cli.command("health")
 @url_option
+@click.option(
+    "--app", "app", metavar="MODULE:REGISTRY", default=None,
+    help="Mark the due runs of jobs this JobRegistry does not register (nothing runs them).",
+)  # fmt: skip
 @json_option
-def health(url: str, as_json: bool) -> None:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due wait.
+def health(url: str, app: str | None, as_json: bool) -> None:
+    """Counts for a dashboard: running, due now, leased, failed, the oldest due wait,
+    and the due runs of each job.
+
+    A job with due runs that no worker registers never drains: with --app, the
+    jobs that registry lacks are marked.
 
     \b
     Example:
       jobrun health --url sqlite+aiosqlite:///app.db --json
+      jobrun health --url sqlite+aiosqlite:///app.db --app myapp.jobs:registry
     """
+    registered = None
+    if app is not None:
+        from jobrun._cli.worker import load_registry
 
-    counts = run_on_store(url, job_run_health)
+        registered = {(job.module_id, job.name) for job in load_registry(app)}
+    counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
     if as_json:
-        click.echo(dumps(health_json(counts)))
+        click.echo(dumps(health_json(counts, registered)))
     else:
-        console().print(health_table(counts))
+        console().print(health_table(counts, registered))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -118,8 +118,16 @@ def step_json(row: StepRow) -> dict[str, Any]:
     return data
 
 
-def health_json(health: JobRunHealth) -> dict[str, Any]:
-    return asdict(health)
+def health_json(
+    health: JobRunHealth, registered: Container[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    data = asdict(health)
+    data["due_by_job"] = [
+        {"module_id": module_id, "job": job, "due": due}
+        | ({} if registered is None else {"registered": (module_id, job) in registered})
+        for (module_id, job), due in health.due_by_job.items()
+    ]
+    return data
 
 
 def dumps(value: Any) -> str:
@@ -277,11 +285,18 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     return Group(*parts)
 
 
-def health_table(health: JobRunHealth) -> Table:
+def health_table(
+    health: JobRunHealth, registered: Container[tuple[str, str]] | None = None
+) -> Table:
     table = _fields_table()
     table.add_row("running", str(health.running))
     table.add_row("due now", str(health.due))
     table.add_row("leased", str(health.leased))
     table.add_row("failed", str(health.failed))
     table.add_row("oldest due waited", span(health.oldest_due_age_s))
+    for (module_id, job), due in health.due_by_job.items():
+        note = ""
+        if registered is not None and (module_id, job) not in registered:
+            note = "  (not registered by --app: nothing will run these)"
+        table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
     return table

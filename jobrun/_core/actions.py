@@ -97,10 +97,19 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
     return False
 
 
-async def job_run_health(store: OperatorStore, *, clock: Clock = system_clock) -> JobRunHealth:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age."""
+async def job_run_health(
+    store: OperatorStore, *, by_job: bool = False, clock: Clock = system_clock
+) -> JobRunHealth:
+    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
+
+    With ``by_job`` (one more read) ``due_by_job`` says which jobs the due runs
+    belong to: a job that no driver registers shows up there and never drains.
+    """
     now = clock()
     counts = await store.health(format_instant(now))
+    due_by_job = (
+        dict(sorted((await store.due_by_job(format_instant(now))).items())) if by_job else {}
+    )
     waited_s = 0.0
     if counts.oldest_due_at is not None:
         waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
@@ -110,6 +119,7 @@ async def job_run_health(store: OperatorStore, *, clock: Clock = system_clock) -
         leased=counts.leased,
         failed=counts.failed,
         oldest_due_age_s=waited_s,
+        due_by_job=due_by_job,
     )
 
 

@@ -124,6 +124,14 @@ class OperatorStore(JobRunStore, Protocol):
         runs, and the due instant of the run that has waited longest."""
         ...
 
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        """Due runs (not leased, due by ``now_at``) per ``(module_id, job)``.
+
+        A separate read, never part of the claim: the claim asks only for the
+        driver's own jobs, so runs of a job nobody registers are seen only here.
+        """
+        ...
+
     async def cancel(self, run_id: str, reason: str, at: str) -> bool:
         """A ``running`` run becomes ``failed`` with ``reason``; its lease is cleared
         (so the holder's next write is refused) and its ledger kept."""

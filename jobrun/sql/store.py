@@ -478,6 +478,18 @@ class SqlJobRunStore:
             row = (await connection.execute(query)).one()
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        runs = job_runs.c
+        # Led by status and the due instant: one range of the due index.
+        query = (
+            select(runs.module_id, runs.job, func.count())
+            .where(runs.status == RUNNING, now_at >= DUE_AT, runs.lease_owner.is_(None))
+            .group_by(runs.module_id, runs.job)
+        )
+        async with self._operation("due_by_job"), self._dialect.reading() as connection:
+            found = (await connection.execute(query)).all()
+        return {(module_id, job): int(count) for module_id, job, count in found}
+
     async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
         doomed = (
             select(job_runs.c.id)
