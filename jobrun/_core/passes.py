@@ -19,9 +19,8 @@ import contextlib
 import inspect
 import json
 import math
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from jobrun._core.formats import (
@@ -88,6 +87,37 @@ def cap_error_text(text: str) -> str:
     return f"{kept} [... cut, {len(encoded) - len(kept.encode('utf-8'))} more bytes]"
 
 
+class _ReadOnlyCounters(Mapping[str, int | float]):
+    """``p.counters``: a live, read-only view; writing to it names the fix."""
+
+    __slots__ = ("_counters",)
+
+    def __init__(self, counters: dict[str, int | float]) -> None:
+        self._counters = counters
+
+    def __getitem__(self, name: str) -> int | float:
+        return self._counters[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counters)
+
+    def __len__(self) -> int:
+        return len(self._counters)
+
+    def __repr__(self) -> str:
+        return repr(self._counters)
+
+    def __setitem__(self, name: str, value: object) -> None:
+        raise _mistake(
+            f"p.counters[{name!r}] = ... : p.counters is read-only; "
+            f"use p.count({name!r}, by) to add to a counter",
+            "counters",
+        )
+
+    def __delitem__(self, name: str) -> None:
+        raise _mistake(f"del p.counters[{name!r}]: p.counters is read-only", "counters")
+
+
 class JobPass:
     """The handler's view of one pass: what it reads, and how it records progress.
 
@@ -140,7 +170,7 @@ class JobPass:
         self.cursor = cursor
         # Read-only to the handler: every write goes through count(), which checks it.
         self._counters = counters
-        self.counters = MappingProxyType(counters)
+        self.counters = _ReadOnlyCounters(counters)
         self._store = store
         self._job_policy = job_policy
         self._clock = clock
