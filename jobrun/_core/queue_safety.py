@@ -47,12 +47,13 @@ def _least_json_bytes(value: Any, kind: type) -> int:
     """A lower bound of the JSON bytes ``value`` adds, before its children (O(1))."""
     if kind is str:
         return len(value) + 2
+    # Containers: their punctuation only; each element is counted when visited.
     if kind is list:
-        # Brackets, and at least one byte plus a comma per element.
-        return 2 * len(value) + 1
+        # Brackets and the commas between elements.
+        return len(value) + 1
     if kind is dict:
-        # Braces, and at least ``"":0,`` per entry (key texts are counted as visited).
-        return 5 * len(value) + 1
+        # Braces, commas, and ``"":`` per entry (the key texts are counted as visited).
+        return 4 * len(value) + 1
     return 1
 
 
@@ -132,16 +133,18 @@ def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
     """Check ``value``, encode it, and refuse it when the JSON is over ``max_bytes``."""
     try:
         problem = queue_safety_problem(value, root, max_bytes)
-        if problem is not None:
-            path, what = problem
-            _refuse(root, path, what, "cannot be stored and read back unchanged")
-        return encode_json_within(value, max_bytes)
+        text = None if problem is not None else encode_json_within(value, max_bytes)
     except OverCapError as error:
         # Both numbers go into the message itself, not only into ``errors``.
         _refuse(root, root, str(error), "is too large to carry")
     except ValueError as error:
         # Python refuses to print ints of more than 4300 digits.
         _refuse(root, root, "a value JSON text cannot hold", f"({error})")
+    if problem is not None:
+        path, what = problem
+        _refuse(root, path, what, "cannot be stored and read back unchanged")
+    assert text is not None
+    return text
 
 
 def _refuse(root: str, path: str, what: str, why: str) -> NoReturn:
