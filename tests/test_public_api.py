@@ -49,6 +49,7 @@ REQUIRED_NAMES = {
 
 EXPECTED_CODES = {
     "JobValidationError": "validation_failed",
+    "HandlerMistakeError": "handler_mistake",
     "JobConflictError": "conflict",
     "StepReusedError": "conflict",
     "StepFailedError": "step_failed",
