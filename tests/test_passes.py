@@ -296,9 +296,17 @@ async def test_keeping_the_cursor_keeps_its_text_verbatim(
         (jobrun.PassResult(done=1), "done must be True or False"),  # type: ignore[arg-type]
     ],
     ids=[
-        "typo-curser", "extra-key", "list", "int", "str", "bool",
-        "none", "done-1", "done-yes", "passresult-done-1",
-    ],  # fmt: skip
+        "typo-curser",
+        "extra-key",
+        "list",
+        "int",
+        "str",
+        "bool",
+        "none",
+        "done-1",
+        "done-yes",
+        "passresult-done-1",
+    ],
 )
 async def test_handler_results_that_fail_the_run_at_once(
     store: Any, clock: FakeClock, result: Any, named: str
