@@ -51,8 +51,8 @@ def _imports_alembic(command: list[str]) -> bool:
     """Whether the command imports Alembic at all (``-X importtime`` lists every module)."""
     traced = [command[0], "-X", "importtime", *command[1:]]
     done = subprocess.run(traced, check=True, capture_output=True, text=True)
-    return any(line.rstrip().endswith(("| alembic", "| alembic.runtime.migration"))
-               for line in done.stderr.splitlines())  # fmt: skip
+    modules = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    return "alembic" in modules
 
 
 def main() -> None:
