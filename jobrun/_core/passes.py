@@ -139,6 +139,7 @@ class JobPass:
       the store's engine), opened at first use.
 
     Then return ``PassResult(cursor=..., done=...)`` (see :class:`PassResult`).
+    The driver makes one per pass; handlers never construct it.
     Mistakes in using this object (a bad step name, a ``step`` never awaited, a
     result JSON cannot store) fail the run at once with a message saying what
     to fix; the operator resumes it after the fix.
@@ -268,7 +269,7 @@ class JobPass:
             name, lambda: self._step(name, fn, retry), lambda: self._attempt_of(name)
         )
 
-    def unawaited_steps(self) -> HandlerMistakeError | None:
+    def _close_unawaited_steps(self) -> HandlerMistakeError | None:
         """Close the step coroutines nobody awaited; the mistake to report, if any."""
         if not self._unstarted:
             return None
@@ -472,7 +473,7 @@ async def _call_handler(
             if inspect.isawaitable(result):
                 result = await result
     except Exception as error:
-        mistake = context.unawaited_steps()
+        mistake = context._close_unawaited_steps()
         if mistake is not None:
             raise mistake from error
         # Only our own budget becomes a pass timeout; a handler's TimeoutError is its own.
@@ -480,9 +481,9 @@ async def _call_handler(
             raise PassTimeoutError(timeout_s) from error
         raise
     except BaseException:
-        context.unawaited_steps()
+        context._close_unawaited_steps()
         raise
-    mistake = context.unawaited_steps()
+    mistake = context._close_unawaited_steps()
     if mistake is not None:
         raise mistake
     return result
