@@ -51,7 +51,9 @@ from jobrun.errors import (
     StepReusedError,
     StoreError,
 )
+from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
 from jobrun.sql.migrate import upgrade
+from jobrun.sql.provisioning import UpgradeResult, upgrade_many
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.worker import run_worker
 
@@ -91,18 +93,22 @@ __all__ = [
     "StepReusedError",
     "StoreError",
     "StoreLimits",
+    "UpgradeResult",
     "assert_queue_safe",
     "cancel_job_run",
     "get_job_run",
     "job_run_health",
     "job_run_list_limit",
     "job_runs",
+    "migrate_on_connection",
     "observe_all",
     "prune_job_runs",
     "release_job_lease",
     "resume_job_run",
     "run_due_jobs",
     "run_worker",
+    "skip_jobrun_tables",
     "start_job_run",
     "upgrade",
+    "upgrade_many",
 ]

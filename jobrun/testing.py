@@ -13,9 +13,11 @@ database. It is not durable and not shared between processes.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
 from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
@@ -263,3 +265,44 @@ class MemoryJobRunStore:
             del self.runs[run_id]
             self.ledgers.pop(run_id, None)
         return len(doomed)
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        rows = sorted(
+            (row for row in self.runs.values() if run_matches(row, query)),
+            key=lambda row: row.id,
+            reverse=True,
+        )
+        return rows[: query.limit]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        return min(cap, sum(1 for row in self.runs.values() if run_matches(row, query)))
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        loads: dict[tuple[str, str], JobLoad] = {}
+        for row in self.runs.values():
+            running = row.status == JobRunStatus.RUNNING
+            failed = (
+                row.status == JobRunStatus.FAILED
+                and row.ended_at is not None
+                and row.ended_at >= failed_since_at
+            )
+            if not (running or failed):
+                continue
+            due_at = row.next_attempt_at or row.started_at
+            due = running and row.lease_owner is None and due_at <= now_at
+            key = (row.module_id, row.job)
+            load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
+            oldest = load.oldest_due_at
+            if due and (oldest is None or due_at < oldest):
+                oldest = due_at
+            loads[key] = replace(
+                load,
+                running=load.running + running,
+                due=load.due + due,
+                oldest_due_at=oldest,
+                stranded=load.stranded + is_stranded(row, now_at),
+                failed_recently=load.failed_recently + failed,
+            )
+        return [loads[key] for key in sorted(loads)]

@@ -44,7 +44,8 @@ from jobrun._core.observe import (
 from jobrun._core.passes import OpenScope
 from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
-from jobrun.sql.store import NOTIFY_CHANNEL, SqlJobRunStore
+from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.tenancy import notify_channel
 
 log = logging.getLogger("jobrun.worker")
 
@@ -66,10 +67,12 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(self, engine: AsyncEngine, label: str) -> None:
+    def __init__(self, engine: AsyncEngine, label: str, schema: str | None = None) -> None:
         self.engine = engine
-        self.label = label
-        self.store = SqlJobRunStore(engine)
+        self.label = label if schema is None else f"{label} schema {schema}"
+        self.store = SqlJobRunStore(engine, schema=schema)
+        # One tenant's starts wake only that tenant's drivers.
+        self.channel = notify_channel(schema)
         self.delay_s = FIRST_IDLE_DELAY_S
         self.polling = False
         # A wake-up that found nobody idle: the next driver to go idle claims again.
@@ -287,7 +290,7 @@ class _Worker:
             raw = (await connection.get_raw_connection()).driver_connection
             assert raw is not None
             raw.add_termination_listener(lambda _connection: lost.set())
-            await raw.add_listener(NOTIFY_CHANNEL, notified)
+            await raw.add_listener(database.channel, notified)
             log.debug("listening for new runs on %s", database.label)
             # Anything started before the LISTEN took effect: look now.
             database.wake_all()
@@ -302,7 +305,7 @@ class _Worker:
                 log.warning("lost the listening connection to %s", database.label)
                 return
             with contextlib.suppress(Exception):
-                await raw.remove_listener(NOTIFY_CHANNEL, notified)
+                await raw.remove_listener(database.channel, notified)
 
 
 def _listens(engine: AsyncEngine) -> bool:
@@ -339,6 +342,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     driver_name: str | None = None,
+    schema: str | None = None,
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
 
@@ -350,7 +354,8 @@ async def run_worker(
     across all databases. ``observer`` hears every pass (default: log lines);
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
     database every ``interval_s``. A failing database is logged and retried every
-    ``interval_s``; it never stops the others.
+    ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
+    tenant's schema in every database (see ``SqlJobRunStore(schema=...)``).
     """
     if not databases:
         raise ValueError("run_worker needs at least one database")
@@ -376,7 +381,7 @@ async def run_worker(
                 raise TypeError(
                     f"a database is a URL or an AsyncEngine, got {type(database).__name__}"
                 )
-        states = [_Database(engine, database_label(engine)) for engine in engines]
+        states = [_Database(engine, database_label(engine), schema) for engine in engines]
         for state in states:
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)

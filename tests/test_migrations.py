@@ -1,6 +1,7 @@
 """jobrun's Alembic revisions: one head, exactly the metadata, only jobrun's tables.
 
 Every database test runs on SQLite (a file) and on Postgres (an empty database).
+Walking every revision up and down on populated databases is test_migration_walk.py.
 
 Alembic's autogenerate comparison cannot see the claim's expression index on
 SQLite (SQLAlchemy does not reflect expression indexes there), so ``_diff`` also
@@ -245,23 +246,6 @@ async def test_host_tables_and_host_alembic_version_are_left_alone(blank: AsyncE
     assert await _tables(blank) == {"orders", "alembic_version", VERSION_TABLE}
     assert await _host_state(blank) == before
     assert before == ([(1, "tea")], [("host_rev_42",)])
-
-
-@pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)
-async def test_downgrade_to_base_and_upgrade_again(blank: AsyncEngine) -> None:
-    await jobrun.upgrade(blank)
-    await _insert_run(blank, "0" * 26)
-    await downgrade(blank)
-    assert await _tables(blank) == {VERSION_TABLE}
-    assert await revision_of(blank) is None
-    assert await _version_rows(blank) == []
-    await jobrun.upgrade(blank)
-    assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
-    assert await revision_of(blank) == SCHEMA_REVISION
-    assert await _diff(blank) == []
-    async with blank.connect() as connection:
-        runs = await connection.execute(text("SELECT count(*) FROM _substrat_job_runs"))
-        assert runs.scalar_one() == 0
 
 
 @pytest.mark.parametrize("blank_url", DIFF_BACKENDS, indirect=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from sqlalchemy import URL, make_url
+from sqlalchemy import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -28,17 +28,12 @@ from jobrun.errors import (
     StoreError,
 )
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.urls import with_asyncio_driver
 
 T = TypeVar("T")
 
 URL_ENVVAR = "JOBRUN_DATABASE_URL"
 CONNECT_TIMEOUT_S = 10
-# The asyncio driver jobrun uses when a URL names only the database kind.
-_DEFAULT_DRIVERS = {
-    "sqlite": "sqlite+aiosqlite",
-    "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
-}
 
 url_option = click.option(
     "--url",
@@ -48,6 +43,17 @@ url_option = click.option(
     metavar="URL",
     help="Database URL, e.g. sqlite+aiosqlite:///app.db or "
     "postgresql+asyncpg://user@host/db (sqlite:// and postgresql:// get those drivers).",
+)
+
+SCHEMA_ENVVAR = "JOBRUN_SCHEMA"
+schema_option = click.option(
+    "--schema",
+    envvar=SCHEMA_ENVVAR,
+    show_envvar=True,
+    default=None,
+    metavar="NAME",
+    help="Postgres: the tenant's schema that holds jobrun's tables (default: none, "
+    "the search_path decides).",
 )
 
 
@@ -60,10 +66,9 @@ def parse_url(text: str) -> URL:
     """Parse and check a database URL; a plain ``sqlite://`` or ``postgresql://`` gets
     jobrun's asyncio driver. Raises ``click.ClickException`` (exit 1) when unusable."""
     try:
-        url = make_url(text)
+        url = with_asyncio_driver(text)
     except (ArgumentError, ValueError) as error:
         raise click.ClickException(f"cannot parse the database URL {text!r}") from error
-    url = url.set(drivername=_DEFAULT_DRIVERS.get(url.drivername, url.drivername))
     shown = url.render_as_string(hide_password=True)
     if url.get_backend_name() not in ("sqlite", "postgresql"):
         raise click.ClickException(

@@ -15,13 +15,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun.sql.migrate import current_revision, head_revision
-from jobrun.sql.schema import VERSION_TABLE, metadata
+from jobrun._cli.privileges import missing_privileges
+from jobrun.sql.migrate import _alembic_turn, current_revision, head_revision
+from jobrun.sql.schema import metadata
+from jobrun.sql.tenancy import checked_schema, version_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,7 @@ class SchemaState:
     current: str | None
     head: str | None
     differences: list[str] = field(default_factory=list)
+    missing_privileges: list[str] = field(default_factory=list)
 
     @property
     def at_head(self) -> bool:
@@ -36,12 +37,13 @@ class SchemaState:
 
     @property
     def drifted(self) -> bool:
-        return not self.at_head or bool(self.differences)
+        return not self.at_head or bool(self.differences) or bool(self.missing_privileges)
 
 
-async def revisions(engine: AsyncEngine) -> SchemaState:
+async def revisions(engine: AsyncEngine, schema: str | None = None) -> SchemaState:
+    checked_schema(engine, schema)
     async with engine.connect() as connection:
-        current = await connection.run_sync(current_revision)
+        current = await connection.run_sync(current_revision, schema)
     return SchemaState(current=current, head=head_revision())
 
 
@@ -69,11 +71,15 @@ def describe_difference(difference: Any) -> str:
     return f"{kind}: {', '.join(parts)}" if parts else str(kind)
 
 
-def _compare(connection: Connection) -> list[str]:
+def _compare(connection: Connection, schema: str | None) -> list[str]:
+    # Imported here: `jobrun db check` needs Alembic, the other commands do not.
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
     context = MigrationContext.configure(
         connection,
         opts={
-            "version_table": VERSION_TABLE,
+            **version_options(schema),
             "include_object": _jobrun_tables_only,
             "compare_type": True,
             "compare_server_default": True,
@@ -87,11 +93,20 @@ def _compare(connection: Connection) -> list[str]:
     return [describe_difference(entry) for entry in found]
 
 
-async def check(engine: AsyncEngine) -> SchemaState:
-    """The revisions, and when the database is at head, the tables' differences."""
-    state = await revisions(engine)
+async def check(engine: AsyncEngine, schema: str | None = None) -> SchemaState:
+    """The privileges the connecting role lacks (Postgres), else the revisions, and
+    when the database is at head, the tables' differences."""
+    missing = await missing_privileges(engine, checked_schema(engine, schema))
+    if missing:
+        # Reading the revision may be what is not allowed: report the grants first.
+        return SchemaState(None, head_revision(), missing_privileges=missing)
+    state = await revisions(engine, schema)
     if not state.at_head:
         return state
-    async with engine.connect() as connection:
-        differences = await connection.run_sync(_compare)
+    # One comparison at a time in the process: the warnings filter below is global.
+    async with _alembic_turn(), engine.begin() as connection:
+        if schema is not None:
+            # Reflection without a schema looks where search_path points.
+            await connection.exec_driver_sql(f'SET LOCAL search_path TO "{schema}"')
+        differences = await connection.run_sync(_compare, schema)
     return SchemaState(state.current, state.head, differences)

@@ -1,10 +1,8 @@
 """``jobrun watch``: poll one run and show it live until it ends.
 
-Rates are per counter per second between two polls (the change in the counter
-over the time between the reads). A progress bar is drawn when the counters
-include ``total`` (above zero): the work done is the counter ``done`` if there
-is one, else ``objects``, else the largest other counter; progress is that
-over ``total``.
+Rates and progress come from :mod:`jobrun._core.progress` (the console's run page
+shows the same numbers): rates per counter per second between two polls, and a
+progress bar when the counters include ``total``.
 
 On a terminal the view redraws in place (rich ``Live``). Written to a pipe or a
 file, one line is printed per poll in which something changed, then the final
@@ -15,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -36,44 +32,10 @@ from jobrun._cli.render import (
     status_text,
 )
 from jobrun._core.port import OperatorStore
+from jobrun._core.progress import Poll, progress_of
 from jobrun._core.records import JobRun
 from jobrun._core.runs import get_job_run
 from jobrun.errors import JobRunNotFoundError
-
-TOTAL = "total"
-PREFERRED_DONE = ("done", "objects")
-
-
-def progress_of(counters: Mapping[str, int | float]) -> tuple[str, float, float] | None:
-    """``(counter, done, total)`` for the progress bar, or ``None`` when there is no total."""
-    total = counters.get(TOTAL)
-    if total is None or total <= 0:
-        return None
-    for name in PREFERRED_DONE:
-        if name in counters:
-            return name, counters[name], total
-    others = {name: value for name, value in counters.items() if name != TOTAL}
-    if not others:
-        return None
-    name = max(others, key=lambda each: (others[each], each))
-    return name, others[name], total
-
-
-@dataclass(slots=True)
-class Poll:
-    """One read of the run, with the rates since the read before it."""
-
-    run: JobRun
-    at: float
-    rates: dict[str, float] = field(default_factory=dict)
-
-    def follow(self, run: JobRun, at: float) -> Poll:
-        elapsed = at - self.at
-        rates: dict[str, float] = {}
-        if elapsed > 0:
-            for name, value in run.counters.items():
-                rates[name] = (value - self.run.counters.get(name, 0)) / elapsed
-        return Poll(run, at, rates)
 
 
 def _signature(run: JobRun) -> tuple[object, ...]:

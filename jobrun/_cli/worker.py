@@ -25,11 +25,12 @@ from jobrun._cli.connect import (
     make_engine,
     outdated_message,
     parse_url,
+    schema_option,
     sqlite_file,
 )
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.registry import JobRegistry
-from jobrun.errors import SchemaOutdatedError, StoreError
+from jobrun.errors import JobValidationError, SchemaOutdatedError, StoreError
 from jobrun.worker import DEFAULT_INTERVAL_S, HealthCallback, run_worker
 
 log = logging.getLogger("jobrun.worker")
@@ -236,6 +237,7 @@ async def _work(
     show_default=True,
     help="Level of the jobrun loggers (info: one line per pass; debug: per step).",
 )
+@schema_option
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -255,6 +257,7 @@ def worker(
     metrics_host: str,
     log_level: str,
     log_format: str,
+    schema: str | None,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
@@ -288,11 +291,14 @@ def worker(
         "max_passes": max_passes,
         "concurrency": concurrency,
         "pass_timeout_s": pass_timeout,
+        "schema": schema,
     }
     try:
         graceful = asyncio.run(_work(urls, registry, observer, on_health, options))
     except SchemaOutdatedError as error:
         raise click.ClickException(outdated_message(error)) from error
+    except JobValidationError as error:
+        raise click.UsageError(error.message) from error
     except StoreError as error:
         raise click.ClickException(error.message) from error
     except OSError as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -42,14 +44,14 @@ from jobrun._core.records import (
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
 from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
+from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
-# Postgres: the channel a new run is announced on, with ``notify_payload`` as payload.
-NOTIFY_CHANNEL = "jobrun_started"
+# Postgres: new runs are announced on ``notify_channel(schema)``, with ``notify_payload``.
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 
 
@@ -145,7 +147,9 @@ class SqlJobRunStore:
 
     Works with a plain engine: on SQLite it turns on WAL and a busy timeout for
     the connections it uses. The schema must have been created with
-    :func:`jobrun.upgrade`; the first operation checks that, once.
+    :func:`jobrun.upgrade`; the first operation checks that, once. On Postgres,
+    ``schema`` names the tenant's schema that ``jobrun.upgrade(engine, schema=...)``
+    put the tables in; ``engine`` itself is left as it is.
     """
 
     def __init__(
@@ -157,13 +161,18 @@ class SqlJobRunStore:
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
         max_counters_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
+        schema: str | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
                 f"got {type(engine).__name__}"
             )
-        self._engine = engine
+        self._host_engine = engine
+        self._schema = checked_schema(engine, schema)
+        # Every statement below goes through this engine: in a schema, a copy whose
+        # translate map puts jobrun's tables there.
+        engine = self._engine = in_schema(engine, self._schema)
         self._limits = StoreLimits(
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
@@ -184,7 +193,11 @@ class SqlJobRunStore:
 
     @property
     def engine(self) -> AsyncEngine:
-        return self._engine
+        return self._host_engine
+
+    @property
+    def schema(self) -> str | None:
+        return self._schema
 
     @property
     def limits(self) -> StoreLimits:
@@ -192,7 +205,7 @@ class SqlJobRunStore:
 
     @property
     def default_scope(self) -> object:
-        return self._engine
+        return self._host_engine
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:
@@ -210,7 +223,7 @@ class SqlJobRunStore:
         from jobrun.sql.migrate import current_revision
 
         async with self._engine.connect() as connection:
-            found = await connection.run_sync(current_revision)
+            found = await connection.run_sync(current_revision, self._schema)
         # Revision ids are zero-padded numbers, so text order is revision order.
         if found is None or found < SCHEMA_REVISION:
             raise SchemaOutdatedError(found, SCHEMA_REVISION)
@@ -237,7 +250,7 @@ class SqlJobRunStore:
                         # round trip.
                         added = insert.returning(job_runs.c.id).cte("added")
                         announce = select(
-                            func.pg_notify(NOTIFY_CHANNEL, notify_payload(row))
+                            func.pg_notify(notify_channel(self._schema), notify_payload(row))
                         ).select_from(added)
                         was_inserted = (await connection.execute(announce)).first() is not None
                     else:
@@ -513,3 +526,83 @@ class SqlJobRunStore:
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+
+    @staticmethod
+    def _stranded(now_at: str) -> Any:
+        """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
+        runs = job_runs.c
+        return and_(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            runs.next_attempt_at < now_at,
+        )
+
+    def _selected(self, query: RunQuery) -> tuple[Any, ...]:
+        runs = job_runs.c
+        conditions: builtins.list[Any] = []
+        if query.module_id is not None:
+            conditions.append(runs.module_id == query.module_id)
+        if query.job is not None:
+            conditions.append(runs.job == query.job)
+        if query.instance_prefix:
+            # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+            prefix = query.instance_prefix
+            conditions.append(func.substr(runs.instance, 1, len(prefix)) == prefix)
+        if query.statuses:
+            conditions.append(runs.status.in_(query.statuses))
+        if query.started_since_at is not None:
+            conditions.append(runs.started_at >= query.started_since_at)
+        if query.stranded_at is not None:
+            conditions.append(self._stranded(query.stranded_at))
+        if query.before_id is not None:
+            conditions.append(runs.id < query.before_id)
+        return tuple(conditions)
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        # Newest first down the primary key, stopped by the limit: a page costs the
+        # same on the first and the thousandth page, however many runs are kept.
+        statement = (
+            select(job_runs)
+            .where(and_(True, *self._selected(query)))
+            .order_by(job_runs.c.id.desc())
+            .limit(query.limit)
+        )
+        async with self._operation("find"), self._dialect.reading() as connection:
+            rows = (await connection.execute(statement)).mappings().all()
+        return [_run_row(row) for row in rows]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        # The LIMIT inside bounds the work: at most ``cap`` index entries are read.
+        capped = select(literal(1)).where(and_(True, *self._selected(query))).limit(cap)
+        statement = select(func.count()).select_from(capped.subquery())
+        async with self._operation("count"), self._dialect.reading() as connection:
+            return int((await connection.execute(statement)).scalar_one())
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        runs = job_runs.c
+        live = runs.status == RUNNING
+        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        failed = and_(runs.status == FAILED, runs.ended_at >= failed_since_at)
+        statement = (
+            select(
+                runs.module_id,
+                runs.job,
+                func.count().filter(live),
+                func.count().filter(waiting),
+                func.min(DUE_AT).filter(waiting),
+                func.count().filter(self._stranded(now_at)),
+                func.count().filter(failed),
+            )
+            # Status leads, as in health(): finished history is not scanned.
+            .where(runs.status.in_([RUNNING, FAILED]), live | failed)
+            .group_by(runs.module_id, runs.job)
+            .order_by(runs.module_id, runs.job)
+        )
+        async with self._operation("job_loads"), self._dialect.reading() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [
+            JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
+            for row in rows
+        ]

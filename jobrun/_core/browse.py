@@ -1,0 +1,108 @@
+"""The console's reads: a filtered page of runs by keyset, bounded counts, load per job.
+
+Pages are cut by id (``id < before_id``, newest first), never by offset, so the
+thousandth page costs what the first does; counts stop at a cap, so a history
+of millions of finished runs is never counted in full.
+
+A run is *stranded* when it is running and still leased, but its lease expired
+(``next_attempt_at``, which holds the expiry while leased, has passed): its
+holder stopped renewing. :func:`is_stranded` is the one definition; the SQL
+store mirrors it in ``SqlJobRunStore._stranded``. When drivers record a
+provable holder identity, "holder provably dead" joins it there and here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from jobrun._core.port import OperatorStore
+from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
+
+COUNT_CAP = 10_000
+"""Counts shown by the console stop here (shown as "10,000+")."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Which runs a console page shows; every given field must hold (``None``: any).
+
+    ``statuses`` empty means any status. ``stranded_at`` set means only runs
+    stranded as of that stored instant. ``before_id`` is the keyset cursor: only
+    runs with a smaller id (older), for the next page.
+    """
+
+    module_id: str | None = None
+    job: str | None = None
+    instance_prefix: str | None = None
+    statuses: tuple[str, ...] = ()
+    started_since_at: str | None = None
+    stranded_at: str | None = None
+    before_id: str | None = None
+    limit: int = 50
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not 1 <= self.limit <= JOB_RUN_LIST_MAX:
+            raise ValueError(f"limit must be in [1, {JOB_RUN_LIST_MAX}], got {self.limit!r}")
+        allowed = {member.value for member in JobRunStatus}
+        unknown = [status for status in self.statuses if status not in allowed]
+        if unknown:
+            raise ValueError(f"statuses must be drawn from {sorted(allowed)}, got {unknown!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class JobLoad:
+    """How one job of one database is doing (times as stored text)."""
+
+    module_id: str
+    job: str
+    running: int
+    due: int
+    oldest_due_at: str | None
+    stranded: int
+    failed_recently: int
+
+
+def is_stranded(row: RunRow, now_at: str) -> bool:
+    """Running, leased, and the lease's expiry has passed by ``now_at``."""
+    return (
+        row.status == JobRunStatus.RUNNING
+        and row.lease_owner is not None
+        and row.next_attempt_at is not None
+        and row.next_attempt_at < now_at
+    )
+
+
+def run_matches(row: RunRow, query: RunQuery) -> bool:
+    """Whether ``row`` is one ``query`` selects (ignoring ``limit``)."""
+    return (
+        (query.module_id is None or row.module_id == query.module_id)
+        and (query.job is None or row.job == query.job)
+        and (query.instance_prefix is None or row.instance.startswith(query.instance_prefix))
+        and (not query.statuses or row.status in query.statuses)
+        and (query.started_since_at is None or row.started_at >= query.started_since_at)
+        and (query.stranded_at is None or is_stranded(row, query.stranded_at))
+        and (query.before_id is None or row.id < query.before_id)
+    )
+
+
+class BrowsableStore(OperatorStore, Protocol):
+    """An operator store the console can page through."""
+
+    async def find(self, query: RunQuery) -> list[RunRow]:
+        """Runs ``query`` selects, newest id first, ``query.limit`` at most.
+
+        Must stay cheap with millions of finished runs kept: ordered by the
+        primary key, cut by ``before_id``, never by an offset.
+        """
+        ...
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        """How many runs ``query`` selects (``limit`` ignored), counting ``cap`` at most."""
+        ...
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> list[JobLoad]:
+        """Per ``(module_id, job)`` with live runs or runs failed since ``failed_since_at``:
+        running, due by ``now_at`` (not leased), the oldest due instant, stranded,
+        and failed since then; ordered by module id and job."""
+        ...

@@ -1,0 +1,86 @@
+"""``create_app``: the console as an ASGI application a host serves or mounts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from jobrun.ui.acting import bulk_act, bulk_confirm, run_action
+from jobrun.ui.databases import Databases, databases_of
+from jobrun.ui.reading import health_page, run_live, run_page, runs_page
+from jobrun.ui.security import Authorize, Guard, Refused
+from jobrun.ui.state import Console, console_of
+from jobrun.ui.views import HERE, Pages
+
+DEFAULT_POLL_INTERVAL_S = 2.0
+
+
+async def _home(request: Request) -> Response:
+    base = request.scope.get("root_path", "").rstrip("/")
+    return RedirectResponse(f"{base}/db/0/runs", status_code=303)
+
+
+async def _refused(request: Request, error: Exception) -> Response:
+    assert isinstance(error, Refused)
+    context = {"message": error.message, "status": error.status}
+    return await console_of(request).pages.render(request, "refused.html", context, error.status)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    context = {"message": str(error.detail), "status": error.status_code}
+    return await console_of(request).pages.render(
+        request, "refused.html", context, error.status_code
+    )
+
+
+def create_app(
+    databases: Databases,
+    *,
+    read_only: bool = False,
+    authorize: Authorize | None = None,
+    trusted_origins: Iterable[str] = (),
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+) -> Starlette:
+    """The operator console for ``databases``, as an ASGI app.
+
+    ``databases`` maps a name to an ``AsyncEngine`` or a store (``SqlJobRunStore``,
+    ``MemoryJobRunStore``), or lists them (named after their database). Serve it
+    alone or mount it: ``host.mount("/jobs", create_app({"main": engine}))``;
+    links follow the mount path.
+
+    ``read_only`` hides every action and refuses every POST. ``authorize(request,
+    action)`` (plain or async) decides, per request, who may ``"view"`` and who
+    may ``"cancel"``, ``"resume"``, ``"release"`` or ``"start"``; without it,
+    whoever reaches the app may do everything (put it behind the host's own
+    authentication). ``trusted_origins`` are origins besides the request's own
+    host a state change may come from (a proxy that rewrites the Host header).
+    """
+    if isinstance(poll_interval_s, bool) or not 0.05 <= poll_interval_s <= 3600:
+        raise ValueError(f"poll_interval_s must be in [0.05, 3600], got {poll_interval_s!r}")
+    found = databases_of(databases)
+    guard = Guard(read_only=read_only, authorize=authorize, trusted_origins=trusted_origins)
+    pages = Pages.build(guard, found, int(poll_interval_s * 1000))
+    routes = [
+        Route("/", _home),
+        Route("/health", health_page),
+        Route("/db/{db:int}/runs", runs_page),
+        Route("/db/{db:int}/runs/{run_id}", run_page),
+        Route("/db/{db:int}/runs/{run_id}/live", run_live),
+        Route("/db/{db:int}/runs/{run_id}/{action}", run_action, methods=["POST"]),
+        Route("/db/{db:int}/bulk", bulk_confirm),
+        Route("/db/{db:int}/bulk", bulk_act, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={Refused: _refused, HTTPException: _http_error},
+    )
+    app.state.jobrun_console = Console(guard, pages, found)
+    return app

@@ -1,0 +1,210 @@
+"""The pages that only read: runs, one run (and its live fragment), health."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from jobrun._core.browse import COUNT_CAP
+from jobrun._core.formats import format_instant, parse_instant
+from jobrun._core.progress import Poll, progress_of
+from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
+from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of
+from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
+from jobrun.ui.state import console_of, database_of, failure_text
+
+FAILED_RECENTLY = timedelta(hours=1)
+_MAX_ID = 200
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _status_counts(
+    database: Database, runs_filter: RunsFilter, now: datetime
+) -> dict[str, int]:
+    counts = {}
+    for status in STATUS_CHOICES:
+        query = runs_filter.with_status(status).query(now)
+        counts[status] = await database.store.count(query, COUNT_CAP)
+    return counts
+
+
+async def runs_page(request: Request) -> Response:
+    console = console_of(request)
+    await console.guard.require_view(request)
+    database = database_of(request)
+    runs_filter = RunsFilter.of(request.query_params)
+    before = request.query_params.get("before", "")[:_MAX_ID] or None
+    context: dict[str, Any] = {
+        "db": request.path_params["db"],
+        "database": database,
+        "filter": runs_filter,
+        "statuses": STATUS_CHOICES,
+        "problems": runs_filter.problems(),
+        "runs": [],
+        "counts": {},
+        "older": None,
+        "before": before,
+        "error": None,
+    }
+    if not context["problems"]:
+        now = _now()
+        try:
+            # One row more than shown says whether an older page exists, with no count.
+            rows = await database.store.find(
+                runs_filter.query(now, before_id=before, limit=PAGE_SIZE + 1)
+            )
+            context["counts"] = await _status_counts(database, runs_filter, now)
+        except DATABASE_FAILURES as error:
+            context["error"] = failure_text(error)
+        else:
+            shown = rows[:PAGE_SIZE]
+            context["runs"] = [job_run_of(row) for row in shown]
+            if len(rows) > PAGE_SIZE:
+                context["older"] = runs_filter.encoded(before=shown[-1].id)
+    status = 400 if context["problems"] else 200
+    return await console.pages.render(request, "runs.html", context, status)
+
+
+def _previous(run: JobRun, given: str | None) -> Poll | None:
+    """The poll the browser saw last (sent back as JSON), to compute rates against."""
+    if not given or len(given) > 20_000:
+        return None
+    try:
+        seen = json.loads(given)
+        at = float(seen["at"])
+        counters = {
+            str(name): value
+            for name, value in dict(seen["counters"]).items()
+            if isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        }
+    except (ValueError, TypeError, KeyError):
+        return None
+    return Poll(replace(run, counters=counters), at)
+
+
+def _live_context(run: JobRun, steps: dict[str, StepRow], given: str | None) -> dict[str, Any]:
+    at = time.time()
+    previous = _previous(run, given)
+    poll = previous.follow(run, at) if previous is not None else Poll(run, at)
+    progress = progress_of(run.counters)
+    now = _now()
+    return {
+        "run": run,
+        "steps": list(steps.values()),
+        "rates": poll.rates,
+        "progress": progress,
+        "remaining_s": _remaining_s(poll, progress),
+        "poll_state": json.dumps({"at": at, "counters": run.counters}),
+        "now": now,
+        "lease_left_s": (
+            (run.lease_expires_at - now).total_seconds() if run.lease_expires_at else None
+        ),
+        "running": run.status == JobRunStatus.RUNNING,
+    }
+
+
+def _remaining_s(poll: Poll, progress: tuple[str, float, float] | None) -> float | None:
+    if progress is None or poll.run.status != JobRunStatus.RUNNING:
+        return None
+    name, done, total = progress
+    rate = poll.rates.get(name, 0.0)
+    return (total - done) / rate if rate > 0 and done < total else None
+
+
+async def _run_context(request: Request) -> dict[str, Any]:
+    database = database_of(request)
+    run_id = request.path_params["run_id"][:_MAX_ID]
+    context: dict[str, Any] = {
+        "db": request.path_params["db"],
+        "database": database,
+        "run_id": run_id,
+        "run": None,
+        "error": None,
+        "notice": _NOTICES.get(request.query_params.get("notice", "")),
+    }
+    try:
+        row = await database.store.get(run_id)
+        steps = await database.store.steps(run_id) if row is not None else {}
+    except DATABASE_FAILURES as error:
+        context["error"] = failure_text(error)
+        return context
+    if row is not None:
+        context |= _live_context(job_run_of(row), steps, request.query_params.get("prev"))
+    return context
+
+
+_NOTICES = {
+    "cancelled": "Cancelled.",
+    "resumed": "Resumed: the run is due again from its committed cursor.",
+    "released": "Lease released: any driver may take the run now.",
+    "not-released": "The run held no lease; nothing was released.",
+    "started": "Started again: this is the new run of the same key.",
+    "joined": "A run of this key was already live: this is it.",
+}
+
+
+async def run_page(request: Request) -> Response:
+    console = console_of(request)
+    await console.guard.require_view(request)
+    context = await _run_context(request)
+    status = 404 if context["run"] is None and context["error"] is None else 200
+    return await console.pages.render(request, "run.html", context, status)
+
+
+async def run_live(request: Request) -> Response:
+    """The changing part of the run page, fetched by the page's script while it runs."""
+    console = console_of(request)
+    await console.guard.require_view(request)
+    context = await _run_context(request)
+    status = 404 if context["run"] is None and context["error"] is None else 200
+    return await console.pages.render(request, "run_live.html", context, status)
+
+
+async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
+    part: dict[str, Any] = {"database": database, "error": None, "jobs": [], "revisions": None}
+    try:
+        part["revisions"] = await revisions_of(database)
+        loads = await database.store.job_loads(
+            format_instant(now), format_instant(now - FAILED_RECENTLY)
+        )
+    except DATABASE_FAILURES as error:
+        part["error"] = failure_text(error)
+        return part
+    part["jobs"] = [
+        {
+            "load": load,
+            "oldest_due_age_s": (
+                max(0.0, (now - parse_instant(load.oldest_due_at)).total_seconds())
+                if load.oldest_due_at
+                else None
+            ),
+        }
+        for load in loads
+    ]
+    totals = {
+        name: sum(getattr(load, name) for load in loads)
+        for name in ("running", "due", "stranded", "failed_recently")
+    }
+    part["totals"] = totals
+    return part
+
+
+async def health_page(request: Request) -> Response:
+    console = console_of(request)
+    await console.guard.require_view(request)
+    now = _now()
+    parts = [await _database_health(database, now) for database in console.databases]
+    context = {"parts": parts, "now": now, "stranded": STRANDED}
+    return await console.pages.render(request, "health.html", context)

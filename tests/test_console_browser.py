@@ -1,0 +1,179 @@
+"""The console in a real browser: Debian's chromium, headless, driven by Playwright.
+
+Playwright cannot download its own browser here, so the system one is launched.
+Locally the tests skip (with the reason) when ``/usr/bin/chromium`` is missing;
+under CI they fail instead (``.ci/run`` installs it). Each test leaves a
+screenshot of the screen it drove; with ``JOBRUN_UPDATE_SCREENSHOTS=1`` they are
+written to ``docs/images/`` (the README links them), else to the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from playwright.async_api import Page, async_playwright, expect
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import jobrun
+from jobrun.ui import create_app
+from tests.conftest import IN_CI
+from tests.support import REPO
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = REPO / "docs" / "images"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    if not CHROMIUM.exists():
+        if IN_CI:
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium before tests")
+        pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def served(sqlite_url: str) -> Iterator[str]:
+    """The console on the test's SQLite file, served by uvicorn from its own thread and loop."""
+    engine = create_async_engine(sqlite_url)  # used only from the server's loop
+    app = create_app({"main": engine}, poll_interval_s=0.2)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+
+    def serve() -> None:
+        async def main() -> None:
+            try:
+                await server.serve()
+            finally:
+                await engine.dispose()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        threading.Event().wait(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture
+async def store(sqlite_url: str) -> AsyncIterator[jobrun.SqlJobRunStore]:
+    engine = create_async_engine(sqlite_url)
+    try:
+        yield jobrun.SqlJobRunStore(engine)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def page(chromium: Path) -> AsyncIterator[Page]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(chromium), headless=True)
+        try:
+            context = await browser.new_context(viewport={"width": 1280, "height": 800})
+            opened = await context.new_page()
+            opened.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+            yield opened
+        finally:
+            await browser.close()
+
+
+async def _screenshot(page: Page, name: str, tmp_path: Path) -> None:
+    folder = SCREENSHOTS if os.environ.get("JOBRUN_UPDATE_SCREENSHOTS") else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"console-{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 1000
+
+
+async def test_list_filter_open_and_cancel(
+    page: Page, served: str, store: Any, tmp_path: Path
+) -> None:
+    for instance in ("acme", "globex", "initech"):
+        await jobrun.start_job_run(store, module_id="shop", job="sync", instance=instance)
+    target = await jobrun.start_job_run(
+        store, module_id="billing", job="invoice", instance="march", payload={"month": 3}
+    )
+    await page.goto(f"{served}/")
+    await expect(page.locator("table.runs tbody tr")).to_have_count(4)
+    await _screenshot(page, "runs", tmp_path)
+    await page.fill('input[name="module"]', "billing")
+    await page.click("text=Filter")
+    await expect(page.locator("table.runs tbody tr")).to_have_count(1)
+    await page.click(f"text={target.id}")
+    await expect(page.locator("h1 .status")).to_have_text("running")
+    await page.fill('input[name="reason"]', "wrong month")
+    await page.click('button:has-text("Cancel")')
+    await expect(page.locator("h1 .status")).to_have_text("failed")
+    await expect(page.locator(".notice")).to_contain_text("Cancelled")
+    record = await jobrun.get_job_run(store, target.id)
+    assert record is not None
+    assert record.last_error == "cancelled: wrong month"
+
+
+async def test_a_live_runs_counters_move(
+    page: Page, served: str, store: Any, tmp_path: Path
+) -> None:
+    registry = jobrun.JobRegistry()
+
+    @registry.job("shop", "reindex")
+    async def reindex(p: jobrun.JobPass) -> jobrun.PassResult:
+        p.count("total", 0 if p.cursor else 1000)
+        p.count("done", 100)
+        await p.step("page", lambda: {"page": p.cursor or 0})
+        return jobrun.PassResult(cursor=(p.cursor or 0) + 1)
+
+    run = await jobrun.start_job_run(store, module_id="shop", job="reindex")
+    await jobrun.run_due_jobs(store, registry)
+    await page.goto(f"{served}/db/0/runs/{run.id}")
+    done = page.locator('[data-counter="done"]')
+    await expect(done).to_have_text("100")
+    for expected in ("200", "300", "400"):
+        await jobrun.run_due_jobs(store, registry)
+        # No reload: the page's own polling brings the new counters in.
+        await expect(done).to_have_text(expected, timeout=10_000)
+    await expect(page.locator("progress")).to_have_attribute("value", "400")
+    await _screenshot(page, "run", tmp_path)
+
+
+async def test_bulk_resume_of_failed_runs(
+    page: Page, served: str, store: Any, tmp_path: Path
+) -> None:
+    failed = []
+    for index in range(3):
+        run = await jobrun.start_job_run(store, module_id="crm", job="import", instance=f"n{index}")
+        await jobrun.cancel_job_run(store, run.id, "upstream was down")
+        failed.append(run.id)
+    await jobrun.start_job_run(store, module_id="crm", job="import", instance="healthy")
+    await page.goto(f"{served}/db/0/runs?status=failed")
+    await expect(page.locator("table.runs tbody tr")).to_have_count(3)
+    await page.check("#select-all")
+    await page.click('#selected button:has-text("Resume")')
+    await expect(page.locator("h1")).to_have_text("Resume 3 runs?")
+    await page.click('button:has-text("Resume 3 runs")')
+    await expect(page.locator("h1")).to_contain_text("3 done, 0 refused")
+    for run_id in failed:
+        record = await jobrun.get_job_run(store, run_id)
+        assert record is not None
+        assert record.status == "running"
+    await page.goto(f"{served}/health")
+    await expect(page.locator("table.health tbody tr")).to_have_count(1)
+    await _screenshot(page, "health", tmp_path)
