@@ -72,8 +72,8 @@ async def _resume_and_finish(store: Any, clock: FakeClock, run_id: str) -> jobru
     ("returned", "expected"),
     [
         (None, "the handler returned None: did you forget `return`?"),
-        ({"done": 1}, "the handler returned done=1 (a int): done must be True or False"),
-        (jobrun.PassResult(done=1), "the handler returned done=1 (a int)"),  # type: ignore[arg-type]
+        ({"done": 1}, "the handler returned done=1 (an int): done must be True or False"),
+        (jobrun.PassResult(done=1), "the handler returned done=1 (an int)"),  # type: ignore[arg-type]
         (jobrun.PassResult(done=Truthy()), "done must be True or False"),  # type: ignore[arg-type]
         ({"curser": 3}, "the handler returned unknown key(s) 'curser'"),
         ([1, 2], "the handler returned a list: return PassResult(cursor=..., done=...)"),

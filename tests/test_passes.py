@@ -291,7 +291,7 @@ async def test_keeping_the_cursor_keeps_its_text_verbatim(
         (True, "bool"),
         # Revised for Python: a forgotten return, and a done that is not a bool.
         (None, "did you forget `return`?"),
-        ({"done": 1}, "done=1 (a int)"),
+        ({"done": 1}, "done=1 (an int)"),
         ({"done": "yes"}, "done='yes' (a str)"),
         (jobrun.PassResult(done=1), "done must be True or False"),  # type: ignore[arg-type]
     ],

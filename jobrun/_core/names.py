@@ -51,7 +51,7 @@ def require_name(value: object, argument: str, *, allow_empty: bool = False) -> 
     problem = name_problem(value, allow_empty=allow_empty)
     if problem is not None:
         raise JobValidationError(
-            f"{argument} {_shown(value)} {problem}", [{"path": argument, "message": problem}]
+            f"{argument} {shown_name(value)} {problem}", [{"path": argument, "message": problem}]
         )
     return value
 
@@ -61,12 +61,12 @@ def require_text(value: str, argument: str) -> str:
     problem = text_problem(value)
     if problem is not None:
         raise JobValidationError(
-            f"{argument} {_shown(value)} {problem}", [{"path": argument, "message": problem}]
+            f"{argument} {shown_name(value)} {problem}", [{"path": argument, "message": problem}]
         )
     return value
 
 
-def _shown(value: str) -> str:
+def shown_name(value: str) -> str:
     """A short, printable rendering of a refused value (it may be huge or unprintable)."""
     shown = ascii(value[:40])
     return shown if len(value) <= 40 else f"{shown[:-1]}...{shown[-1]}"

@@ -32,7 +32,7 @@ from jobrun._core.formats import (
     mint_run_id,
 )
 from jobrun._core.lease import Lease, LeaseKeeper
-from jobrun._core.names import name_problem
+from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
@@ -199,7 +199,7 @@ class JobPass:
                 )
             problem = name_problem(name)
             if problem is not None:
-                raise _mistake(f"counter name {name[:40]!a} {problem}", "counters")
+                raise _mistake(f"counter name {shown_name(name)} {problem}", "counters")
         if isinstance(by, bool) or not isinstance(by, int | float) or not math.isfinite(by):
             raise _mistake(
                 f"p.count({name!r}, by={by!r}): by must be a finite int or float", "counters"
@@ -245,7 +245,7 @@ class JobPass:
             raise _mistake(f"a step name must be a str, got {type(name).__name__}", "step")
         problem = name_problem(name)
         if problem is not None:
-            raise _mistake(f"step name {name[:40]!a} {problem}", f"step.{name[:40]}")
+            raise _mistake(f"step name {shown_name(name)} {problem}", "step")
         if not callable(fn):
             raise _mistake(f"step {name!r}: fn must be callable, got {type(fn).__name__}", "step")
         if retry is not None and not isinstance(retry, RetryPolicy):

@@ -65,9 +65,11 @@ def _mistake(text: str, path: str, what: str) -> HandlerMistakeError:
 
 
 def _type_name(value: object) -> str:
+    """The type with its article: ``an int``, ``a numpy.bool``."""
     kind = type(value)
     module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+    name = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def interpret_result(result: object) -> tuple[Any, bool]:
@@ -92,16 +94,16 @@ def interpret_result(result: object) -> tuple[Any, bool]:
         cursor, done = result.get("cursor", KEEP_CURSOR), result.get("done", False)
     else:
         raise _mistake(
-            f"the handler returned a {_type_name(result)}: {_RESULT_HELP}",
+            f"the handler returned {_type_name(result)}: {_RESULT_HELP}",
             "result",
-            f"a {_type_name(result)}",
+            _type_name(result),
         )
     if type(done) is not bool:
         raise _mistake(
-            f"the handler returned done={done!r} (a {_type_name(done)}): done must be True "
+            f"the handler returned done={done!r} ({_type_name(done)}): done must be True "
             "or False; write done=bool(...) if it comes from elsewhere",
             "result.done",
-            f"a {_type_name(done)}",
+            _type_name(done),
         )
     return cursor, done
 
