@@ -228,3 +228,39 @@ async def test_the_worker_warns_once_per_check_about_jobs_it_does_not_register(
         f"{engine.url.render_as_string(hide_password=True)} wait for a driver: this worker "
         "does not register that job (register it, or cancel the runs)"
     ]
+
+
+# --- import cost ---------------------------------------------------------------------------------
+
+
+def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alembic(
+    sqlite_url: str,
+) -> None:
+    # Alembic costs about what SQLAlchemy costs to import; only migrating needs it.
+    # (The timings themselves are in benchmarks/bench_import.py, not in a test.)
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['jobrun', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('jobrun', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('alembic' in sys.modules, file=sys.stderr)\n"
+    )
+    for arguments in (
+        [],
+        ["--help"],
+        ["runs", "--url", sqlite_url],
+        ["health", "--url", sqlite_url],
+    ):
+        command = [sys.executable, "-c", probe, *arguments]
+        if not arguments:
+            command = [
+                sys.executable,
+                "-c",
+                "import sys, jobrun; print('alembic' in sys.modules, file=sys.stderr)",
+            ]
+        done = subprocess.run(
+            command, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+        )
+        assert done.stderr.strip().splitlines()[-1] == "False", (arguments, done.stderr)
