@@ -264,3 +264,10 @@ def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alemb
             command, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
         )
         assert done.stderr.strip().splitlines()[-1] == "False", (arguments, done.stderr)
+
+
+def test_a_payload_with_a_lone_surrogate_gets_one_line(database_url: str) -> None:
+    line = one_line_failure(
+        invoke("start", "--url", database_url, "shop", "walk", "--payload", '{"k": "\\ud800"}'), 2
+    )
+    assert "text with a lone surrogate (not valid Unicode)" in line

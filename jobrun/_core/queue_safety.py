@@ -137,6 +137,9 @@ def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
     except OverCapError as error:
         # Both numbers go into the message itself, not only into ``errors``.
         _refuse(root, root, str(error), "is too large to carry")
+    except UnicodeEncodeError as error:
+        # What Python makes of non-UTF-8 bytes: no backend can store it.
+        _refuse(root, root, "text with a lone surrogate (not valid Unicode)", f"({error})")
     except ValueError as error:
         # Python refuses to print ints of more than 4300 digits.
         _refuse(root, root, "a value JSON text cannot hold", f"({error})")
