@@ -1,12 +1,15 @@
-# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
+# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`
+# (`make docs` builds the documentation site into site/).
 # Both build .venv first, and rebuild it only when pyproject.toml changes.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Material's banner about its successor is not a warning about these docs.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test docs mutation clean
 
 venv: $(STAMP)
 
@@ -29,8 +32,21 @@ test: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest
+	$(MKDOCS) build --strict --quiet
+
+# The documentation site, into site/ (warnings are errors, as in `make test`).
+docs: venv
+	$(MKDOCS) build --strict
+
+# Mutation testing on demand, never in CI (see tests/README.md). MUTANTS narrows
+# it, e.g. make mutation MUTANTS='jobrun._core.lease*'.
+MUTANTS ?=
+mutation: venv
+	$(BIN)/python -m pip install --quiet -e '.[mutation]'
+	$(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \
-		.import_linter_cache .hypothesis
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		.import_linter_cache .hypothesis mutants
 	rm -f demo.db demo.db-wal demo.db-shm

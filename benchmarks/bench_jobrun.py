@@ -742,10 +742,12 @@ async def drive_bench(args: argparse.Namespace) -> dict[str, Any]:
                     "plan_empty": plans[name]["empty"],
                     "plan_with_many_due": plans_many_due[name],
                     "plan_with_many_due_uses_due_index": any(
-                        "_substrat_job_runs_due_at" in p for p in plans_many_due[name]
+                        "_substrat_job_runs_claim_order" in p for p in plans_many_due[name]
                     ),
                     "plan_history": plan_h,
-                    "plan_uses_due_index": any("_substrat_job_runs_due_at" in p for p in plan_h),
+                    "plan_uses_due_index": any(
+                        "_substrat_job_runs_claim_order" in p for p in plan_h
+                    ),
                     "plan_has_seq_scan": any(
                         ("Seq Scan" in p and "_substrat_job_runs" in p)
                         or (p.split(" ", 3)[-1].startswith("SCAN _substrat_job_runs"))

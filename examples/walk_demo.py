@@ -20,12 +20,11 @@ What the demo shows:
 * Ctrl-C or ``kill -9`` at any moment loses at most the steps in flight.
   Running the same command again resumes the same run from its last committed
   page; a committed step never runs twice and no object is counted twice.
-* A second copy started while one is driving joins the same run and only
-  watches it. jobrun's leases would let both drive safely, but one driver and
-  one watcher make the clearer demo; a lock file decides which copy drives. If
-  the driving copy dies, the watcher takes over at once: holding the lock
-  proves the old driver is gone, so its lease is released by hand instead of
-  waiting for it to expire.
+* A second copy started while one is driving joins the same run. Both drive
+  it: each pass leases the run, so they take turns and never run a pass twice.
+  When one copy dies, even by ``kill -9``, the other (or the next copy started)
+  takes the run over at once: jobrun proves the dead copy's process is gone,
+  so nobody waits for its lease to expire.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import functools
 import hashlib
 import math
@@ -43,7 +41,6 @@ import secrets
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -187,47 +184,6 @@ class Walker:
 
 
 # --------------------------------------------------------------------------
-# One driving copy per database file, so the demo's output stays readable.
-# --------------------------------------------------------------------------
-
-
-class DriverLock:
-    """Who may call ``run_due_jobs`` on this database: the holder of this lock.
-
-    Two copies could both drive (each pass leases the run, so they would take
-    turns), but then two progress bars would fight over one run. So a second copy
-    only watches.
-
-    An exclusive, non-blocking ``flock``, which the OS drops when the process
-    dies, even by ``kill -9``: never stale, nothing to clean up. The file lives in
-    the temp directory, keyed by the database's absolute path, so the repository
-    stays clean. Unix only, like ``fcntl``.
-    """
-
-    def __init__(self, db_path: Path) -> None:
-        key = hashlib.sha256(str(db_path.resolve()).encode()).hexdigest()[:16]
-        self.path = Path(tempfile.gettempdir()) / f"jobrun-walk-demo-{key}.lock"
-        self._fd: int | None = None
-
-    def try_acquire(self) -> bool:
-        if self._fd is not None:
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-# --------------------------------------------------------------------------
 # Showing progress.
 # --------------------------------------------------------------------------
 
@@ -340,11 +296,18 @@ async def drive(
     run_id: str,
     session: Session,
     max_passes: int,
+    announce: Callable[[bool], None] | None = None,
 ) -> jobrun.JobRun:
     """Call the bounded driver until the run is over. Each call does at most
-    ``max_passes`` passes, so this loop regularly gets to look at the run."""
+    ``max_passes`` passes, so this loop regularly gets to look at the run. While
+    another copy holds the run, a call drives nothing and this loop waits; if
+    that copy dies, the next call takes the run over at once."""
+    first = True
     while True:
         report = await jobrun.run_due_jobs(store, registry, max_passes=max_passes)
+        if first and announce is not None:
+            announce(report.attempted > 0)
+        first = False
         session.committed_passes += report.advanced + report.completed
         session.retried_passes += report.retrying
         session.failed_passes += report.failed
@@ -360,28 +323,7 @@ async def drive(
             wait = 0.005
             if run.next_attempt_at is not None:
                 wait = max(wait, (run.next_attempt_at - datetime.now(UTC)).total_seconds())
-            await asyncio.sleep(min(wait, 1.0))
-
-
-async def watch(
-    store: jobrun.SqlJobRunStore, run_id: str, lock: DriverLock, session: Session
-) -> jobrun.JobRun | None:
-    """Follow a run another copy is driving; ``None`` when that copy went away
-    (its lock was released, by exit or by death) and this one should drive."""
-    while True:
-        run = await jobrun.get_job_run(store, run_id)
-        if run is None:
-            raise RuntimeError(f"run {run_id} disappeared from the database")
-        session.note(run)
-        if run.status != jobrun.JobRunStatus.RUNNING:
-            return run
-        if lock.try_acquire():
-            # The driver may have finished between our read and the lock: re-read.
-            run = await jobrun.get_job_run(store, run_id)
-            if run is not None and run.status != jobrun.JobRunStatus.RUNNING:
-                return run
-            return None
-        await asyncio.sleep(0.2)
+            await asyncio.sleep(min(wait, 0.2))
 
 
 def report_run(
@@ -443,13 +385,11 @@ async def run_demo(args: argparse.Namespace, session: Session) -> int:
         seed=args.seed,
     )
     registry = jobrun.JobRegistry()
-    # A short lease: were the lock ever bypassed, a dead driver's run would wait
-    # at most this long (the default is 15 minutes, for real work).
-    registry.register(MODULE_ID, JOB, walker.walk, retry=JOB_RETRY, lease_ms=10_000)
-    lock = DriverLock(args.db)
+    # The default lease: a copy killed mid-pass is proven dead by the next one,
+    # which takes the run over at once instead of waiting for the lease.
+    registry.register(MODULE_ID, JOB, walker.walk, retry=JOB_RETRY)
     engine, store = await open_database(args.db)
     try:
-        driving = lock.try_acquire()
         # A token of ours in the payload tells "we inserted the run" from "we joined
         # a live one" (on a join the live run's payload wins).
         token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -464,14 +404,20 @@ async def run_demo(args: argparse.Namespace, session: Session) -> int:
         ours = run.payload.get("by") == token
         if ours:
             print(f"started run {run.id}: {shape.objects:,} objects, {shape.pages:,} pages")
-        elif driving:
-            print(f"resuming run {run.id} at page {session.page} of {shape.pages}", flush=True)
-        else:
-            print(
-                f"joined live run {run.id} at page {session.page} of {shape.pages}; "
-                "another copy is driving it, watching",
-                flush=True,
-            )
+        page = session.page
+
+        def announce(driving: bool) -> None:
+            if ours:
+                return
+            if driving:
+                print(f"resuming run {run.id} at page {page} of {shape.pages}", flush=True)
+            else:
+                print(
+                    f"joined live run {run.id} at page {page} of {shape.pages}; "
+                    "another copy is driving it, taking turns with it",
+                    flush=True,
+                )
+
         if not ours and (shape.objects, shape.page_size) != (args.objects, args.page_size):
             print(
                 f"(the run walks {shape.objects:,} objects in pages of {shape.page_size}, "
@@ -480,21 +426,7 @@ async def run_demo(args: argparse.Namespace, session: Session) -> int:
         sys.stdout.flush()
 
         async with progress_bar(store, run.id, session, args.quiet):
-            final: jobrun.JobRun | None = None
-            if not driving:
-                final = await watch(store, run.id, lock, session)
-                if final is None:
-                    print(
-                        f"the driving copy stopped; taking over run {run.id} "
-                        f"at page {session.page}",
-                        flush=True,
-                    )
-            if final is None:
-                # We hold the lock, so no other copy is driving: a lease still on the
-                # run was left by a driver that died mid-pass. Hand the run back now
-                # rather than wait for that lease to expire.
-                await jobrun.release_job_lease(store, run.id)
-                final = await drive(store, registry, run.id, session, args.max_passes)
+            final = await drive(store, registry, run.id, session, args.max_passes, announce)
         exact = report_run(final, session, walker)
         if final.status == jobrun.JobRunStatus.DONE and exact:
             return EXIT_DONE
@@ -506,7 +438,6 @@ async def run_demo(args: argparse.Namespace, session: Session) -> int:
                 latest = await jobrun.get_job_run(store, session.run_id)
                 if latest is not None:
                     session.note(latest)
-        lock.release()
         await engine.dispose()
 
 

@@ -24,7 +24,7 @@ from jobrun._core.observe import (
     observe_all,
 )
 from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
-from jobrun._core.port import JobRunStore, OperatorStore, StoreLimits
+from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore, StoreLimits
 from jobrun._core.queue_safety import assert_queue_safe
 from jobrun._core.records import (
     DriveError,
@@ -38,6 +38,7 @@ from jobrun._core.records import (
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.runs import get_job_run, job_runs, start_job_run
+from jobrun._core.scheduled_runs import start_scheduled_runs
 from jobrun.errors import (
     HandlerMistakeError,
     JobConflictError,
@@ -86,6 +87,7 @@ __all__ = [
     "PassWatch",
     "RetryPolicy",
     "RunKey",
+    "ScheduleStore",
     "SchemaOutdatedError",
     "SqlJobRunStore",
     "StepEnd",
@@ -109,6 +111,7 @@ __all__ = [
     "run_worker",
     "skip_jobrun_tables",
     "start_job_run",
+    "start_scheduled_runs",
     "upgrade",
     "upgrade_many",
 ]

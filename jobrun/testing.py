@@ -14,6 +14,7 @@ database. It is not durable and not shared between processes.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -22,10 +23,12 @@ from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     JobRunStatus,
     RunFilter,
     RunPatch,
     RunRow,
+    ScheduleRow,
     StepRow,
 )
 from jobrun.errors import JobConflictError
@@ -45,6 +48,7 @@ class FakeClock:
         return self._now
 
     def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
+        """Move the clock forward (never back) and return the new time."""
         if seconds < 0 or milliseconds < 0:
             raise ValueError("a FakeClock only moves forward")
         self._now += timedelta(seconds=seconds, milliseconds=milliseconds)
@@ -52,14 +56,21 @@ class FakeClock:
 
 
 class MemoryJobRunStore:
-    """The store port in a dict. Every operation completes without yielding, so
-    each is atomic with respect to other tasks on the loop."""
+    """The store port in a dict, for tests: pass it wherever a store is asked for.
+
+    It keeps the same contract as ``SqlJobRunStore`` (one live run per key,
+    fenced writes, the ledger dropped with the pass commit). Every operation
+    completes without yielding, so each is atomic with respect to other tasks on
+    the loop. ``default_scope`` is what ``await p.scope()`` returns in passes
+    driven without an ``open_scope``.
+    """
 
     def __init__(self, limits: StoreLimits | None = None, default_scope: object = None) -> None:
         self._limits = limits or StoreLimits()
         self._default_scope = default_scope
         self.runs: dict[str, RunRow] = {}
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
+        self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
 
     @property
     def limits(self) -> StoreLimits:
@@ -87,22 +98,38 @@ class MemoryJobRunStore:
         def due_at(row: RunRow) -> str:
             return row.next_attempt_at or row.started_at
 
-        candidates = sorted(
+        full = {
+            job
+            for job, most in request.max_concurrent.items()
+            if self._in_flight(job, request.now_at) >= most
+        }
+        wanted = [
+            row
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING and (row.module_id, row.job) in request.expires_at
+        ]
+        # Taking over a dead holder's run adds no pass in flight: limits do not apply.
+        orphans = [
+            row
+            for row in wanted
+            if row.lease_owner in request.dead_owners and due_at(row) > request.now_at
+        ]
+        candidates = orphans or sorted(
             (
                 row
-                for row in self.runs.values()
-                if row.status == JobRunStatus.RUNNING
-                and due_at(row) <= request.now_at
-                and (row.module_id, row.job) in request.expires_at
+                for row in wanted
+                if due_at(row) <= request.now_at
+                and (row.module_id, row.job) not in full
                 and row.id not in request.skip_ids
             ),
-            key=lambda row: (due_at(row), row.id),
+            key=lambda row: (-row.priority, due_at(row), row.id),
         )
         if not candidates:
             return None
         row = candidates[0]
         taken_over = row.lease_owner is not None
         began = taken_over and row.lease_began_at is not None
+        died = row.lease_owner in request.dead_owners
         claimed = replace(
             row,
             lease_owner=request.token,
@@ -112,14 +139,72 @@ class MemoryJobRunStore:
             lease_takeovers=row.lease_takeovers + (1 if taken_over else 0),
             attempts=row.attempts + (1 if began else 0),
             last_error=(
-                f"the lease of driver {row.lease_driver} expired during a pass; "
-                "the run was taken over"
+                (
+                    f"the driver {row.lease_driver} died during a pass; "
+                    "the run was taken over at once"
+                    if died
+                    else f"the lease of driver {row.lease_driver} expired during a pass; "
+                    "the run was taken over"
+                )
                 if began
                 else row.last_error
             ),
         )
         self.runs[row.id] = claimed
         return claimed
+
+    def _in_flight(self, job: tuple[str, str], now_at: str) -> int:
+        """Runs of ``job`` holding a lease that has not expired."""
+        return sum(
+            1
+            for row in self.runs.values()
+            if (row.module_id, row.job) == job
+            and row.status == JobRunStatus.RUNNING
+            and row.lease_owner is not None
+            and row.next_attempt_at is not None
+            and row.next_attempt_at > now_at
+        )
+
+    async def schedule_rows(self) -> list[ScheduleRow]:
+        return [self.schedules[key] for key in sorted(self.schedules)]
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        for row in rows:
+            self.schedules.setdefault((row.module_id, row.job, row.schedule), row)
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        key = (schedule.module_id, schedule.job, schedule.schedule)
+        stored = self.schedules.get(key)
+        if stored is None or not stored.last_slot_at < schedule.last_slot_at:
+            return None
+        run, inserted = await self.start_or_join(row)
+        self.schedules[key] = replace(schedule, last_run_id=run.id)
+        return run, inserted
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        return [
+            HeldLease(
+                row.id,
+                row.module_id,
+                row.job,
+                row.lease_owner,
+                row.lease_driver,
+                row.lease_began_at,
+            )
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING
+            and row.lease_owner is not None
+            and (row.next_attempt_at or row.started_at) > now_at
+            and (jobs is None or (row.module_id, row.job) in jobs)
+        ]
+
+    async def presence(self) -> int | None:
+        return None
+
+    async def clock_offset_s(self) -> float:
+        return 0.0
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         wanted = {
@@ -233,12 +318,16 @@ class MemoryJobRunStore:
         waiting = [
             row.next_attempt_at or row.started_at
             for row in live
-            if row.lease_owner is None and (row.next_attempt_at or row.started_at) <= now_at
+            if (row.next_attempt_at or row.started_at) <= now_at
         ]
         return HealthCounts(
             running=len(live),
             due=len(waiting),
-            leased=sum(1 for row in live if row.lease_owner is not None),
+            leased=sum(
+                1
+                for row in live
+                if row.lease_owner is not None and (row.next_attempt_at or row.started_at) > now_at
+            ),
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
         )
@@ -252,11 +341,21 @@ class MemoryJobRunStore:
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
-    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
         doomed = [
             run_id
             for run_id, row in self.runs.items()
-            if row.status in statuses
+            if (only_jobs is None or (row.module_id, row.job) in only_jobs)
+            and (row.module_id, row.job) not in except_jobs
+            and row.status in statuses
             and row.status != JobRunStatus.RUNNING
             and row.ended_at is not None
             and row.ended_at < ended_before

@@ -8,8 +8,15 @@ When a database has nothing due, one of its drivers polls (one claim query)
 after a delay that doubles from 50 ms up to ``interval_s``, while the others
 wait to be woken: an idle database costs one claim query per interval. A
 driver that starts a pass wakes one idle sibling, so work spreads out as it
-appears. On Postgres a listener connection waits on ``LISTEN jobrun_started``
+appears. On Postgres the store's presence connection (its own, not one of the pool's;
+see ``jobrun.sql.presence``) also waits on ``LISTEN jobrun_started``
 (``start_job_run`` notifies it) and wakes the database's drivers at once.
+
+Per database, one more task starts the runs of due schedule slots (see
+:meth:`jobrun.JobRegistry.schedule`): it sleeps until the next slot, calls
+:func:`jobrun.start_scheduled_runs` and wakes the drivers. Another, with
+``prune_after`` or a job's ``keep_for``, deletes expired finished runs every
+``PRUNE_INTERVAL_S``, in small transactions, away from the drivers.
 
 ``stop`` ends the worker gracefully: no new claims, passes in flight finish.
 Cancelling the task running :func:`run_worker` cancels those passes too, and
@@ -25,6 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import make_url
@@ -44,6 +52,8 @@ from jobrun._core.observe import (
 from jobrun._core.passes import OpenScope
 from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
+from jobrun._core.retention import check_prune_after, prune_by_retention, retains
+from jobrun._core.scheduled_runs import start_scheduled_runs
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 
@@ -55,6 +65,10 @@ DEFAULT_INTERVAL_S = 5.0
 # register (never less than the interval): a read of its own, so the claim,
 # and an idle database's one claim per interval, stay as they are.
 UNREGISTERED_CHECK_S = 60.0
+PRUNE_INTERVAL_S = 600.0
+"""Retention runs at start and then every ten minutes: pruning is never urgent."""
+MAX_SCHEDULE_SLEEP_S = 60.0
+"""The scheduler looks again at least this often (a clock that jumps is noticed)."""
 
 HealthCallback = Callable[[str, JobRunHealth], None]
 
@@ -138,6 +152,7 @@ class _Worker:
         on_health: HealthCallback | None,
         stop: asyncio.Event,
         driver_name: str,
+        prune_after: timedelta | None,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -151,6 +166,7 @@ class _Worker:
         self.on_health = on_health
         self.stop = stop
         self.driver_name = driver_name
+        self.prune_after = prune_after
         self.slots = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -165,6 +181,10 @@ class _Worker:
                 if _listens(database.engine):
                     group.create_task(self._listen(database))
                 group.create_task(self._watch_unregistered(database))
+                if self.registry.schedules():
+                    group.create_task(self._schedule(database))
+                if retains(self.registry, self.prune_after):
+                    group.create_task(self._prune(database))
 
     async def _stopper(self) -> None:
         await self.stop.wait()
@@ -256,6 +276,49 @@ class _Worker:
                 )
             await self._sleep(max(self.interval_s, UNREGISTERED_CHECK_S))
 
+    async def _schedule(self, database: _Database) -> None:
+        """Start each due slot's run, then sleep until the next slot."""
+        schedules = self.registry.schedules()
+        while not self.stop.is_set():
+            try:
+                if await start_scheduled_runs(database.store, self.registry):
+                    database.wake_all()
+            except Exception as error:
+                log.warning(
+                    "starting the scheduled runs of %s failed: %s; trying again in %.1f s",
+                    database.label,
+                    error,
+                    self.interval_s,
+                    extra={"database": database.label},
+                )
+                await self._sleep(self.interval_s)
+                continue
+            now = datetime.now(UTC)
+            upcoming = min(schedule.next_slot(now) for schedule in schedules)
+            await self._sleep(min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds()))
+
+    async def _prune(self, database: _Database) -> None:
+        while not self.stop.is_set():
+            try:
+                deleted = await prune_by_retention(
+                    database.store, self.registry, prune_after=self.prune_after
+                )
+                if deleted:
+                    log.info(
+                        "pruned %d finished runs of %s",
+                        deleted,
+                        database.label,
+                        extra={"database": database.label, "deleted": deleted},
+                    )
+            except Exception as error:
+                log.warning(
+                    "pruning %s failed: %s",
+                    database.label,
+                    error,
+                    extra={"database": database.label},
+                )
+            await self._sleep(PRUNE_INTERVAL_S)
+
     def _wanted(self, payload: str) -> bool:
         try:
             module_id, job = json.loads(payload)
@@ -286,26 +349,32 @@ class _Worker:
             if self._wanted(payload):
                 database.wake_all()
 
-        async with database.engine.connect() as connection:
-            raw = (await connection.get_raw_connection()).driver_connection
-            assert raw is not None
-            raw.add_termination_listener(lambda _connection: lost.set())
-            await raw.add_listener(database.channel, notified)
-            log.debug("listening for new runs on %s", database.label)
-            # Anything started before the LISTEN took effect: look now.
-            database.wake_all()
-            stopping = asyncio.ensure_future(self.stop.wait())
-            losing = asyncio.ensure_future(lost.wait())
-            try:
-                await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                losing.cancel()
-            if lost.is_set():
-                log.warning("lost the listening connection to %s", database.label)
-                return
-            with contextlib.suppress(Exception):
-                await raw.remove_listener(database.channel, notified)
+        # The store's presence connection (see ``jobrun.sql.presence``): a connection
+        # of its own, never one of the host's pool, which a small pool could not spare.
+        raw = await database.store.presence_connection()
+        assert raw is not None
+
+        def on_lost(_connection: Any) -> None:
+            lost.set()
+
+        raw.add_termination_listener(on_lost)
+        await raw.add_listener(database.channel, notified)
+        log.debug("listening for new runs on %s", database.label)
+        # Anything started before the LISTEN took effect: look now.
+        database.wake_all()
+        stopping = asyncio.ensure_future(self.stop.wait())
+        losing = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            losing.cancel()
+            raw.remove_termination_listener(on_lost)
+        if lost.is_set():
+            log.warning("lost the listening connection to %s", database.label)
+            return
+        with contextlib.suppress(Exception):
+            await raw.remove_listener(database.channel, notified)
 
 
 def _listens(engine: AsyncEngine) -> bool:
@@ -342,6 +411,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     driver_name: str | None = None,
+    prune_after: timedelta | None = None,
     schema: str | None = None,
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
@@ -356,6 +426,11 @@ async def run_worker(
     database every ``interval_s``. A failing database is logged and retried every
     ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
     tenant's schema in every database (see ``SqlJobRunStore(schema=...)``).
+
+    The registry's schedules are started at each slot (once per slot across any
+    number of workers). ``prune_after`` deletes finished runs that ended longer
+    ago than that (a job's ``keep_for`` wins for its own runs), at start and then
+    every ``PRUNE_INTERVAL_S``.
     """
     if not databases:
         raise ValueError("run_worker needs at least one database")
@@ -367,6 +442,7 @@ async def run_worker(
         _positive_seconds(pass_timeout_s, "pass_timeout_s")
     if not isinstance(registry, JobRegistry):
         raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+    prune_after = check_prune_after(prune_after)
     owned: list[AsyncEngine] = []
     try:
         engines: list[AsyncEngine] = []
@@ -398,6 +474,7 @@ async def run_worker(
             on_health=on_health,
             stop=stop if stop is not None else asyncio.Event(),
             driver_name=driver_name or default_driver_name(),
+            prune_after=prune_after,
         )
         began = time.monotonic()
         log.info(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -34,6 +35,20 @@ POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL")
 IN_CI = bool(os.environ.get("CI"))
 TEMPLATE = f"jobrun_template_{os.getpid()}"
 T = TypeVar("T")
+
+# Under CI hypothesis draws the same examples every run (derandomize); locally
+# it explores new ones each time. Either way the report header names the profile.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("local", print_blob=True)
+hypothesis_settings.load_profile(
+    os.environ.get("JOBRUN_HYPOTHESIS_PROFILE", "ci" if IN_CI else "local")
+)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    profile = hypothesis_settings.get_current_profile_name()
+    crash_seed = os.environ.get("JOBRUN_CRASH_SEED") or ("fixed (CI)" if IN_CI else "drawn per run")
+    return f"jobrun: hypothesis profile {profile!r}; kill -9 suite seed {crash_seed}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

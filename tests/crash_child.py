@@ -240,7 +240,9 @@ class Child:
             self.handler,
             # Injected failures and takeovers charge attempts; neither may end the run.
             retry=jobrun.RetryPolicy(max_attempts=1_000_000, base_delay_ms=0),
-            lease_ms=self.config["lease_ms"],
+            # None: the library's default lease (a minute), so only proven death
+            # lets the next child go on without waiting.
+            **({} if self.config["lease_ms"] is None else {"lease_ms": self.config["lease_ms"]}),
             max_takeovers=1_000_000,
         )
         if self.config["release"]:

@@ -18,7 +18,8 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import RunRow
+from jobrun._core.formats import add_milliseconds, format_instant
+from jobrun._core.records import ClaimRequest, RunRow
 from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock, MemoryJobRunStore
@@ -140,3 +141,19 @@ async def run_alembic(*args: str, env: dict[str, str]) -> tuple[int, str]:
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
     return process.returncode or 0, output.decode()
+
+
+async def claim_as(
+    store: Any,
+    clock: Any,
+    token: str,
+    *,
+    driver: str = "dead-host:1",
+    lease_ms: int = 1000,
+    job: tuple[str, str] = ("m", "j"),
+) -> RunRow | None:
+    """Claim through the store port like a driver that then does nothing else."""
+    now_at = format_instant(clock())
+    return await store.claim(
+        ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
+    )

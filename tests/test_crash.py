@@ -22,7 +22,8 @@ promises:
 
 Environment:
 
-* ``JOBRUN_CRASH_SEED`` forces the schedule's seed (a failure prints the one it used).
+* ``JOBRUN_CRASH_SEED`` forces the schedule's seed (the seed used is printed); under CI
+  (``CI`` set) the seed is fixed, so CI replays the same schedule every run.
 * ``JOBRUN_CRASH_KILLS`` sets the number of kills per backend (default 50, for CI).
   By hand, for a longer soak: ``JOBRUN_CRASH_KILLS=1000 .venv/bin/pytest
   tests/test_crash.py -m slow -s --timeout 0`` (the walk grows with the kills).
@@ -56,6 +57,7 @@ from crash_child import JOB, KINDS, MODULE_ID, sink, sink_metadata
 CHILD = Path(__file__).with_name("crash_child.py")
 KILLS = int(os.environ.get("JOBRUN_CRASH_KILLS", "50"))
 SEED_TEXT = os.environ.get("JOBRUN_CRASH_SEED")
+CI_CRASH_SEED = 20261201
 PAGE_SIZE = 12
 STEPS_PER_PASS = 4
 # Enough pages that the planned kills are spent long before the walk ends (a
@@ -122,7 +124,7 @@ def plan_kills(rng: random.Random, kills: int) -> list[dict[str, Any]]:
 
 
 async def run_children(
-    url: str, backend: str, run_id: str, log_path: Path, seed: int, say: Any
+    url: str, backend: str, run_id: str, log_path: Path, seed: int, say: Any, lease_ms: int | None
 ) -> collections.Counter[str]:
     """Start children until one finds the run done; return how each child ended."""
     rng = random.Random(seed)
@@ -145,9 +147,10 @@ async def run_children(
             "steps_per_pass": STEPS_PER_PASS,
             "invocation": invocation,
             "child_seed": rng.getrandbits(32),
-            "lease_ms": LEASE_MS,
-            # Half the restarts release the dead child's lease, half wait for it to expire.
-            "release": rng.random() < 0.5,
+            "lease_ms": lease_ms,
+            # Short lease: half the restarts release the dead child's lease by hand, half
+            # take it over (proven dead, or expired). Default lease: never by hand.
+            "release": rng.random() < 0.5 and lease_ms is not None,
             # One pass per claim, or many passes handing the lease on between them.
             "max_passes": rng.choice([1, 3, 1000]),
             **plan,
@@ -193,11 +196,24 @@ def read_log(log_path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("lease", ["short", "default"])
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
-async def test_walk_survives_kill_9(backend: str, database_url: str, tmp_path: Path) -> None:
-    seed = int(SEED_TEXT) if SEED_TEXT else random.SystemRandom().randrange(2**32)
+async def test_walk_survives_kill_9(
+    backend: str, lease: str, database_url: str, tmp_path: Path
+) -> None:
+    """``default``: the library's default lease, which no child waits out (each would
+    cost a minute): every restart takes the run over because the killed child is
+    proven dead."""
+    lease_ms = LEASE_MS if lease == "short" else None
+    # CI replays one fixed schedule; a local run draws a new one each time.
+    if SEED_TEXT:
+        seed = int(SEED_TEXT)
+    elif os.environ.get("CI"):
+        seed = CI_CRASH_SEED
+    else:
+        seed = random.SystemRandom().randrange(2**32)
     replay = f"seed {seed} (replay with JOBRUN_CRASH_SEED={seed} JOBRUN_CRASH_KILLS={KILLS})"
-    print(f"\n[{backend}] kill -9 suite: {KILLS} kills, {OBJECTS} objects, {replay}")
+    print(f"\n[{backend}, {lease} lease] kill -9 suite: {KILLS} kills, {OBJECTS} objects, {replay}")
     notes: list[str] = []
 
     def say(text: str) -> None:
@@ -221,7 +237,9 @@ async def test_walk_survives_kill_9(backend: str, database_url: str, tmp_path: P
         log_path = tmp_path / "crash.log"
         began = time.monotonic()
         try:
-            endings = await run_children(database_url, backend, run.id, log_path, seed, say)
+            endings = await run_children(
+                database_url, backend, run.id, log_path, seed, say, lease_ms
+            )
         except Exception as error:
             raise AssertionError(f"{error}\n{replay}") from error
         elapsed = time.monotonic() - began

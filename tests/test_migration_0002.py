@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import event, inspect, select, text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -211,8 +211,9 @@ async def test_the_upgrade_keeps_every_row_and_leases_nothing(at_0001: AsyncEngi
     assert await _snapshot_0001(engine) == written
     assert await _schema(engine) == (COLUMNS_0001, INDEXES_0001)
 
-    await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION
+    # To 0002 only: 0003's changes have a test of their own (test_migration_0003.py).
+    await jobrun.upgrade(engine, "0002")
+    assert await revision_of(engine) == "0002"
     assert await _schema(engine) == (COLUMNS_0001 + LEASE_COLUMNS, INDEXES_0002)
     # Every run and ledger row as it was, byte for byte.
     assert await _snapshot_0001(engine) == written
@@ -225,7 +226,7 @@ async def test_the_upgrade_keeps_every_row_and_leases_nothing(at_0001: AsyncEngi
     assert await _schema(engine) == (COLUMNS_0001, INDEXES_0001)
     assert await _snapshot_0001(engine) == written
     # The round trip can be made again.
-    await jobrun.upgrade(engine)
+    await jobrun.upgrade(engine, "0002")
     assert await _snapshot_0001(engine) == written
     assert await _schema(engine) == (COLUMNS_0001 + LEASE_COLUMNS, INDEXES_0002)
 
@@ -380,8 +381,9 @@ async def test_the_claim_reads_runs_through_the_due_at_index(at_0001: AsyncEngin
         for number in range(1, 5001)
     ]
     await _insert(engine, RUNS, many)
-    # The index is built by the migration over rows already there.
-    await jobrun.upgrade(engine)
+    # The index is built by the migration over rows already there. (0003 orders claims
+    # by priority first; test_migration_0003.py checks the store's claim against it.)
+    await jobrun.upgrade(engine, "0002")
     dialect = engine.dialect.name
     if dialect == "postgresql":
         async with engine.begin() as connection:
@@ -396,34 +398,12 @@ async def test_the_claim_reads_runs_through_the_due_at_index(at_0001: AsyncEngin
     )
     compiled = str(due_first.compile(engine.sync_engine, compile_kwargs={"literal_binds": True}))
 
-    # The store's own claim statement, exactly as it sends it.
-    claims: list[tuple[str, Any]] = []
-
-    def keep_claim(_c: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.startswith(f"UPDATE {RUNS}") and "coalesce(" in statement:
-            claims.append((statement, parameters))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", keep_claim)
-    try:
-        registry = jobrun.JobRegistry()
-        registry.register(MODULE, JOB, lambda p: jobrun.PassResult(done=True))
-        report = await jobrun.run_due_jobs(
-            jobrun.SqlJobRunStore(engine), registry, limit=1, clock=FakeClock(LATER)
-        )
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", keep_claim)
-    assert report.completed == 1
-    assert claims
-
     async with engine.connect() as connection:
-        for plan in (
-            await _plan(connection, compiled),
-            await _plan(connection, *claims[0]),
-        ):
-            if dialect == "sqlite":
-                assert f"USING INDEX {DUE_AT_INDEX} (status=? AND <expr><?)" in plan, plan
-                assert "TEMP B-TREE" not in plan, plan
-            else:
-                assert re.search(rf"Index (Only )?Scan using {DUE_AT_INDEX}\b", plan), plan
-                assert "COALESCE(next_attempt_at, started_at) <=" in plan, plan
-                assert not re.search(r"\bSort\b", plan), plan
+        plan = await _plan(connection, compiled)
+    if dialect == "sqlite":
+        assert f"USING INDEX {DUE_AT_INDEX} (status=? AND <expr><?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+    else:
+        assert re.search(rf"Index (Only )?Scan using {DUE_AT_INDEX}\b", plan), plan
+        assert "COALESCE(next_attempt_at, started_at) <=" in plan, plan
+        assert not re.search(r"\bSort\b", plan), plan

@@ -116,9 +116,10 @@ async def test_every_revision_up_and_down_keeps_the_rows(blank: AsyncEngine) -> 
     state = await check(blank)
     assert (state.current, state.differences) == (SCHEMA_REVISION, [])
     stored = await _stored(blank)
-    assert {name: len(rows) for name, rows in stored.items()} == dict.fromkeys(
-        JOBRUN_TABLES, len(chain())
-    )
+    # One row per revision since the table first appeared.
+    assert {name: len(rows) for name, rows in stored.items()} == {
+        name: sum(name in rows for rows in written) for name in JOBRUN_TABLES
+    }
 
     below = [None, *chain()[:-1]]
     for revision in reversed(below):

@@ -42,10 +42,10 @@ from jobrun.sql.migrate import (
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
 from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic
 
-JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps"}
-DUE_AT_INDEX = "_substrat_job_runs_due_at"
+JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps", "_substrat_job_schedules"}
+DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 
-# Autogenerate on SQLite cannot compare the expression index _substrat_job_runs_due_at:
+# Autogenerate on SQLite cannot compare the expression index _substrat_job_runs_claim_order:
 # SQLAlchemy's inspector warns that it skips reflecting it, and Alembic warns that it
 # therefore skips comparing it. Exactly these two warnings are expected in the SQLite
 # tests that call ``_diff``, which checks that index from SQLite's catalog instead.
@@ -392,7 +392,10 @@ def test_offline_sql_is_the_metadatas_ddl(
     }
     assert indexes == _index_ddl(metadata, dialect)
     assert "WHERE status = 'running'" in indexes["_substrat_job_runs_live_key"]
-    assert "(status, coalesce(next_attempt_at, started_at), id)" in indexes[DUE_AT_INDEX]
+    assert (
+        "(status, priority DESC, coalesce(next_attempt_at, started_at), id)"
+        in indexes[DUE_AT_INDEX]
+    )
     assert f"CREATE TABLE {VERSION_TABLE}" in script
     assert f"SET version_num='{SCHEMA_REVISION}'" in script
     assert "CREATE TABLE alembic_version" not in script
@@ -412,7 +415,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert code == 0, output
     # From the command line, alembic.ini's logging set-up applies: Alembic says what it ran.
     assert "INFO  [alembic.runtime.migration] Running upgrade  -> 0001" in output
-    assert f"INFO  [alembic.runtime.migration] Running upgrade 0001 -> {SCHEMA_REVISION}" in output
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0001 -> 0002" in output
+    assert f"INFO  [alembic.runtime.migration] Running upgrade 0002 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")

@@ -23,11 +23,14 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import await_only
 
 import jobrun
 from tests.support import SQL_BACKENDS
@@ -513,3 +516,138 @@ async def test_two_driver_processes(database_url: str, tmp_path: Path, lease: st
             assert superseded == 0
     finally:
         await watcher_engine.dispose()
+
+
+# --- prune racing resume ------------------------------------------------------------------------
+
+
+async def _failed_run_with_a_ledger(store: jobrun.SqlJobRunStore) -> str:
+    """A run that completed step ``a``, then failed; ended an hour ago."""
+    registry = jobrun.JobRegistry()
+
+    @registry.job(MODULE, JOB, retry=jobrun.RetryPolicy(max_attempts=1))
+    async def handler(p: jobrun.JobPass) -> None:
+        await p.step("a", lambda: "done once")
+        raise RuntimeError("fails after step a")
+
+    run = await jobrun.start_job_run(store, **KEY)
+    report = await jobrun.run_due_jobs(store, registry)
+    assert report.failed == 1
+    return run.id
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS[1:])
+async def test_prune_blocked_behind_a_resume_deletes_nothing_and_counts_nothing(
+    backend: str, database_url: str
+) -> None:
+    """Postgres: prune chooses the failed run, then waits on its row, which a resume
+    is writing; the resume commits. The delete must re-check the status as it
+    deletes (remove ``status != 'running'`` from it and this test fails)."""
+    engine = create_async_engine(database_url)
+    try:
+        store = jobrun.SqlJobRunStore(engine)
+        run_id = await _failed_run_with_a_ledger(store)
+        async with engine.connect() as resumer:
+            # The resume's write, held open: its row lock makes prune wait.
+            await resumer.execute(
+                text(
+                    "UPDATE _substrat_job_runs SET status = 'running', ended_at = NULL "
+                    "WHERE id = :id"
+                ),
+                {"id": run_id},
+            )
+            pruning = asyncio.create_task(
+                jobrun.prune_job_runs(store, older_than=timedelta(0), statuses=("failed",))
+            )
+            async with engine.connect() as watcher:
+                for _ in range(500):
+                    waiting = await watcher.scalar(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                            "'Lock' AND query LIKE 'DELETE FROM _substrat_job_runs%'"
+                        )
+                    )
+                    if waiting:
+                        break
+                    await asyncio.sleep(0.02)
+                assert waiting, "prune never waited on the resumed row"
+            await resumer.commit()
+        assert await asyncio.wait_for(pruning, 30) == 0, "prune counted a deletion it did not make"
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.status == "running"
+        assert set(await store.steps(run_id)) == {"a"}, "the resumed run kept its ledger"
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_a_resume_landing_as_prune_starts_writing_keeps_its_ledger(
+    backend: str, database_url: str
+) -> None:
+    """The resume commits right before prune's first write (after the moment the
+    old prune had chosen its ids): the resumed run and its ledger stay."""
+    engine = create_async_engine(database_url)
+    try:
+        store = jobrun.SqlJobRunStore(engine)
+        run_id = await _failed_run_with_a_ledger(store)
+        other = create_async_engine(database_url)
+        resumed: list[bool] = []
+
+        @event.listens_for(engine.sync_engine, "before_cursor_execute")
+        def resume_now(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.lstrip().startswith("DELETE") and not resumed:
+                resumed.append(True)
+                # Another host's resume, committed while prune is about to write.
+                await_only(jobrun.resume_job_run(jobrun.SqlJobRunStore(other), run_id))
+
+        try:
+            pruned = await jobrun.prune_job_runs(
+                store, older_than=timedelta(0), statuses=("failed",)
+            )
+        finally:
+            event.remove(engine.sync_engine, "before_cursor_execute", resume_now)
+            await other.dispose()
+        assert resumed == [True]
+        assert pruned == 0
+        row = await store.get(run_id)
+        assert row is not None
+        assert row.status == "running"
+        assert set(await store.steps(run_id)) == {"a"}
+    finally:
+        await engine.dispose()
+
+
+# --- run_worker on a pool of one connection -----------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS[1:])
+async def test_run_worker_makes_progress_on_a_pool_of_one(backend: str, database_url: str) -> None:
+    """The LISTEN connection is not taken from the host's pool (it would be its only one)."""
+    engine = create_async_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=60)
+    try:
+        store = jobrun.SqlJobRunStore(engine)
+        registry = jobrun.JobRegistry()
+
+        @registry.job(MODULE, JOB)
+        async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+            await p.step("one", lambda: 1)
+            return jobrun.PassResult(done=True)
+
+        for index in range(20):
+            await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance=f"i{index}")
+        stop = asyncio.Event()
+        worker = asyncio.create_task(
+            jobrun.run_worker([engine], registry, concurrency=8, interval_s=0.2, stop=stop)
+        )
+        try:
+            for _ in range(600):
+                if len(await jobrun.job_runs(store, status="done", limit=500)) == 20:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await asyncio.wait_for(worker, 30)
+        assert len(await jobrun.job_runs(store, status="done", limit=500)) == 20
+    finally:
+        await engine.dispose()

@@ -6,7 +6,7 @@ and what the inspector reflects from a database that ``jobrun.upgrade`` built
 (SQLite and Postgres). The DDL compiled for each dialect is also compared as
 text: the contract has one DDL for both engines.
 
-The claim's index, ``_substrat_job_runs_due_at``, is an expression index. The
+The claim's index, ``_substrat_job_runs_claim_order``, is an expression index. The
 Postgres inspector reflects it with its expression; SQLAlchemy cannot reflect
 it from SQLite (it warns and leaves it out), so there it is read from SQLite's
 own catalog instead: ``PRAGMA index_list`` / ``index_xinfo`` for its key
@@ -29,13 +29,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
-from jobrun.sql.schema import VERSION_TABLE, job_runs, job_steps, metadata
+from jobrun.sql.schema import VERSION_TABLE, job_runs, job_schedules, job_steps, metadata
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
 LIVE = "status = 'running'"
-DUE_AT_INDEX = "_substrat_job_runs_due_at"
+SCHEDULES = "_substrat_job_schedules"
+DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
+LEASED_INDEX = "_substrat_job_runs_leased"
+LEASED = "lease_owner IS NOT NULL"
 
 # The contract's data model, as (column, type, nullable, server default).
 EXPECTED: dict[str, Any] = {
@@ -60,12 +63,15 @@ EXPECTED: dict[str, Any] = {
             ("lease_driver", "TEXT", True, None),
             ("lease_began_at", "TEXT", True, None),
             ("lease_takeovers", "INTEGER", False, "0"),
+            # Revision 0003: the claim takes higher priorities first.
+            ("priority", "INTEGER", False, "0"),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
         "indexes": [
-            (DUE_AT_INDEX, ["status", DUE_AT, "id"], False, None),
+            (DUE_AT_INDEX, ["status", "priority DESC", DUE_AT, "id"], False, None),
             ("_substrat_job_runs_key", ["module_id", "job", "instance", "id"], False, None),
+            (LEASED_INDEX, ["module_id", "job"], False, LEASED),
             ("_substrat_job_runs_live_key", ["module_id", "job", "instance"], True, LIVE),
         ],
     },
@@ -81,12 +87,25 @@ EXPECTED: dict[str, Any] = {
         "primary_key": ["run_id", "step"],
         "indexes": [],
     },
+    # Revision 0003: how far each schedule has got (one row per schedule).
+    SCHEDULES: {
+        "columns": [
+            ("module_id", "TEXT", False, None),
+            ("job", "TEXT", False, None),
+            ("schedule", "TEXT", False, None),
+            ("last_slot_at", "TEXT", False, None),
+            ("last_run_id", "TEXT", True, None),
+            ("updated_at", "TEXT", False, None),
+        ],
+        "primary_key": ["module_id", "job", "schedule"],
+        "indexes": [],
+    },
 }
 
 DIALECTS = [sqlite.dialect(), postgresql.dialect()]
 
 # SQLAlchemy cannot reflect an expression index from SQLite: its inspector warns
-# and leaves _substrat_job_runs_due_at out. That one warning is expected on SQLite
+# and leaves _substrat_job_runs_claim_order out. That one warning is expected on SQLite
 # (Postgres reflects the index); the index is read from SQLite's catalog instead.
 UNREFLECTABLE_ON_SQLITE = pytest.mark.filterwarnings(
     f"ignore:Skipped unsupported reflection of expression-based index {DUE_AT_INDEX}$"
@@ -205,7 +224,7 @@ def _sqlite_expression_indexes(connection: Connection, table: str) -> Iterator[A
         assert len(written) == len(keys), (written, keys)
         for row, key in zip(keys, written, strict=True):
             if row["cid"] >= 0:
-                assert key == row["name"], (written, keys)
+                assert key == row["name"] + (" DESC" if row["desc"] else ""), (written, keys)
             else:
                 assert row["cid"] == -2
                 assert key not in columns, (written, keys)
@@ -227,8 +246,13 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
         return _sql(options.get(f"{dialect.name}_where"))
 
     def elements(index: Any) -> list[str]:
-        # Postgres reflects expression keys ("expressions" lists every key).
-        return [_element(key) for key in index.get("expressions") or index["column_names"]]
+        # Postgres reflects expression keys ("expressions" lists every key) and a
+        # descending key's direction apart ("column_sorting").
+        sorting = index.get("column_sorting", {})
+        return [
+            _element(key) + (" DESC" if "desc" in sorting.get(key, ()) else "")
+            for key in index.get("expressions") or index["column_names"]
+        ]
 
     indexes = [
         (index["name"], elements(index), bool(index["unique"]), predicate(index))
@@ -261,8 +285,8 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
 
 def _reflected_tables(connection: Connection) -> dict[str, Any]:
     names = set(inspect(connection).get_table_names())
-    assert names == {RUNS, STEPS, VERSION_TABLE}
-    return {table: _reflected_shape(connection, table) for table in (RUNS, STEPS)}
+    assert names == {RUNS, STEPS, SCHEDULES, VERSION_TABLE}
+    return {table: _reflected_shape(connection, table) for table in (RUNS, STEPS, SCHEDULES)}
 
 
 def _expected_reflection() -> dict[str, Any]:
@@ -289,10 +313,10 @@ async def _reflect(engine: AsyncEngine) -> dict[str, Any]:
 
 
 def test_metadata_is_the_contracts_data_model() -> None:
-    assert set(metadata.tables) == {RUNS, STEPS}
+    assert set(metadata.tables) == {RUNS, STEPS, SCHEDULES}
     for dialect in DIALECTS:
-        assert _metadata_shape(job_runs, dialect) == EXPECTED[RUNS], dialect.name
-        assert _metadata_shape(job_steps, dialect) == EXPECTED[STEPS], dialect.name
+        for table in (job_runs, job_steps, job_schedules):
+            assert _metadata_shape(table, dialect) == EXPECTED[table.name], dialect.name
 
 
 def test_both_dialects_compile_the_same_ddl() -> None:
@@ -313,7 +337,8 @@ def test_both_dialects_compile_the_same_ddl() -> None:
         "(module_id, job, instance) WHERE status = 'running'"
     ) in on_sqlite
     # The claim's order is an expression index, written the same on both engines.
-    assert f"CREATE INDEX {DUE_AT_INDEX} ON _substrat_job_runs (status, {DUE_AT}, id)" in on_sqlite
+    claim_order = f"(status, priority DESC, {DUE_AT}, id)"
+    assert f"CREATE INDEX {DUE_AT_INDEX} ON _substrat_job_runs {claim_order}" in on_sqlite
     # The only unique thing on the key is that partial index.
     assert sum("UNIQUE" in statement for statement in on_sqlite) == 1
 
@@ -339,7 +364,7 @@ async def test_sqlite_and_postgres_reflect_the_same_shape(
     on_sqlite, on_postgres = shapes
     assert on_sqlite == on_postgres
     for reflected, dialect in zip(shapes, DIALECTS, strict=True):
-        for table in (job_runs, job_steps):
+        for table in (job_runs, job_steps, job_schedules):
             shape = _metadata_shape(table, dialect)
             assert {key: reflected[table.name][key] for key in shape} == shape
 
@@ -382,8 +407,11 @@ async def test_every_index_is_stored_as_the_metadata_writes_it(migrated: AsyncEn
         for index in table.indexes
     }
     assert stored == expected
-    assert stored[DUE_AT_INDEX] == f"CREATE INDEX {DUE_AT_INDEX} ON {RUNS} (status, {DUE_AT}, id)"
+    assert stored[DUE_AT_INDEX] == (
+        f"CREATE INDEX {DUE_AT_INDEX} ON {RUNS} (status, priority DESC, {DUE_AT}, id)"
+    )
     assert "_substrat_job_runs_due" not in stored, "revision 0002 replaced the 0001 due index"
+    assert "_substrat_job_runs_due_at" not in stored, "revision 0003 replaced the 0002 index"
 
 
 def _row(run_id: str, status: str) -> dict[str, str]:

@@ -16,13 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
-from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE
+from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
 from jobrun.sql.tenancy import notify_channel
 from jobrun.testing import FakeClock
 from tests.conftest import run_in_thread
 from tests.support import drive, revision_of
 
-JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps", VERSION_TABLE}
+JOBRUN_TABLES = {*metadata.tables, VERSION_TABLE}
 
 
 @pytest.fixture

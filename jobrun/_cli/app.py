@@ -27,6 +27,6 @@ def _refuse_undecodable(arguments: list[str]) -> None:
 def main() -> None:
     _refuse_undecodable(sys.argv[1:])
     # Imported here so that each command module registers itself on the group.
-    from jobrun._cli import commands, console, worker  # noqa: F401  (registration side effect)
+    from jobrun._cli import commands, console, schedules, worker  # noqa: F401  (registration side effect)
 
     cli()

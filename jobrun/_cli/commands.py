@@ -374,8 +374,14 @@ class _StartRecorder(SqlJobRunStore):
     help="The instance part of the run's key.",
 )  # fmt: skip
 @click.option("--payload", type=JsonValue(), default=None, help="The run's payload, as JSON.")
+@click.option(
+    "--priority", type=int, default=0, show_default=True,
+    help="Higher is claimed first among due runs.",
+)  # fmt: skip
 @json_option
-def start(url: str, module_id: str, job: str, instance: str, payload: Any, as_json: bool) -> None:
+def start(
+    url: str, module_id: str, job: str, instance: str, payload: Any, priority: int, as_json: bool
+) -> None:
     """Start a run of MODULE/JOB, or join the live run of the same key.
 
     Prints `started RUN_ID` when a new run was inserted, `joined RUN_ID` when a
@@ -392,7 +398,12 @@ def start(url: str, module_id: str, job: str, instance: str, payload: Any, as_js
         async with open_engine(url) as engine:
             store = _StartRecorder(engine)
             run = await start_job_run(
-                store, module_id=module_id, job=job, instance=instance, payload=payload
+                store,
+                module_id=module_id,
+                job=job,
+                instance=instance,
+                payload=payload,
+                priority=priority,
             )
             return run, store.inserted
 

@@ -154,6 +154,7 @@ _RUN_COLUMNS = (
     _Column("last error", 14, lambda run, _at: run.last_error or "", wraps=True),
     _Column("age", 6, lambda run, at: span(at - run.started_at), justify="right"),
     _Column("attempts", 8, lambda run, _at: str(run.attempts), justify="right"),
+    _Column("priority", 8, lambda run, _at: str(run.priority), justify="right"),
     _Column("counters", 14, lambda run, _at: counters_text(run.counters), wraps=True),
     _Column(
         "cursor",
@@ -254,6 +255,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("cursor", compact_json(run.cursor))
     record.add_row("counters", counters_text(run.counters) or "-")
     record.add_row("attempts", str(run.attempts))
+    record.add_row("priority", str(run.priority))
     record.add_row("last error", run.last_error or "-")
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")

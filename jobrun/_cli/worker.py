@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -28,6 +29,7 @@ from jobrun._cli.connect import (
     schema_option,
     sqlite_file,
 )
+from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.registry import JobRegistry
 from jobrun.errors import JobValidationError, SchemaOutdatedError, StoreError
@@ -219,6 +221,14 @@ async def _work(
     help="Seconds a pass may take before it is failed (and retried).",
 )
 @click.option(
+    "--prune-after",
+    type=Duration(),
+    default=None,
+    metavar="DURATION",
+    help="Delete finished runs that ended longer ago than this (30d, 12h, ...); "
+    "a job's keep_for wins for its runs. Checked at start and every 10 minutes.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=1, max=65535),
     default=None,
@@ -253,6 +263,7 @@ def worker(
     max_passes: int,
     concurrency: int,
     pass_timeout: float | None,
+    prune_after: timedelta | None,
     metrics_port: int | None,
     metrics_host: str,
     log_level: str,
@@ -265,7 +276,8 @@ def worker(
     finish, exit status 0. A second signal cancels the passes in flight (each
     hands its lease back at once) and exits with status 1. On Postgres the worker
     LISTENs for new runs and starts them at once; otherwise an idle database is
-    polled once per --interval.
+    polled once per --interval. The app's schedules are started at each slot,
+    once per slot however many workers run.
 
     \b
     Example:
@@ -291,6 +303,7 @@ def worker(
         "max_passes": max_passes,
         "concurrency": concurrency,
         "pass_timeout_s": pass_timeout,
+        "prune_after": prune_after,
         "schema": schema,
     }
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import (
     Clock,
     format_instant,
@@ -19,6 +20,7 @@ from jobrun._core.formats import (
 from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
+from jobrun._core.stranded import dead_holders
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
@@ -102,21 +104,28 @@ async def job_run_health(
 ) -> JobRunHealth:
     """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
 
-    With ``by_job`` (one more read) ``due_by_job`` says which jobs the due runs
-    belong to: a job that no driver registers shows up there and never drains.
+    A run stranded by its driver (lease expired, or holder provably dead) is due,
+    not leased: it waits for a driver like any other due run. With ``by_job``
+    (one more read) ``due_by_job`` says which jobs the unleased due runs belong
+    to: a job that no driver registers shows up there and never drains.
     """
-    now = clock()
-    counts = await store.health(format_instant(now))
-    due_by_job = (
-        dict(sorted((await store.due_by_job(format_instant(now))).items())) if by_job else {}
+    now = (await aligned_clock(store, clock))()
+    now_at = format_instant(now)
+    counts = await store.health(now_at)
+    dead = await dead_holders(store, now_at, None)
+    due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
+    # A dead holder's run has been waiting since its pass began, at the latest.
+    oldest = min(
+        [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
+        key=lambda instant: instant or "~",
     )
     waited_s = 0.0
-    if counts.oldest_due_at is not None:
-        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
+    if oldest is not None:
+        waited_s = max(0.0, (now - parse_instant(oldest)).total_seconds())
     return JobRunHealth(
         running=counts.running,
-        due=counts.due,
-        leased=counts.leased,
+        due=counts.due + len(dead),
+        leased=counts.leased - len(dead),
         failed=counts.failed,
         oldest_due_age_s=waited_s,
         due_by_job=due_by_job,
@@ -130,12 +139,16 @@ async def prune_job_runs(
     statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
     batch_size: int = 500,
     clock: Clock = system_clock,
+    only_jobs: frozenset[tuple[str, str]] | None = None,
+    except_jobs: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
     """Delete finished runs that ended before a cutoff, with their ledgers.
 
     ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
     Running runs are never deleted. Works in batches of ``batch_size`` runs, one
-    short transaction each. Returns how many runs were deleted.
+    short transaction each. ``only_jobs`` limits it to runs of those
+    ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept. Returns how
+    many runs were deleted.
     """
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
@@ -158,4 +171,10 @@ async def prune_job_runs(
         raise TypeError(
             f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
         )
-    return await store.prune(format_instant(cutoff), wanted, batch_size)
+    return await store.prune(
+        format_instant(cutoff),
+        wanted,
+        batch_size,
+        only_jobs=None if only_jobs is None else frozenset(only_jobs),
+        except_jobs=frozenset(except_jobs),
+    )

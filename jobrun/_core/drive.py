@@ -6,9 +6,13 @@ import asyncio
 import contextlib
 import random as random_module
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
+from jobrun._core import stranded
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.holders import local_identity
 from jobrun._core.lease import MIN_LEASE_MS, Lease, default_driver_name
 from jobrun._core.observe import (
     LOG_PASSES,
@@ -63,16 +67,36 @@ async def _claim(
     driver: str,
     skip_ids: frozenset[str],
 ) -> tuple[RunRow, RegisteredJob, Lease] | None:
-    now_at = format_instant(clock())
     jobs = list(registry)
+    wanted = frozenset((job.module_id, job.name) for job in jobs)
+    # Who we are, precisely enough for another claimer to prove our death.
+    identity = replace(local_identity(), presence=await store.presence())
+    holder = identity.describe(driver)
+    now_at = format_instant(clock())
+    dead = await stranded.dead_owners(store, now_at, wanted)
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = mint_run_id()
     expires_at = {
-        (job.module_id, job.name): Lease(token, driver, job.lease_ms).expiry_after(now_at)
+        (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
         for job in jobs
     }
+    limits = {
+        (job.module_id, job.name): job.max_concurrent
+        for job in jobs
+        if job.max_concurrent is not None
+    }
     claiming = asyncio.ensure_future(
-        store.claim(ClaimRequest(now_at, token, driver, expires_at, skip_ids))
+        store.claim(
+            ClaimRequest(
+                now_at,
+                token,
+                holder,
+                expires_at,
+                skip_ids,
+                max_concurrent=limits,
+                dead_owners=dead,
+            )
+        )
     )
     try:
         # Shielded: a claim interrupted in flight may land anyway, so its answer is
@@ -84,13 +108,14 @@ async def _claim(
         with contextlib.suppress(BaseException):
             taken = await asyncio.shield(claiming)
             if taken is not None:
-                await hand_back(store, taken, Lease(token, driver, MIN_LEASE_MS))
+                await hand_back(store, taken, Lease(token, holder, MIN_LEASE_MS))
         raise
     if row is None:
         return None
+    stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return row, registered, Lease(token, driver, registered.lease_ms)
+    return row, registered, Lease(token, holder, registered.lease_ms)
 
 
 async def _fail_for_takeovers(
@@ -138,6 +163,11 @@ async def run_due_jobs(
 ) -> JobDriveReport:
     """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
 
+    This is the bounded driver: it returns when nothing registered is due or the
+    bounds are reached, so the host calls it again, from a loop, a timer or a
+    scheduler tick (:func:`run_worker` is such a loop). A run that is backing off
+    after a failure is not due until its ``next_attempt_at``.
+
     Runs are leased one at a time, in the order they became due, so any number of
     drivers may share a database: each run is driven by one of them at a time.
     A run's failure is recorded on the run and reported, never raised; only the
@@ -157,6 +187,7 @@ async def run_due_jobs(
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
     driver = driver_name or default_driver_name()
+    clock = await aligned_clock(store, clock)
     watcher = LOG_PASSES if observer is None else observer
     report = JobDriveReport()
     driven: set[str] = set()

@@ -87,17 +87,29 @@ class PassWatch(Protocol):
     """What hears one pass. Calls come from the pass's own task (steps a handler
     gathers come from their own tasks), never from another thread."""
 
-    def step_started(self, name: str) -> None: ...
+    def step_started(self, name: str) -> None:
+        """A ``step()`` call began (before the ledger is consulted)."""
+        ...
 
-    def step_ended(self, end: StepEnd) -> None: ...
+    def step_ended(self, end: StepEnd) -> None:
+        """A ``step()`` call ended: ran, answered from the ledger, failed, or refused."""
+        ...
 
-    def pass_ended(self, end: PassEnd) -> None: ...
+    def pass_ended(self, end: PassEnd) -> None:
+        """The pass ended; the last call this watch gets."""
+        ...
 
 
 class PassObserver(Protocol):
-    """What hears passes: ``pass_started`` returns a watch for the pass, or ``None``."""
+    """What hears passes: ``pass_started`` returns a watch for the pass, or ``None``.
 
-    def pass_started(self, start: PassStart) -> PassWatch | None: ...
+    Observers must be quick and must not raise: they run on the pass's own task.
+    Pass several to ``observe_all``; the driver's default is ``LOG_PASSES``.
+    """
+
+    def pass_started(self, start: PassStart) -> PassWatch | None:
+        """A pass is about to run; return a watch to hear its steps and end, or ``None``."""
+        ...
 
 
 def was_taken_over(row: RunRow) -> bool:
@@ -356,6 +368,7 @@ class LoggingObserver:
         self.step_logger = step_logger or logging.getLogger(STEP_LOGGER)
 
     def pass_started(self, start: PassStart) -> PassWatch | None:
+        """A watch that logs this pass, or ``None`` when both loggers are off."""
         # isEnabledFor is cached by the logging module: cheap to ask per pass.
         passes = self.pass_logger.isEnabledFor(logging.INFO)
         steps = self.step_logger.isEnabledFor(logging.DEBUG)

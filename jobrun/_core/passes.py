@@ -306,7 +306,7 @@ class JobPass:
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
         if self._keeper.lost:
-            # The background renewal found the run taken: this body must not run.
+            # Sticky: once the lease is gone, no step body starts again in this pass.
             raise LeaseLostError(self.run.id)
         attempts = (prior.attempts if prior is not None else 0) + 1
         if prior is not None and prior.attempts >= policy.max_attempts:
@@ -329,6 +329,8 @@ class JobPass:
 
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+            # Refused: the lease is gone. The pass stops even if the handler catches this.
+            self._keeper.lose()
             raise LeaseLostError(self.run.id)
 
     def _now(self) -> str:
@@ -374,6 +376,7 @@ async def run_job_pass(
         lease,
         clock,
         lambda expires_at: store.extend_lease(row.id, lease.token, expires_at),
+        row.id,
     )
     try:
         context = JobPass(

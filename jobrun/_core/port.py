@@ -8,10 +8,20 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunPatch, RunRow, StepRow
+from jobrun._core.records import (
+    ClaimRequest,
+    HealthCounts,
+    HeldLease,
+    RunFilter,
+    RunPatch,
+    RunRow,
+    ScheduleRow,
+    StepRow,
+)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
@@ -65,14 +75,41 @@ class JobRunStore(Protocol):
         """Lease the run that became due first, among the requested jobs; ``None`` if none.
 
         Due means ``running`` with ``COALESCE(next_attempt_at, started_at) <=
-        now_at``; order is that instant, then id. One atomic write sets
+        now_at``; order is ``priority`` (highest first), then that instant, then
+        id. A job in ``max_concurrent`` is passed over while that many of its
+        runs hold a lease that has not expired; the count and the lease are one
+        atomic decision, so concurrent claimers on any number of hosts never
+        lease more than the limit. One atomic write sets
         ``lease_owner = token``, ``lease_driver``, ``lease_began_at = now_at`` and
         ``next_attempt_at`` to the job's expiry. If the run still carried another
         driver's lease (it expired), ``lease_takeovers`` goes up by one and, when
         that pass had begun, ``attempts`` too, with the takeover in
         ``last_error``. Concurrent claimers never get the same run. Returns the
         row as written.
+
+        A run still held by a token in ``dead_owners`` (its holder was proven
+        dead) is claimed first, due or not, with the same accounting and the
+        death in ``last_error``.
         """
+        ...
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        """Running runs held by a lease that has not expired by ``now_at``, of ``jobs``
+        (``(module_id, job)`` pairs; ``None``: every job), with what the backend
+        knows of each holder's presence."""
+        ...
+
+    async def presence(self) -> int | None:
+        """This process's presence in the database, established at the first call:
+        a key the database frees by itself when the process dies. ``None`` where
+        the backend has no such thing (SQLite, memory)."""
+        ...
+
+    async def clock_offset_s(self) -> float:
+        """How far the database's clock is ahead of this host's system clock, in
+        seconds; ``0.0`` where both are one clock (SQLite, memory)."""
         ...
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
@@ -120,8 +157,10 @@ class OperatorStore(JobRunStore, Protocol):
     """What operators do by hand. Every action is conditional on the run's status."""
 
     async def health(self, now_at: str) -> HealthCounts:
-        """Counts of running, due (not leased, due by ``now_at``), leased and failed
-        runs, and the due instant of the run that has waited longest."""
+        """Counts of running, due, leased and failed runs, and the due instant of
+        the run that has waited longest. Due means due by ``now_at`` and either
+        not leased or leased under an expired lease (whose expiry is then its
+        due instant); leased means held by a lease that has not expired."""
         ...
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
@@ -154,10 +193,46 @@ class OperatorStore(JobRunStore, Protocol):
         """Clear a held lease so the run is due at once; ``False`` if none was held."""
         ...
 
-    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
         """Delete finished runs (and their ledgers) that ended before ``ended_before``.
 
         Only the given statuses, never ``running``; in transactions of at most
-        ``batch_size`` runs. Returns how many runs were deleted.
+        ``batch_size`` runs. ``only_jobs`` (when given) limits it to runs of
+        those ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept.
+        Returns how many runs were deleted.
+        """
+        ...
+
+
+class ScheduleStore(JobRunStore, Protocol):
+    """Where each schedule's progress is kept, so a slot is started once across hosts."""
+
+    async def schedule_rows(self) -> list[ScheduleRow]:
+        """Every schedule's row, whichever registry wrote it."""
+        ...
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        """Insert each row whose key has none yet; existing rows are left as they are."""
+        ...
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        """Take a slot and start its run, atomically; ``None`` when the slot was not free.
+
+        ``schedule.last_slot_at`` is the slot. When the stored row of the same key
+        has an earlier ``last_slot_at``, it becomes ``schedule`` (its
+        ``last_run_id`` the run's id) and ``row`` is started as by
+        :meth:`start_or_join` (joining a live run of its key: then the live run
+        is returned, with ``False``, and becomes ``last_run_id``), in one
+        transaction. Otherwise (another caller took this slot or a later one, or
+        the schedule has no row) nothing is written. Of any number of callers
+        on any number of hosts, one at most gets a slot, even after its run ended.
         """
         ...

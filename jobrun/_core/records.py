@@ -50,6 +50,7 @@ class RunRow:
     lease_driver: str | None = None
     lease_began_at: str | None = None
     lease_takeovers: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ class ClaimRequest:
     ``expires_at`` gives, per ``(module_id, job)``, the lease expiry to write
     (jobs may have different lease lengths); ``skip_ids`` are runs this drive
     already had, so one call never gives a run more passes than it should.
+    ``max_concurrent`` gives, for the jobs that have one, how many of their
+    runs may be leased at once.
     """
 
     now_at: str
@@ -88,6 +91,43 @@ class ClaimRequest:
     driver: str
     expires_at: Mapping[tuple[str, str], str]
     skip_ids: frozenset[str] = frozenset()
+    max_concurrent: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Lease tokens whose holders were proven dead: such a run is taken over at
+    # once, before any due run, whatever its lease's expiry says.
+    dead_owners: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """One ``_substrat_job_schedules`` row: how far a schedule has got (times as stored text).
+
+    ``schedule`` is the instance its runs share, or ``''`` when each slot's run
+    has its own instance.
+    """
+
+    module_id: str
+    job: str
+    schedule: str
+    last_slot_at: str
+    last_run_id: str | None
+    updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """A run held under a lease that has not expired: the candidates for proven death.
+
+    ``presence_held`` is what the database knows of the holder's presence
+    (Postgres: whether its advisory lock is held); ``None`` when it cannot say.
+    """
+
+    run_id: str
+    module_id: str
+    job: str
+    lease_owner: str
+    lease_driver: str | None
+    lease_began_at: str | None
+    presence_held: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +165,14 @@ class RunKey:
 class JobRun:
     """The operator's record of a run, decoded tolerantly.
 
+    ``status`` is ``running``, ``done`` or ``failed`` (see :class:`JobRunStatus`).
+    ``payload`` is what the run was started with; ``cursor`` and ``counters``
+    are as of the last committed pass; ``attempts`` counts consecutive failed
+    passes and ``last_error`` holds the latest failure (``Type: message``).
+    ``next_attempt_at`` is when a backing-off run is due again, or, while a
+    driver holds the run, its lease's expiry (also in ``lease_expires_at``, with
+    the holder in ``lease_driver``). Times are aware UTC datetimes.
+
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
     the first such column (payload, then cursor, then counters).
@@ -148,6 +196,7 @@ class JobRun:
     lease_driver: str | None = None
     lease_expires_at: datetime | None = None
     lease_takeovers: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,17 +215,19 @@ class JobRunHealth:
     """How the job runs of one database are doing, for dashboards and alerts.
 
     * ``running``: runs with status ``running`` (due, backing off or leased).
-    * ``due``: running runs a driver could claim now: not leased, and due
-      (never tried, or their backoff has passed). Includes runs of jobs no
-      driver registers, which stay due until one does (``due_by_job`` tells).
-    * ``leased``: running runs a driver holds now (a pass in flight, or a
-      lease not yet expired).
+    * ``due``: running runs a driver could claim now: not backing off, and
+      either not leased or stranded (their lease expired, or its holder is
+      provably dead). Includes runs of jobs no driver registers, which stay due
+      until one does (``due_by_job`` tells which).
+    * ``leased``: running runs held by a live lease (a pass in flight).
     * ``failed``: runs that ended ``failed`` and are still kept (until pruned).
-    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited
-      since it became due (0 when none): the number to alert on when drivers
-      fall behind or a job is registered nowhere.
-    * ``due_by_job``: ``{(module_id, job): due runs}`` for every job with due
-      runs (filled when asked for with ``by_job=True``, else empty).
+    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited (0
+      when none; a run whose holder died counts from the start of the holder's
+      pass): the number to alert on when drivers fall behind or a job is
+      registered nowhere.
+    * ``due_by_job``: ``{(module_id, job): due runs}`` counting the due runs
+      that hold no lease at all, per job (filled when asked for with
+      ``by_job=True``, else empty).
     """
 
     running: int
@@ -189,6 +240,11 @@ class JobRunHealth:
 
 @dataclass(slots=True)
 class DriveError:
+    """One failed pass in a :class:`JobDriveReport`: the run and its error text.
+
+    ``error`` is the text stored as the run's ``last_error`` (``Type: message``).
+    """
+
     run_id: str
     error: str
 
@@ -248,7 +304,8 @@ def job_run_of(row: RunRow) -> JobRun:
             return None
         try:
             return parse_instant(text)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
+            # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
             problems.append(f"{column} is not a timestamp: {text!r}")
             return None
 
@@ -279,6 +336,7 @@ def job_run_of(row: RunRow) -> JobRun:
         # While a run is leased, next_attempt_at holds the lease's expiry.
         lease_expires_at=next_attempt_at if leased else None,
         lease_takeovers=row.lease_takeovers,
+        priority=row.priority,
     )
 
 
@@ -291,6 +349,22 @@ def job_run_list_limit(limit: float | None) -> int:
     if not math.isfinite(limit):
         return JOB_RUN_LIST_LIMIT
     return min(JOB_RUN_LIST_MAX, max(1, math.floor(limit)))
+
+
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+
+def priority_value(priority: object) -> int:
+    """Check a run's priority: an int that both engines' INTEGER column holds."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise JobValidationError(
+            f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
+            [{"path": "priority", "message": "out of the 32-bit range"}],
+        )
+    return priority
 
 
 def status_filter(status: str | None) -> str | None:

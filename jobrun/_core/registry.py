@@ -1,14 +1,17 @@
-"""The host's table of job handlers, keyed by ``(module_id, name)``."""
+"""The host's table of job handlers, keyed by ``(module_id, name)``, and their schedules."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 from jobrun._core.lease import DEFAULT_LEASE_MS, DEFAULT_MAX_TAKEOVERS, check_lease_ms
 from jobrun._core.names import require_name
 from jobrun._core.passes import Handler
 from jobrun._core.retry import RetryPolicy
+from jobrun._core.schedules import Schedule, make_schedule
 from jobrun.errors import JobConflictError
 
 
@@ -20,13 +23,49 @@ class RegisteredJob:
     retry: RetryPolicy | None
     lease_ms: int = DEFAULT_LEASE_MS
     max_takeovers: int = DEFAULT_MAX_TAKEOVERS
+    max_concurrent: int | None = None
+    keep_for: timedelta | None = None
+
+
+def _check_max_concurrent(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_concurrent must be an int or None, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"max_concurrent must be at least 1, got {value}")
+    return value
+
+
+def _check_keep_for(value: object) -> timedelta | None:
+    if value is None:
+        return None
+    if not isinstance(value, timedelta):
+        raise TypeError(f"keep_for must be a timedelta or None, got {type(value).__name__}")
+    if value <= timedelta(0):
+        raise ValueError(f"keep_for must be positive, got {value}")
+    return value
 
 
 class JobRegistry:
-    """Which handler runs which job. The pair is the key: ``("a/b", "c") != ("a", "b/c")``."""
+    """Which handler runs which job, keyed by ``(module_id, name)``.
+
+    A handler takes a :class:`JobPass` and returns a :class:`PassResult`; it may
+    be a plain function or a coroutine function::
+
+        registry = jobrun.JobRegistry()
+
+        @registry.job("shop", "reindex", retry=jobrun.RetryPolicy(max_attempts=5))
+        async def reindex(p: jobrun.JobPass) -> jobrun.PassResult:
+            ...
+
+    Drivers only claim runs of the jobs their registry holds. The pair is the
+    key: ``("a/b", "c") != ("a", "b/c")``.
+    """
 
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, str], RegisteredJob] = {}
+        self._schedules: dict[tuple[str, str, str], Schedule] = {}
 
     def register(
         self,
@@ -37,6 +76,8 @@ class JobRegistry:
         retry: RetryPolicy | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
+        max_concurrent: int | None = None,
+        keep_for: timedelta | None = None,
     ) -> None:
         """Register ``handler`` for a job; registering the same pair twice is an error.
 
@@ -44,6 +85,10 @@ class JobRegistry:
         (at least 100 ms; renewals happen every quarter of it). After
         ``max_takeovers`` consecutive expired leases (drivers dying mid-pass) the
         run is failed rather than handed to yet another driver.
+        ``max_concurrent`` caps how many runs of this job hold a lease at once,
+        across every driver of a database (the claim enforces it).
+        ``keep_for`` is how long the worker keeps this job's finished runs
+        (instead of its ``prune_after``, if any).
         """
         require_name(module_id, "module_id")
         require_name(name, "name")
@@ -56,13 +101,17 @@ class JobRegistry:
             raise TypeError(f"max_takeovers must be an int, got {type(max_takeovers).__name__}")
         if max_takeovers < 0:
             raise ValueError(f"max_takeovers must not be negative, got {max_takeovers}")
+        limit = _check_max_concurrent(max_concurrent)
+        kept = _check_keep_for(keep_for)
         key = (module_id, name)
         if key in self._jobs:
             raise JobConflictError(
                 f"job {name!r} of module {module_id!r} is already registered",
                 "job_already_registered",
             )
-        self._jobs[key] = RegisteredJob(module_id, name, handler, retry, lease_ms, max_takeovers)
+        self._jobs[key] = RegisteredJob(
+            module_id, name, handler, retry, lease_ms, max_takeovers, limit, kept
+        )
 
     def job(
         self,
@@ -72,6 +121,8 @@ class JobRegistry:
         retry: RetryPolicy | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
+        max_concurrent: int | None = None,
+        keep_for: timedelta | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`; returns the function unchanged."""
 
@@ -83,12 +134,53 @@ class JobRegistry:
                 retry=retry,
                 lease_ms=lease_ms,
                 max_takeovers=max_takeovers,
+                max_concurrent=max_concurrent,
+                keep_for=keep_for,
             )
             return handler
 
         return decorate
 
+    def schedule(
+        self,
+        module_id: str,
+        job: str,
+        cron: str,
+        *,
+        payload: Any = None,
+        catch_up: str = "latest",
+        instance: str | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Start a run of the job at every instant ``cron`` names (UTC), once per instant.
+
+        ``cron`` is in croniter's syntax: five fields, or six with seconds as the
+        sixth (``"* * * * * */10"`` is every ten seconds). Each slot's run has the
+        slot's instant as its instance (``2026-01-01T00:00:10.000Z``), unless
+        ``instance`` is given: then every slot's run has that instance, and a slot
+        that comes while the previous slot's run is still live joins it.
+
+        ``catch_up`` says what happens to slots missed while no worker was
+        looking: ``"latest"`` starts the most recent of them only, ``"all"``
+        starts every one of them (at most the newest 100), ``"none"`` none (the
+        next slot starts on time). The job may be registered before or after;
+        the same job and instance cannot be scheduled twice.
+        """
+        made = make_schedule(module_id, job, cron, payload, catch_up, instance, priority)
+        if made.key in self._schedules:
+            which = "each slot's own instance" if instance is None else f"instance {instance!r}"
+            raise JobConflictError(
+                f"job {job!r} of module {module_id!r} already has a schedule for {which}",
+                "schedule_already_registered",
+            )
+        self._schedules[made.key] = made
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule, in the order they were added."""
+        return list(self._schedules.values())
+
     def get(self, module_id: str, name: str) -> RegisteredJob | None:
+        """The registration of a job (handler, retry, lease), or ``None`` if unknown."""
         return self._jobs.get((module_id, name))
 
     def __contains__(self, key: object) -> bool:

@@ -33,19 +33,25 @@ class _Keep:
 
 
 KEEP_CURSOR: Final = _Keep()
+"""The default cursor of :class:`PassResult`: commit the cursor the pass started with.
+
+A pass that returns ``PassResult(done=False)`` without a cursor is therefore
+called again with the same cursor (useful while polling for something). To
+store JSON ``null`` as the cursor, pass ``cursor=None`` explicitly.
+"""
 
 
 @dataclass(frozen=True, slots=True)
 class PassResult:
-    """What a handler returns at the end of a pass.
+    """What a handler hands back at the end of a pass.
 
-    ``cursor``: where the next pass starts; leave it out to keep the committed
-    cursor (``None`` commits JSON null). It must be queue-safe (see
-    :func:`jobrun.assert_queue_safe`) and fit the store's cursor cap.
-    ``done``: ``True`` ends the run as ``done``; must be a real ``bool``.
-
-    A mapping with only the keys ``"cursor"`` and ``"done"`` means the same.
-    Returning ``None`` (a forgotten ``return``) fails the run at once.
+    ``cursor`` is where the next pass starts (any queue-safe JSON value: numbers,
+    strings, lists, dicts, ``None``, within the store's cursor cap); leave it out
+    to keep the committed one (``None`` commits JSON null). ``done=True`` ends
+    the run as ``done``; it must be a real ``bool``. The cursor and the pass's
+    counters are committed together, in one transaction, and the step ledger is
+    dropped with them. A mapping with only the keys ``"cursor"`` and ``"done"``
+    means the same. Returning ``None`` (a forgotten ``return``) fails the run at once.
     """
 
     cursor: Any = KEEP_CURSOR

@@ -40,6 +40,7 @@ class RetryPolicy:
         return raw * (0.8 + random() * 0.4)
 
     def next_attempt_at(self, attempts: int, failed_at: str, random: Callable[[], float]) -> str:
+        """When the run is due again: ``failed_at`` (stored timestamp text) plus the delay."""
         return add_milliseconds(failed_at, self.delay_ms(attempts, random))
 
 

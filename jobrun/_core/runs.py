@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
 from jobrun._core.names import require_name, require_text
 from jobrun._core.port import JobRunStore
@@ -16,31 +17,16 @@ from jobrun._core.records import (
     RunRow,
     job_run_list_limit,
     job_run_of,
+    priority_value,
     status_filter,
 )
 
 
-async def start_job_run(
-    store: JobRunStore,
-    *,
-    module_id: str,
-    job: str,
-    instance: str = DEFAULT_INSTANCE,
-    payload: Any = None,
-    clock: Clock = system_clock,
-) -> JobRun:
-    """Start a run, or join the live run of the same key (its payload wins).
-
-    Everything is checked before anything is written: the key parts, and the
-    payload's queue-safety and size. The job need not be registered here; a run
-    of a job no driver knows waits until one does.
-    """
-    require_name(module_id, "module_id")
-    require_name(job, "job")
-    require_name(instance, "instance", allow_empty=True)
-    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
-    at = format_instant(clock())
-    row = RunRow(
+def new_run_row(
+    *, module_id: str, job: str, instance: str, payload_text: str, priority: int, at: str
+) -> RunRow:
+    """A fresh ``running`` row, due at ``at``."""
+    return RunRow(
         id=mint_run_id(),
         module_id=module_id,
         job=job,
@@ -55,6 +41,49 @@ async def start_job_run(
         updated_at=at,
         next_attempt_at=None,
         ended_at=None,
+        priority=priority,
+    )
+
+
+async def start_job_run(
+    store: JobRunStore,
+    *,
+    module_id: str,
+    job: str,
+    instance: str = DEFAULT_INSTANCE,
+    payload: Any = None,
+    priority: int = 0,
+    clock: Clock = system_clock,
+) -> JobRun:
+    """Start a run, or join the live run of the same key (its payload and priority win).
+
+    The key is ``(module_id, job, instance)``; ``instance`` (default
+    ``"default"``) tells apart runs of one job that may be live side by side,
+    such as one per customer. Returns the run's record: ``status`` is
+    ``"running"``, and its ``id`` is the one to keep, whether the run was new or
+    joined (compare ``started_at`` or the payload if you need to know which).
+    Nothing runs here: a driver (:func:`run_due_jobs`, :func:`run_worker`)
+    picks the run up, at once, since a new run is due immediately.
+
+    Everything is checked before anything is written: the key parts, the
+    priority, and the payload's queue-safety and size. The job need not be
+    registered here; a run of a job no driver knows waits until one does.
+    Among due runs, a higher ``priority`` is claimed first (default 0).
+    """
+    require_name(module_id, "module_id")
+    require_name(job, "job")
+    require_name(instance, "instance", allow_empty=True)
+    checked_priority = priority_value(priority)
+    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
+    row = new_run_row(
+        module_id=module_id,
+        job=job,
+        instance=instance,
+        payload_text=payload_text,
+        priority=checked_priority,
+        # The database's time with the default clock: a fast local clock must not
+        # date the run into the future, where no driver would see it due.
+        at=format_instant((await aligned_clock(store, clock))()),
     )
     stored, _inserted = await store.start_or_join(row)
     return job_run_of(stored)
@@ -69,7 +98,14 @@ async def job_runs(
     status: str | None = None,
     limit: float | None = None,
 ) -> list[JobRun]:
-    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500]."""
+    """Runs matching every given filter, newest first; ``limit`` is clamped into [1, 500].
+
+    This is an operator's read with a page cap, not an iterator. To wait for many
+    runs, keep the ids :func:`start_job_run` returned and read each with
+    :func:`get_job_run`, or ask whether any is left:
+    ``await job_runs(store, module_id=..., job=..., status="running", limit=1)``
+    returns an empty list once none of that job's runs is live.
+    """
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")

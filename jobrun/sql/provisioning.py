@@ -51,10 +51,12 @@ class UpgradeResult:
 
     @property
     def failed(self) -> bool:
+        """Whether this database's upgrade failed (``error`` says why)."""
         return self.error is not None
 
     @property
     def changed(self) -> bool:
+        """Whether the upgrade moved this database to another revision."""
         return self.error is None and self.before != self.after
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -42,6 +42,8 @@ job_runs = Table(
     Column("lease_driver", Text, nullable=True),
     Column("lease_began_at", Text, nullable=True),
     Column("lease_takeovers", Integer, nullable=False, server_default=text("0")),
+    # Revision 0003: higher is claimed first among due runs.
+    Column("priority", Integer, nullable=False, server_default=text("0")),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,
@@ -57,10 +59,45 @@ job_runs = Table(
     ),
 )
 
-# The claim's order: when each run became due, then id. Status leads so live
-# runs are one seekable range however many finished runs are kept.
+# The claim's order: priority (highest first), when each run became due, then
+# id. Status leads so live runs are one seekable range however many finished
+# runs are kept; the index's key order is the ORDER BY's, so a claim reads it
+# front to back and stops at the first due run of a job it asked for.
 DUE_AT = func.coalesce(job_runs.c.next_attempt_at, job_runs.c.started_at)
-Index("_substrat_job_runs_due_at", job_runs.c.status, DUE_AT, job_runs.c.id)
+Index(
+    "_substrat_job_runs_claim_order",
+    job_runs.c.status,
+    job_runs.c.priority.desc(),
+    DUE_AT,
+    job_runs.c.id,
+)
+
+# The runs leased now, by job: what a per-job concurrency limit counts. Partial,
+# so it holds only the passes in flight however long the queue or the history.
+LEASED_ONLY = text("lease_owner IS NOT NULL")
+Index(
+    "_substrat_job_runs_leased",
+    job_runs.c.module_id,
+    job_runs.c.job,
+    sqlite_where=LEASED_ONLY,
+    postgresql_where=LEASED_ONLY,
+)
+
+job_schedules = Table(
+    "_substrat_job_schedules",
+    metadata,
+    # A schedule's key: its job and, for schedules whose runs share one instance,
+    # that instance ('' when each slot's run has the slot's instant as instance).
+    Column("module_id", Text, primary_key=True),
+    Column("job", Text, primary_key=True),
+    Column("schedule", Text, primary_key=True),
+    # The newest slot started, or the instant the schedule was first seen: the
+    # one value that moves forward only, compared and set in one conditional
+    # write, so each slot is started by one caller exactly.
+    Column("last_slot_at", Text, nullable=False),
+    Column("last_run_id", Text, nullable=True),
+    Column("updated_at", Text, nullable=False),
+)
 
 job_steps = Table(
     "_substrat_job_steps",

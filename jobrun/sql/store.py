@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -19,14 +21,16 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    or_,
     select,
     tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun._core.browse import JobLoad, RunQuery
+from jobrun._core.formats import system_clock
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -35,15 +39,26 @@ from jobrun._core.port import (
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
+    HeldLease,
     JobRunStatus,
     RunFilter,
     RunPatch,
     RunRow,
+    ScheduleRow,
     StepRow,
 )
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
-from jobrun.sql.schema import DUE_AT, LIVE_ONLY, SCHEMA_REVISION, job_runs, job_steps
+from jobrun.sql.presence import Presence, presence_held
+from jobrun.sql.schema import (
+    DUE_AT,
+    LEASED_ONLY,
+    LIVE_ONLY,
+    SCHEMA_REVISION,
+    job_runs,
+    job_schedules,
+    job_steps,
+)
 from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -53,6 +68,8 @@ _START_RETRIES = 10
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
 # Postgres: new runs are announced on ``notify_channel(schema)``, with ``notify_payload``.
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
+# How often the skew between this host's clock and Postgres's is measured again.
+CLOCK_CHECK_INTERVAL_S = 60.0
 
 
 def notify_payload(row: RunRow) -> str:
@@ -142,6 +159,152 @@ def _run_row(mapping: Any) -> RunRow:
     return RunRow(**mapping)
 
 
+def _in_flight(module_id: str, job: str, now_at: str) -> Any:
+    """How many runs of one job hold a lease that has not expired (a separate alias:
+    the count must not correlate with the claim's candidate row)."""
+    leased = job_runs.alias("leased")
+    return (
+        select(func.count())
+        .select_from(leased)
+        .where(
+            # Spelled as the partial index's predicate, so both engines use it.
+            LEASED_ONLY,
+            leased.c.module_id == module_id,
+            leased.c.job == job,
+            leased.c.status == RUNNING,
+            leased.c.next_attempt_at > now_at,
+        )
+        .scalar_subquery()
+    )
+
+
+def _due_candidate(request: ClaimRequest) -> Any:
+    """The first due run in claim order, among the requested jobs under their limits."""
+    runs = job_runs.c
+    candidate = (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            request.now_at >= DUE_AT,
+            tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
+        )
+        .order_by(runs.priority.desc(), DUE_AT, runs.id)
+        .limit(1)
+        # Postgres: concurrent claimers pass over each other's rows instead of
+        # queueing on them. SQLite renders nothing here: its single write
+        # statement holds the database's write lock from before its read.
+        .with_for_update(skip_locked=True)
+    )
+    for (module_id, job), most in sorted(request.max_concurrent.items()):
+        if (module_id, job) in request.expires_at:
+            # Uncorrelated, so evaluated once per claim, not once per candidate row.
+            candidate = candidate.where(
+                or_(
+                    runs.module_id != module_id,
+                    runs.job != job,
+                    _in_flight(module_id, job, request.now_at) < most,
+                )
+            )
+    if request.skip_ids:
+        candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
+    return candidate.scalar_subquery()
+
+
+def _orphan_candidate(request: ClaimRequest) -> Any:
+    """A run whose holder was proven dead, due or not (see ``jobrun._core.holders``).
+
+    Taking it over adds no pass in flight, so per-job limits do not apply.
+    """
+    runs = job_runs.c
+    return (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            runs.lease_owner.in_(sorted(request.dead_owners)),
+            # Unexpired (once expired it is simply due): the due index's range.
+            request.now_at < DUE_AT,
+            tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
+        )
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+
+
+def _takeover_reason(request: ClaimRequest) -> Any:
+    """``last_error`` after the claim: why the run was taken over, if its pass had begun."""
+    runs = job_runs.c
+    began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
+    reasons = [
+        (
+            began,
+            literal("the lease of driver ", Text)
+            + runs.lease_driver
+            + literal(" expired during a pass; the run was taken over", Text),
+        )
+    ]
+    if request.dead_owners:
+        died = runs.lease_owner.in_(sorted(request.dead_owners))
+        death = literal(" died during a pass; the run was taken over at once", Text)
+        reasons.insert(
+            0, (and_(began, died), literal("the driver ", Text) + runs.lease_driver + death)
+        )
+    return case(*reasons, else_=runs.last_error)
+
+
+def _claim_statement(request: ClaimRequest) -> Any:
+    """The claim: one UPDATE that picks a dead holder's run, else the first due run in
+    claim order, and leases it."""
+    runs = job_runs.c
+    chosen: Any = _due_candidate(request)
+    if request.dead_owners:
+        chosen = func.coalesce(_orphan_candidate(request), chosen)
+    expiries = set(request.expires_at.values())
+    if len(expiries) == 1:
+        expiry: Any = next(iter(expiries))
+    else:
+        expiry = case(
+            *(
+                (and_(runs.module_id == module_id, runs.job == job), expires_at)
+                for (module_id, job), expires_at in request.expires_at.items()
+            ),
+        )
+    # The previous lease is still on the row only when it expired or its holder
+    # died: a takeover.
+    taken_over = runs.lease_owner.is_not(None)
+    began = and_(taken_over, runs.lease_began_at.is_not(None))
+    return (
+        update(job_runs)
+        .where(runs.id == chosen)
+        .values(
+            lease_owner=request.token,
+            lease_driver=request.driver,
+            lease_began_at=request.now_at,
+            next_attempt_at=expiry,
+            lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
+            attempts=runs.attempts + case((began, 1), else_=0),
+            last_error=_takeover_reason(request),
+        )
+        .returning(*job_runs.c)
+    )
+
+
+def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
+    """Postgres: the advisory lock (a signed 64-bit key) that orders one job's limited
+    claims; per schema, so tenants never wait on each other."""
+    digest = hashlib.blake2b(
+        json.dumps(["jobrun.max_concurrent", schema, module_id, job]).encode("utf-8"),
+        digest_size=8,
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _limit_locks(schema: str | None, jobs: list[tuple[str, str]]) -> Any:
+    # Always in the same (sorted) order, so two claimers cannot deadlock.
+    keys = sorted(limit_lock_key(schema, module_id, job) for module_id, job in jobs)
+    return select(*(func.pg_advisory_xact_lock(key) for key in keys))
+
+
 class SqlJobRunStore:
     """Runs and step ledgers in a SQLite or Postgres database reached through ``engine``.
 
@@ -190,13 +353,23 @@ class SqlJobRunStore:
         self._insert_run = self._dialect.insert(job_runs).on_conflict_do_nothing(
             index_elements=list(_KEY), index_where=LIVE_ONLY
         )
+        self._presence = (
+            # The host's own engine: its dispose is what lets go of the presence.
+            Presence(self._host_engine)
+            if self._dialect.is_postgres and engine.dialect.driver == "asyncpg"
+            else None
+        )
+        # (measured at, database clock minus system clock in seconds)
+        self._clock_offset: tuple[float, float] | None = None
 
     @property
     def engine(self) -> AsyncEngine:
+        """The engine this store was made with (the host owns and disposes of it)."""
         return self._host_engine
 
     @property
     def schema(self) -> str | None:
+        """The Postgres schema holding jobrun's tables, or ``None`` for the default."""
         return self._schema
 
     @property
@@ -270,64 +443,149 @@ class SqlJobRunStore:
         return None if found is None else _run_row(found)
 
     async def claim(self, request: ClaimRequest) -> RunRow | None:
-        runs = job_runs.c
         if not request.expires_at:
             return None
-        candidate = (
-            select(runs.id)
-            .where(
-                runs.status == RUNNING,
-                request.now_at >= DUE_AT,
-                tuple_(runs.module_id, runs.job).in_(list(request.expires_at)),
-            )
-            .order_by(DUE_AT, runs.id)
-            .limit(1)
-            # Postgres: concurrent claimers pass over each other's rows instead of
-            # queueing on them. SQLite renders nothing here: its single write
-            # statement holds the database's write lock from before its read.
-            .with_for_update(skip_locked=True)
-        )
-        if request.skip_ids:
-            candidate = candidate.where(runs.id.not_in(sorted(request.skip_ids)))
-        expiries = set(request.expires_at.values())
-        if len(expiries) == 1:
-            expiry: Any = next(iter(expiries))
-        else:
-            expiry = case(
-                *(
-                    (and_(runs.module_id == module_id, runs.job == job), expires_at)
-                    for (module_id, job), expires_at in request.expires_at.items()
-                ),
-            )
-        # The previous lease is still on the row only when it expired: a takeover.
-        taken_over = runs.lease_owner.is_not(None)
-        began = and_(taken_over, runs.lease_began_at.is_not(None))
-        statement = (
-            update(job_runs)
-            .where(runs.id == candidate.scalar_subquery())
-            .values(
-                lease_owner=request.token,
-                lease_driver=request.driver,
-                lease_began_at=request.now_at,
-                next_attempt_at=expiry,
-                lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
-                attempts=runs.attempts + case((began, 1), else_=0),
-                last_error=case(
-                    (
-                        began,
-                        literal("the lease of driver ", Text)
-                        + runs.lease_driver
-                        + literal(" expired during a pass; the run was taken over", Text),
-                    ),
-                    else_=runs.last_error,
-                ),
-            )
-            .returning(*job_runs.c)
-        )
-        async with self._operation("claim"), self._dialect.single_statement() as connection:
-            # One statement, one round trip: choosing and leasing cannot come apart.
-            found = (await connection.execute(statement)).mappings().first()
+        statement = _claim_statement(request)
+        limited = sorted(key for key in request.max_concurrent if key in request.expires_at)
+        async with self._operation("claim"):
+            if limited and self._dialect.is_postgres:
+                # Under READ COMMITTED two claimers could both count "1 below a limit
+                # of 2" and both lease. A transaction-scoped advisory lock per limited
+                # job, taken in a statement of its own, makes them count one after
+                # the other: the claim's statement, run after the lock, sees every
+                # lease committed before it. Jobs without a limit never pay this.
+                async with self._engine.begin() as connection:
+                    await connection.execute(_limit_locks(self._schema, limited))
+                    found = (await connection.execute(statement)).mappings().first()
+            else:
+                # One statement, one round trip: choosing and leasing cannot come
+                # apart. On SQLite it holds the write lock from before its read, so
+                # a limit's count cannot change under it either.
+                async with self._dialect.single_statement() as connection:
+                    found = (await connection.execute(statement)).mappings().first()
         return None if found is None else _run_row(found)
+
+    async def schedule_rows(self) -> list[ScheduleRow]:
+        query = select(job_schedules).order_by(*job_schedules.primary_key.columns)
+        async with self._operation("schedule_rows"), self._dialect.reading() as connection:
+            rows = (await connection.execute(query)).mappings().all()
+        return [ScheduleRow(**row) for row in rows]
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        if not rows:
+            return
+        statement = self._dialect.insert(job_schedules).on_conflict_do_nothing(
+            index_elements=list(job_schedules.primary_key.columns)
+        )
+        async with self._operation("add_schedules"), self._dialect.single_statement() as connection:
+            await connection.execute(statement, [asdict(row) for row in rows])
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        slots = job_schedules.c
+        key = and_(
+            slots.module_id == schedule.module_id,
+            slots.job == schedule.job,
+            slots.schedule == schedule.schedule,
+        )
+        # The conditional write that picks the one caller who starts this slot: on
+        # Postgres a second caller waits on the row, then finds the slot taken.
+        take = (
+            update(job_schedules)
+            .where(key, slots.last_slot_at < schedule.last_slot_at)
+            .values(
+                last_slot_at=schedule.last_slot_at,
+                last_run_id=row.id,
+                updated_at=schedule.updated_at,
+            )
+        )
+        live = select(job_runs).where(
+            job_runs.c.module_id == row.module_id,
+            job_runs.c.job == row.job,
+            job_runs.c.instance == row.instance,
+            job_runs.c.status == RUNNING,
+        )
+        async with self._operation("start_slot"), self._engine.begin() as connection:
+            if (await connection.execute(take)).rowcount != 1:
+                return None
+            # The run is inserted in the same transaction as the slot is taken: a
+            # crash between them loses both or neither.
+            for _ in range(_START_RETRIES):
+                if await self._insert_announced(connection, row):
+                    return row, True
+                found = (await connection.execute(live)).mappings().first()
+                if found is not None:
+                    await connection.execute(
+                        update(job_schedules).where(key).values(last_run_id=found["id"])
+                    )
+                    return _run_row(found), False
+        raise StoreError("start_slot", RuntimeError("the key's live run kept changing; gave up"))
+
+    async def _insert_announced(self, connection: AsyncConnection, row: RunRow) -> bool:
+        """Insert ``row`` unless its key is live; on Postgres also NOTIFY (sent at commit)."""
+        insert = self._insert_run.values(asdict(row))
+        if not self._dialect.is_postgres:
+            return bool((await connection.execute(insert)).rowcount == 1)
+        added = insert.returning(job_runs.c.id).cte("added")
+        announce = select(
+            func.pg_notify(notify_channel(self._schema), notify_payload(row))
+        ).select_from(added)
+        return (await connection.execute(announce)).first() is not None
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        runs = job_runs.c
+        held = presence_held() if self._presence is not None else literal(None)
+        query = select(
+            runs.id,
+            runs.module_id,
+            runs.job,
+            runs.lease_owner,
+            runs.lease_driver,
+            runs.lease_began_at,
+            held,
+        ).where(
+            runs.status == RUNNING,
+            runs.lease_owner.is_not(None),
+            # Not expired: a held lease's expiry is its due instant (the index's range).
+            now_at < DUE_AT,
+        )
+        if jobs is not None:
+            if not jobs:
+                return []
+            query = query.where(tuple_(runs.module_id, runs.job).in_(sorted(jobs)))
+        async with self._operation("held_leases"), self._dialect.reading() as connection:
+            rows = (await connection.execute(query)).all()
+        return [HeldLease(*row) for row in rows]
+
+    async def presence(self) -> int | None:
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.key()
+
+    async def presence_connection(self) -> Any:
+        """Postgres (asyncpg): the presence's own connection, which ``jobrun.worker``
+        also LISTENs on; ``None`` elsewhere."""
+        if self._presence is None:
+            return None
+        async with self._operation("presence"):
+            return await self._presence.connection()
+
+    async def clock_offset_s(self) -> float:
+        if not self._dialect.is_postgres:
+            return 0.0
+        cached = self._clock_offset
+        if cached is not None and time.monotonic() - cached[0] < CLOCK_CHECK_INTERVAL_S:
+            return cached[1]
+        async with self._operation("clock_offset"), self._dialect.reading() as connection:
+            sent = system_clock().timestamp()
+            database_now = (await connection.execute(select(func.clock_timestamp()))).scalar_one()
+            received = system_clock().timestamp()
+        # The database read its clock about halfway through the round trip.
+        offset = float(database_now.timestamp()) - (sent + received) / 2
+        self._clock_offset = (time.monotonic(), offset)
+        return offset
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         conditions = [
@@ -477,13 +735,14 @@ class SqlJobRunStore:
     async def health(self, now_at: str) -> HealthCounts:
         runs = job_runs.c
         live = runs.status == RUNNING
-        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+        # Due includes the stranded: a lease that expired is due since its expiry.
+        waiting = and_(live, now_at >= DUE_AT)
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         query = select(
             func.count().filter(live),
             func.count().filter(waiting),
-            func.count().filter(and_(live, runs.lease_owner.is_not(None))),
+            func.count().filter(and_(live, runs.lease_owner.is_not(None), now_at < DUE_AT)),
             func.count().filter(runs.status == FAILED),
             func.min(DUE_AT).filter(waiting),
         ).where(runs.status.in_([RUNNING, FAILED]))
@@ -493,7 +752,7 @@ class SqlJobRunStore:
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
         runs = job_runs.c
-        # Led by status and the due instant: one range of the due index.
+        # The running range of the claim-order index (status leads it).
         query = (
             select(runs.module_id, runs.job, func.count())
             .where(runs.status == RUNNING, now_at >= DUE_AT, runs.lease_owner.is_(None))
@@ -503,26 +762,41 @@ class SqlJobRunStore:
             found = (await connection.execute(query)).all()
         return {(module_id, job): int(count) for module_id, job, count in found}
 
-    async def prune(self, ended_before: str, statuses: tuple[str, ...], batch_size: int) -> int:
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
+        runs = job_runs.c
         doomed = (
-            select(job_runs.c.id)
-            .where(
-                job_runs.c.status.in_(statuses),
-                job_runs.c.status != RUNNING,
-                job_runs.c.ended_at < ended_before,
-            )
-            .order_by(job_runs.c.id)
+            select(runs.id)
+            .where(runs.status.in_(statuses), runs.status != RUNNING, runs.ended_at < ended_before)
+            .order_by(runs.id)
             .limit(batch_size)
+        )
+        job_key = tuple_(job_runs.c.module_id, job_runs.c.job)
+        if only_jobs is not None:
+            if not only_jobs:
+                return 0
+            doomed = doomed.where(job_key.in_(sorted(only_jobs)))
+        if except_jobs:
+            doomed = doomed.where(job_key.not_in(sorted(except_jobs)))
+        # The runs first, each re-checked as it is deleted (a run resumed since the
+        # batch was chosen is running again and stays), then the ledgers of exactly
+        # the runs deleted: a resume can never keep its row and lose its ledger.
+        delete_runs = (
+            delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
         )
         deleted = 0
         while True:
             async with self._operation("prune"), self._engine.begin() as connection:
-                ids = list((await connection.execute(doomed)).scalars())
+                ids = list((await connection.execute(delete_runs)).scalars())
                 if ids:
                     await connection.execute(delete(job_steps).where(job_steps.c.run_id.in_(ids)))
-                    await connection.execute(
-                        delete(job_runs).where(job_runs.c.id.in_(ids), job_runs.c.status != RUNNING)
-                    )
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted

@@ -1,0 +1,281 @@
+"""The usage examples, run the way the documentation tells a reader to run them.
+
+* ``examples/asgi_service.py``: the Starlette app with its lifespan, through
+  Starlette's ``TestClient`` (which runs the lifespan), on SQLite and Postgres;
+* ``examples/asyncio_loop.py``: a real process, to the end and stopped by SIGTERM;
+* ``examples/provision.py``: fifty SQLite files, and a Postgres database through
+  the Alembic command line;
+* ``examples/test_invoice_job.py``: the job's own tests, run by pytest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+from starlette.testclient import TestClient
+
+import jobrun
+from jobrun.sql.migrate import head_revision
+from tests.support import REPO, SQL_BACKENDS, revision_of
+
+EXAMPLES = REPO / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_example(
+    name: str, *arguments: str, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def read_runs(url: str, **filters: Any) -> list[jobrun.JobRun]:
+    async def read() -> list[jobrun.JobRun]:
+        engine = create_async_engine(url)
+        try:
+            return await jobrun.job_runs(jobrun.SqlJobRunStore(engine), limit=500, **filters)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
+
+
+def runs_so_far(url: str) -> list[jobrun.JobRun]:
+    """The runs, or none while the program is still creating the database."""
+    try:
+        return read_runs(url)
+    except (jobrun.SchemaOutdatedError, jobrun.StoreError):
+        return []
+
+
+# --- the ASGI service ---------------------------------------------------------------------
+
+
+def wait_for_end(client: TestClient, run_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown: dict[str, Any] = client.get(f"/runs/{run_id}").json()
+        if shown["status"] != "running":
+            return shown
+        time.sleep(0.05)
+    pytest.fail(f"run {run_id} was still running after {timeout_s} s")
+
+
+@pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
+def test_the_service_starts_a_run_and_its_lifespan_drives_it(blank_url: str) -> None:
+    service = load_example("asgi_service")
+    app = service.create_app(blank_url, poll_interval_s=0.1)
+    with TestClient(app) as client:
+        started = client.post("/exports/ada")
+        assert started.status_code == 202
+        run_id = started.json()["run_id"]
+        shown = wait_for_end(client, run_id)
+        assert shown == {
+            "run_id": run_id,
+            "status": "done",
+            "counters": {"orders": 100},
+            "last_error": None,
+        }
+        assert client.get("/runs/NO-SUCH-RUN").status_code == 404
+        refused = client.post("/exports/a%00b")
+        assert refused.status_code == 422
+        assert refused.json()["errors"][0]["path"] == "instance"
+        worker = app.state.worker
+        assert not worker.done()
+    # Shutdown stopped the worker by its stop event: it returned, it was not cancelled.
+    assert worker.done()
+    assert not worker.cancelled()
+    assert worker.exception() is None
+    assert [run.instance for run in read_runs(blank_url)] == ["ada"]
+
+
+def test_shutting_down_mid_run_leaves_no_lease_behind(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
+    service = load_example("asgi_service")
+    app = service.create_app(url, poll_interval_s=0.05)
+    with TestClient(app) as client:
+        run_id = client.post("/exports/grace").json()["run_id"]
+    (run,) = read_runs(url)
+    assert run.id == run_id
+    # Either the run finished before shutdown or its lease went back: another
+    # process can carry on at once, without waiting for a lease to expire.
+    assert run.lease_driver is None
+    assert run.lease_expires_at is None
+    assert run.status in ("running", "done")
+
+
+# --- the asyncio program ------------------------------------------------------------------
+
+
+def test_the_asyncio_program_drives_every_run_to_the_end(tmp_path: Path) -> None:
+    db = tmp_path / "loop.db"
+    done = run_example("asyncio_loop.py", "--db", str(db), "--runs", "3", "--idle", "0.05")
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = read_runs(f"sqlite+aiosqlite:///{db}", module_id="example")
+    assert sorted(run.instance for run in runs) == ["batch-0", "batch-1", "batch-2"]
+    for run in runs:
+        assert run.status == "done"
+        assert run.counters["items"] == run.counters["total"] > 0
+        assert f"run {run.id}: done" in done.stdout
+
+
+def test_the_asyncio_program_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:
+    db = tmp_path / "loop.db"
+    url = f"sqlite+aiosqlite:///{db}"
+    command = [sys.executable, str(EXAMPLES / "asyncio_loop.py"), "--db", str(db), "--runs", "12"]
+    program = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(run.cursor for run in runs_so_far(url)):
+            assert program.poll() is None, "the program ended before any pass committed"
+            assert time.monotonic() < deadline, "no pass committed within 60 s"
+            time.sleep(0.05)
+        program.send_signal(signal.SIGTERM)
+        output, _ = program.communicate(timeout=60)
+    finally:
+        program.kill()
+        program.wait()
+    assert program.returncode == 1, output  # interrupted, not finished
+    unfinished = [run for run in read_runs(url) if run.status == "running"]
+    assert unfinished, "every run finished before the signal; nothing was interrupted"
+    assert all(run.lease_driver is None for run in unfinished)
+
+    again = run_example("asyncio_loop.py", "--db", str(db), "--runs", "12", "--idle", "0.05")
+    assert again.returncode == 0, again.stdout + again.stderr
+    finished = {run.id: run for run in read_runs(url)}
+    for run in unfinished:
+        # The same run carried on (joined, not started anew) ...
+        assert f"run {run.id} ({run.instance}): running, cursor {run.cursor}" in again.stdout
+        resumed = finished[run.id]
+        assert resumed.status == "done"
+        # ... and counted each page exactly once, however the signal split the work.
+        assert resumed.counters["items"] == resumed.counters["total"]
+    assert all(run.status == "done" for run in finished.values())
+
+
+# --- provisioning -------------------------------------------------------------------------
+
+
+def test_provisioning_fifty_sqlite_scope_databases(tmp_path: Path) -> None:
+    scopes = tmp_path / "scopes"
+    done = run_example("provision.py", "--sqlite-dir", str(scopes), "--count", "50")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "checked 50: every one is at jobrun's newest revision" in done.stdout
+    files = sorted(scopes.glob("*.db"))
+    assert len(files) == 50
+
+    async def revisions() -> set[str | None]:
+        found = set()
+        for path in files:
+            engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+            try:
+                found.add(await revision_of(engine))
+            finally:
+                await engine.dispose()
+        return found
+
+    assert asyncio.run(revisions()) == {head_revision()}
+    # Running it again is harmless: everything is already at head.
+    again = run_example("provision.py", "--sqlite-dir", str(scopes), "--count", "50")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.postgres
+def test_provisioning_postgres_with_alembic(empty_postgres_url: str) -> None:
+    done = run_example("provision.py", "--postgres-url", empty_postgres_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Running upgrade" in done.stderr  # Alembic's own log lines
+    assert "checked 1: every one is at jobrun's newest revision" in done.stdout
+
+    async def revision() -> str | None:
+        engine = create_async_engine(empty_postgres_url)
+        try:
+            return await revision_of(engine)
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(revision()) == head_revision()
+
+
+# --- a job's own tests --------------------------------------------------------------------
+
+
+def test_the_example_job_tests_pass() -> None:
+    environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "examples/test_invoice_job.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=REPO,
+        env=environment,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout
+
+
+# --- the tutorial -------------------------------------------------------------------------
+
+
+def test_the_tutorial_program_survives_kill_9(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'tutorial.db'}"
+    environment = {**os.environ, "TUTORIAL_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, str(EXAMPLES / "tutorial.py")]
+    with (tmp_path / "first.log").open("w+") as log:
+        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+        try:
+            deadline = time.monotonic() + 60
+            while not any((run.cursor or 0) >= 2 for run in runs_so_far(url)):
+                assert first.poll() is None, "the tutorial ended before it could be killed"
+                assert time.monotonic() < deadline, "no page committed within 60 s"
+                time.sleep(0.05)
+            first.send_signal(signal.SIGKILL)
+        finally:
+            first.kill()
+            first.wait()
+    (cut,) = read_runs(url)
+    assert cut.status == "running"
+
+    again = subprocess.run(
+        command, capture_output=True, text=True, timeout=90, env=environment, check=False
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"run {cut.id}: running at page {cut.cursor}" in again.stdout
+    (run,) = read_runs(url)
+    assert run.id == cut.id
+    assert run.status == "done"
+    assert run.counters == {"total": 20, "pages": 20}  # each page counted once

@@ -1,0 +1,192 @@
+"""Schedules with an injected clock: each slot once, catch-up after downtime, validation.
+
+Every test runs on the memory store, SQLite and Postgres (the ``store`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import jobrun
+from jobrun._core.schedules import MAX_CATCH_UP_SLOTS
+from jobrun.testing import FakeClock
+from tests.support import SQL_BACKENDS, drive
+
+MODULE, JOB = "reports", "tick"
+# First sight at 00:00:10; the every-minute slots are 00:01:00, 00:02:00, ...
+SEEN = datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC)
+
+
+def at(minute: int, second: float = 0) -> datetime:
+    return datetime(2026, 1, 1, 0, minute, tzinfo=UTC) + timedelta(seconds=second)
+
+
+def every_minute(catch_up: str = "latest", **options: Any) -> jobrun.JobRegistry:
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, lambda p: jobrun.PassResult(done=True))
+    registry.schedule(MODULE, JOB, "* * * * *", catch_up=catch_up, **options)
+    return registry
+
+
+async def tick(store: Any, registry: jobrun.JobRegistry, now: datetime) -> list[str]:
+    """The instances of the runs one call started."""
+    return [run.instance for run in await jobrun.start_scheduled_runs(store, registry, now=now)]
+
+
+async def test_a_new_schedule_starts_with_its_next_slot_once(store: Any):
+    registry = every_minute(payload={"kind": "hourly"}, priority=3)
+    assert await tick(store, registry, SEEN) == []
+    assert await tick(store, registry, at(0, 59.999)) == []
+    started = await jobrun.start_scheduled_runs(store, registry, now=at(1, 0.25))
+    assert [run.instance for run in started] == ["2026-01-01T00:01:00.000Z"]
+    run = started[0]
+    assert (run.module_id, run.job, run.payload, run.priority) == (
+        MODULE,
+        JOB,
+        {"kind": "hourly"},
+        3,
+    )
+    assert run.started_at == at(1, 0.25)
+    # Again, by the same or by another caller: the slot is taken.
+    assert await tick(store, registry, at(1, 0.5)) == []
+    assert await tick(store, every_minute(), at(1, 0.5)) == []
+
+
+async def test_a_slot_whose_run_finished_is_not_started_again(store: Any):
+    registry = every_minute()
+    await tick(store, registry, SEEN)
+    assert len(await tick(store, registry, at(1))) == 1
+    clock = FakeClock(at(1, 1))
+    assert (await drive(store, registry, clock)).completed == 1
+    # No live run holds the key any more: only the slot's record stops a second start.
+    assert await tick(store, registry, at(1, 2)) == []
+    assert [run.status for run in await jobrun.job_runs(store)] == ["done"]
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "after_downtime"),
+    [
+        ("all", ["00:02", "00:03", "00:04", "00:05"]),
+        ("latest", ["00:05"]),
+        ("none", []),
+    ],
+)
+async def test_a_restarted_worker_catches_up_per_policy(
+    store: Any, catch_up: str, after_downtime: list[str]
+):
+    registry = every_minute(catch_up)
+    await tick(store, registry, SEEN)
+    assert await tick(store, registry, at(1, 0.05)) == ["2026-01-01T00:01:00.000Z"]
+    # Down from 00:01:01 to 00:05:40: slots 00:02 to 00:05 were missed.
+    started = await tick(store, registry, at(5, 40))
+    assert [instance[11:16] for instance in started] == after_downtime
+    # From then on, on time again, whatever the policy.
+    assert await tick(store, registry, at(6, 0.1)) == ["2026-01-01T00:06:00.000Z"]
+
+
+async def test_none_still_starts_the_current_slot_when_it_is_on_time(store: Any):
+    registry = every_minute("none")
+    await tick(store, registry, SEEN)
+    # Down through 00:01 to 00:04; back 2 s after 00:05: that slot is due now, not missed.
+    assert await tick(store, registry, at(5, 2)) == ["2026-01-01T00:05:00.000Z"]
+
+
+async def test_catching_up_all_is_bounded(store: Any):
+    registry = jobrun.JobRegistry()
+    registry.schedule(MODULE, JOB, "* * * * * *", catch_up="all")  # every second
+    await tick(store, registry, SEEN)
+    # An hour down: 3,600 missed slots, the newest 100 started, oldest first.
+    started = await tick(store, registry, SEEN + timedelta(hours=1))
+    assert len(started) == MAX_CATCH_UP_SLOTS
+    assert started == sorted(started)
+    assert started[-1] == "2026-01-01T01:00:10.000Z"
+    assert started[0] == "2026-01-01T00:58:31.000Z"
+
+
+async def test_a_shared_instance_joins_the_live_run_of_the_previous_slot(store: Any):
+    registry = every_minute(instance="nightly")
+    await tick(store, registry, SEEN)
+    first = await jobrun.start_scheduled_runs(store, registry, now=at(1))
+    second = await jobrun.start_scheduled_runs(store, registry, now=at(2))
+    assert [run.id for run in second] == [first[0].id]
+    assert first[0].instance == "nightly"
+    assert len(await jobrun.job_runs(store)) == 1
+    # Once that run is done, the next slot starts a new one.
+    assert (await drive(store, registry, FakeClock(at(2, 1)))).completed == 1
+    third = await jobrun.start_scheduled_runs(store, registry, now=at(3))
+    assert len(third) == 1
+    assert third[0].id != first[0].id
+
+
+async def test_two_schedules_of_one_job_keep_their_own_slots(store: Any):
+    registry = jobrun.JobRegistry()
+    registry.schedule(MODULE, JOB, "* * * * *", instance="a")
+    registry.schedule(MODULE, JOB, "*/2 * * * *", instance="b")
+    await tick(store, registry, SEEN)
+    first = await jobrun.start_scheduled_runs(store, registry, now=at(1))
+    assert [run.instance for run in first] == ["a"]
+    both = await jobrun.start_scheduled_runs(store, registry, now=at(2))
+    assert [run.instance for run in both] == ["a", "b"]
+    assert both[0].id == first[0].id  # a's slot of 00:02 joined its live run of 00:01
+    assert len(await jobrun.job_runs(store)) == 2
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
+async def test_concurrent_callers_start_each_slot_once(engine: AsyncEngine):
+    """Eight callers with their own stores at once, slot after slot: one run per slot."""
+    registry = jobrun.JobRegistry()
+    registry.schedule(MODULE, JOB, "* * * * * */2", catch_up="all")
+    stores = [jobrun.SqlJobRunStore(engine) for _ in range(8)]
+    await jobrun.start_scheduled_runs(stores[0], registry, now=SEEN)
+    for second in range(12, 30, 2):
+        now = datetime(2026, 1, 1, 0, 0, second, 1000, tzinfo=UTC)
+        results = await asyncio.gather(
+            *(jobrun.start_scheduled_runs(store, registry, now=now) for store in stores)
+        )
+        assert sorted(len(result) for result in results) == [0] * 7 + [1]
+    runs = await jobrun.job_runs(stores[0], limit=500)
+    assert sorted(run.instance for run in runs) == [
+        f"2026-01-01T00:00:{second:02d}.000Z" for second in range(12, 30, 2)
+    ]
+
+
+def test_bad_schedules_are_refused():
+    registry = jobrun.JobRegistry()
+    with pytest.raises(jobrun.JobValidationError, match="cron"):
+        registry.schedule(MODULE, JOB, "every minute")
+    with pytest.raises(jobrun.JobValidationError, match="cron"):
+        registry.schedule(MODULE, JOB, "61 * * * *")
+    with pytest.raises(TypeError, match="cron"):
+        registry.schedule(MODULE, JOB, 5)  # type: ignore[arg-type]
+    with pytest.raises(jobrun.JobValidationError, match="catch_up"):
+        registry.schedule(MODULE, JOB, "* * * * *", catch_up="some")
+    with pytest.raises(jobrun.JobValidationError, match="instance"):
+        registry.schedule(MODULE, JOB, "* * * * *", instance="")
+    with pytest.raises(jobrun.JobValidationError, match="payload"):
+        registry.schedule(MODULE, JOB, "* * * * *", payload={"x": float("nan")})
+    with pytest.raises(TypeError, match="priority"):
+        registry.schedule(MODULE, JOB, "* * * * *", priority="high")  # type: ignore[arg-type]
+    assert registry.schedules() == []
+    registry.schedule(MODULE, JOB, "* * * * *")
+    with pytest.raises(jobrun.JobConflictError, match="already has a schedule"):
+        registry.schedule(MODULE, JOB, "*/5 * * * *")
+    assert len(registry.schedules()) == 1
+
+
+def test_bad_limits_and_retention_are_refused():
+    registry = jobrun.JobRegistry()
+    handler = lambda p: jobrun.PassResult(done=True)  # noqa: E731
+    with pytest.raises(ValueError, match="max_concurrent"):
+        registry.register(MODULE, JOB, handler, max_concurrent=0)
+    with pytest.raises(TypeError, match="max_concurrent"):
+        registry.register(MODULE, JOB, handler, max_concurrent=True)
+    with pytest.raises(TypeError, match="keep_for"):
+        registry.register(MODULE, JOB, handler, keep_for=30)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="keep_for"):
+        registry.register(MODULE, JOB, handler, keep_for=timedelta(0))
+    assert len(registry) == 0
