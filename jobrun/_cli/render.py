@@ -154,8 +154,8 @@ _RUN_COLUMNS = (
     _Column("last error", 14, lambda run, _at: run.last_error or "", wraps=True),
     _Column("age", 6, lambda run, at: span(at - run.started_at), justify="right"),
     _Column("attempts", 8, lambda run, _at: str(run.attempts), justify="right"),
-    _Column("priority", 8, lambda run, _at: str(run.priority), justify="right"),
     _Column("counters", 14, lambda run, _at: counters_text(run.counters), wraps=True),
+    _Column("priority", 8, lambda run, _at: str(run.priority), justify="right"),
     _Column(
         "cursor",
         12,
