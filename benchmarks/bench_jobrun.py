@@ -609,8 +609,9 @@ async def explain_claim(backend: Backend, job: str = "due") -> list[str]:
 
 
 def jobrun_claim_request(token: str, job: str = "due") -> Any:
-    from jobrun._core.formats import format_instant, system_clock
+    from jobrun._core.formats import format_instant
     from jobrun._core.records import ClaimRequest
+    from jobrun._system import system_clock
 
     now_at = format_instant(system_clock())
     expires = "9999-01-01T00:00:00.000Z"

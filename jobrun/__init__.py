@@ -39,6 +39,7 @@ from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun._version import __version__ as __version__
 from jobrun.errors import (
     HandlerMistakeError,
     JobConflictError,
@@ -57,8 +58,6 @@ from jobrun.sql.migrate import upgrade
 from jobrun.sql.provisioning import UpgradeResult, upgrade_many
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.worker import run_worker
-
-__version__ = "0.1.0"
 
 __all__ = [
     "KEEP_CURSOR",

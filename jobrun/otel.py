@@ -22,6 +22,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from jobrun._core.observe import PassEnd, PassStart, PassWatch, StepEnd
+from jobrun._version import __version__
 
 PASS_SPAN = "jobrun.pass"
 STEP_SPAN = "jobrun.step"
@@ -29,8 +30,6 @@ _FAILED_PASSES = frozenset({"retrying", "failed", "interrupted"})
 
 
 def _version() -> str:
-    from jobrun import __version__
-
     return __version__
 
 

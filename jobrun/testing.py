@@ -1,10 +1,17 @@
-"""Test doubles for code that uses jobrun: a fake clock and an in-memory store.
+"""A testing kit for code that uses jobrun: a fake clock, stores, drive-until-idle, crashes.
 
     clock = FakeClock()
     store = MemoryJobRunStore()
     await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     await jobrun.run_due_jobs(store, registry, clock=clock)
     clock.advance(seconds=5)
+
+    report = await drive_until_idle(store, registry, clock=clock, crash=crash_after_step(2))
+    assert report.passes[-1].memo_hits() == ["fetch", "save"]
+
+``FakeClock`` drives the engine's waits too (lease renewal, the pass budget);
+``FakeClock(autojump=True)`` jumps to the next deadline whenever every task waits.
+The fixtures of ``jobrun.pytest_plugin`` wrap these for pytest.
 
 The memory store keeps the same contract as ``SqlJobRunStore`` (one live run per
 key, atomic pass commits), so a handler tested against it behaves the same on a
@@ -16,7 +23,6 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
 from jobrun._core.port import StoreLimits
@@ -31,28 +37,24 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._testing.clock import FakeClock
+from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash, crash_after_step
+from jobrun._testing.idle import IdleReport, PassRecord, drive_until_idle
+from jobrun._testing.stores import sqlite_store
 from jobrun.errors import JobConflictError
 
-__all__ = ["FakeClock", "MemoryJobRunStore"]
-
-
-class FakeClock:
-    """A clock that moves only when told to; call it to read the time."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
-        if self._now.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start")
-
-    def __call__(self) -> datetime:
-        return self._now
-
-    def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
-        """Move the clock forward (never back) and return the new time."""
-        if seconds < 0 or milliseconds < 0:
-            raise ValueError("a FakeClock only moves forward")
-        self._now += timedelta(seconds=seconds, milliseconds=milliseconds)
-        return self._now
+__all__ = [
+    "CrashAfter",
+    "CrashingStore",
+    "FakeClock",
+    "IdleReport",
+    "MemoryJobRunStore",
+    "PassRecord",
+    "SimulatedCrash",
+    "crash_after_step",
+    "drive_until_idle",
+    "sqlite_store",
+]
 
 
 class MemoryJobRunStore:

@@ -29,19 +29,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core.actions import job_run_health
+from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.drive import JOB_DRIVE_LIMIT, run_due_jobs
-from jobrun._core.formats import format_instant, system_clock
-from jobrun._core.lease import default_driver_name
+from jobrun._core.formats import format_instant
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -54,6 +53,7 @@ from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun._system import default_driver_name, resolve_clock
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 
@@ -81,8 +81,11 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(self, engine: AsyncEngine, label: str, schema: str | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, label: str, clock: Clock, schema: str | None = None
+    ) -> None:
         self.engine = engine
+        self.clock = clock
         self.label = label if schema is None else f"{label} schema {schema}"
         self.store = SqlJobRunStore(engine, schema=schema)
         # One tenant's starts wake only that tenant's drivers.
@@ -116,7 +119,7 @@ class _Database:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle.append(waiter)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self.clock.timeout(timeout_s):
                 await waiter
         except TimeoutError:
             pass
@@ -152,6 +155,7 @@ class _Worker:
         on_health: HealthCallback | None,
         stop: asyncio.Event,
         driver_name: str,
+        clock: Clock,
         prune_after: timedelta | None,
     ) -> None:
         self.databases = databases
@@ -166,6 +170,7 @@ class _Worker:
         self.on_health = on_health
         self.stop = stop
         self.driver_name = driver_name
+        self.clock = clock
         self.prune_after = prune_after
         self.slots = asyncio.Semaphore(concurrency)
 
@@ -193,7 +198,7 @@ class _Worker:
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
+            async with self.clock.timeout(seconds):
                 await self.stop.wait()
 
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
@@ -214,6 +219,7 @@ class _Worker:
                         driver_name=driver,
                         stop=self.stop,
                         observer=observer,
+                        clock=self.clock,
                     )
             except Exception as error:
                 log.warning(
@@ -258,7 +264,7 @@ class _Worker:
         """Warn, once per job per check, about due runs no driver here can take."""
         while not self.stop.is_set():
             try:
-                due = await database.store.due_by_job(format_instant(system_clock()))
+                due = await database.store.due_by_job(format_instant(self.clock.now()))
             except Exception as error:
                 log.debug("reading due runs per job on %s failed: %s", database.label, error)
                 due = {}
@@ -281,7 +287,7 @@ class _Worker:
         schedules = self.registry.schedules()
         while not self.stop.is_set():
             try:
-                if await start_scheduled_runs(database.store, self.registry):
+                if await start_scheduled_runs(database.store, self.registry, clock=self.clock):
                     database.wake_all()
             except Exception as error:
                 log.warning(
@@ -293,7 +299,7 @@ class _Worker:
                 )
                 await self._sleep(self.interval_s)
                 continue
-            now = datetime.now(UTC)
+            now = self.clock.now()
             upcoming = min(schedule.next_slot(now) for schedule in schedules)
             await self._sleep(min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds()))
 
@@ -411,6 +417,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     driver_name: str | None = None,
+    clock: ClockLike | None = None,
     prune_after: timedelta | None = None,
     schema: str | None = None,
 ) -> None:
@@ -426,6 +433,8 @@ async def run_worker(
     database every ``interval_s``. A failing database is logged and retried every
     ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
     tenant's schema in every database (see ``SqlJobRunStore(schema=...)``).
+    ``clock`` (default: the system's) is handed to every drive and times the
+    worker's own waits.
 
     The registry's schedules are started at each slot (once per slot across any
     number of workers). ``prune_after`` deletes finished runs that ended longer
@@ -442,6 +451,7 @@ async def run_worker(
         _positive_seconds(pass_timeout_s, "pass_timeout_s")
     if not isinstance(registry, JobRegistry):
         raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+    timing = resolve_clock(clock)
     prune_after = check_prune_after(prune_after)
     owned: list[AsyncEngine] = []
     try:
@@ -457,7 +467,7 @@ async def run_worker(
                 raise TypeError(
                     f"a database is a URL or an AsyncEngine, got {type(database).__name__}"
                 )
-        states = [_Database(engine, database_label(engine), schema) for engine in engines]
+        states = [_Database(engine, database_label(engine), timing, schema) for engine in engines]
         for state in states:
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)
@@ -474,9 +484,10 @@ async def run_worker(
             on_health=on_health,
             stop=stop if stop is not None else asyncio.Event(),
             driver_name=driver_name or default_driver_name(),
+            clock=timing,
             prune_after=prune_after,
         )
-        began = time.monotonic()
+        began = timing.monotonic()
         log.info(
             "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
             ", ".join(state.label for state in states),
@@ -490,7 +501,7 @@ async def run_worker(
         finally:
             log.info(
                 "worker stopped after %.1f s",
-                time.monotonic() - began,
+                timing.monotonic() - began,
                 extra={"databases": [state.label for state in states]},
             )
     finally:

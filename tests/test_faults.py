@@ -416,12 +416,22 @@ async def test_a_hanging_step_times_out_as_a_failed_pass_and_is_not_wedged(
 ) -> None:
     calls: list[str] = []
     hang = {"on": True}
+    hung = asyncio.Event()
 
     async def slow() -> str:
         calls.append("slow")
         if hang["on"]:
+            hung.set()
             await asyncio.Event().wait()
         return "S"
+
+    async def drive_past_the_budget() -> jobrun.JobDriveReport:
+        # The budget runs on the drive's clock: once the step hangs, move it past.
+        hung.clear()
+        driving = asyncio.create_task(drive(store, registry, clock, pass_timeout_s=0.1))
+        await asyncio.wait_for(hung.wait(), 10)
+        clock.advance(milliseconds=100)
+        return await asyncio.wait_for(driving, 10)
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         await p.step("first", lambda: calls.append("first"))
@@ -432,7 +442,7 @@ async def test_a_hanging_step_times_out_as_a_failed_pass_and_is_not_wedged(
     registry.register(MODULE, JOB, handler, retry=IMMEDIATE, lease_ms=SHORT_LEASE_MS)
     run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
 
-    report = await drive(store, registry, clock, pass_timeout_s=0.1)
+    report = await drive_past_the_budget()
     assert (report.retrying, report.superseded) == (1, 0)
     row = await row_of(store, run.id)
     assert (row.status, row.attempts, row.cursor, row.lease_owner) == ("running", 1, None, None)
@@ -442,7 +452,7 @@ async def test_a_hanging_step_times_out_as_a_failed_pass_and_is_not_wedged(
     assert set(await store.steps(run.id)) == {"first"}
 
     # Due again at once: a second hang fails again, it does not wedge the run.
-    report = await drive(store, registry, clock, pass_timeout_s=0.1)
+    report = await drive_past_the_budget()
     assert report.retrying == 1
     assert (await row_of(store, run.id)).attempts == 2
 

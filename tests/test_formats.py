@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 
 from jobrun._core.formats import (
     MalformedColumnError,
-    UlidMint,
     add_milliseconds,
     decode_counters,
     decode_json,
     encode_json,
     format_instant,
-    mint_run_id,
     parse_instant,
 )
+from jobrun._core.ids import UlidMint
+from jobrun._system import mint_run_id
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 INSTANT_SHAPE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")

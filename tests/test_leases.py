@@ -7,9 +7,9 @@ broken rule fails here. Races with operators are made deterministic with
 ``asyncio.Event`` handshakes: the pass waits inside a step body while the test
 acts, then carries on.
 
-Most tests use a ``FakeClock``; the ones about the background renewal use the
-real clock and real, short leases (hundreds of milliseconds), because renewal
-runs on ``asyncio.sleep`` and stamps expiries from the same clock.
+Every test uses a ``FakeClock``. The background renewal waits on the drive's
+clock too, so the renewal tests move the clock by hand and wait for each renewal
+to land (an event, never a sleep).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.formats import add_milliseconds, format_instant, parse_instant, system_clock
+from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun.testing import FakeClock
 from tests.support import fixed_random, row_of, set_columns
@@ -350,20 +350,41 @@ async def test_a_run_taken_over_more_than_max_takeovers_times_is_failed(store, c
     assert (report.advanced, ran) == (1, [1])
 
 
-# --- renewal, with the real clock ------------------------------------------------------------
+# --- renewal, on the fake clock ------------------------------------------------------------
 
 
-async def test_background_renewal_keeps_a_long_step_leased(store):
-    """A step three times as long as the lease: renewed every quarter lease, never taken."""
-    run = await jobrun.start_job_run(store, module_id=M, job=J)
+class _Renewals:
+    """A store that reports each background renewal (and whether it held) once it landed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.landed: asyncio.Queue[bool] = asyncio.Queue()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+        held = await self.inner.extend_lease(run_id, token, expires_at)
+        self.landed.put_nowait(held)
+        return held
+
+
+async def test_background_renewal_keeps_a_long_step_leased(store, clock):
+    """A step three times as long as the lease: renewed every quarter lease, never taken.
+
+    The renewal waits on the drive's clock, so the test moves the clock a quarter
+    lease at a time and waits for each renewal to land: no real time passes."""
+    lease_ms = 300
+    run = await jobrun.start_job_run(store, module_id=M, job=J, clock=clock)
     inside = asyncio.Event()
+    renewals = _Renewals(store)
     registry = jobrun.JobRegistry()
 
-    @registry.job(M, J, lease_ms=300)
+    @registry.job(M, J, lease_ms=lease_ms)
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         async def long() -> str:
             inside.set()
-            await asyncio.sleep(1.0)
+            await clock.sleep((3 * lease_ms + 1) / 1000)
             return "slow"
 
         await p.step("long", long)
@@ -373,31 +394,30 @@ async def test_background_renewal_keeps_a_long_step_leased(store):
     stolen: list[str] = []
     rival = jobrun.JobRegistry()
 
-    @rival.job(M, J, lease_ms=300)
+    @rival.job(M, J, lease_ms=lease_ms)
     async def rival_handler(p: jobrun.JobPass) -> None:
         stolen.append(p.run.id)
 
-    holder = asyncio.create_task(jobrun.run_due_jobs(store, registry, driver_name="holder"))
-    await asyncio.wait_for(inside.wait(), 5)
+    holder = asyncio.create_task(
+        jobrun.run_due_jobs(renewals, registry, driver_name="holder", clock=clock)
+    )
+    await asyncio.wait_for(inside.wait(), 10)
+    assert clock.sleepers == 2, "the step and the lease keeper wait on the clock"
     expiries: list[str] = []
-    rival_attempts = 0
-    while not holder.done():
-        rival_report = await jobrun.run_due_jobs(store, rival, driver_name="rival")
-        rival_attempts += rival_report.attempted
+    for _ in range(12):
+        clock.advance(milliseconds=lease_ms / 4)
+        assert await asyncio.wait_for(renewals.landed.get(), 10), "a renewal was refused"
+        rival_report = await jobrun.run_due_jobs(store, rival, driver_name="rival", clock=clock)
+        assert rival_report.attempted == 0
         row = await row_of(store, run.id)
-        now = system_clock()
-        if row.lease_owner is not None and row.next_attempt_at is not None:
-            assert parse_instant(row.next_attempt_at) > now - timedelta(milliseconds=20), (
-                "the lease was allowed to lapse"
-            )
-            expiries.append(row.next_attempt_at)
-        await asyncio.sleep(0.02)
-    report = await holder
+        assert row.next_attempt_at == add_milliseconds(format_instant(clock()), lease_ms)
+        expiries.append(row.next_attempt_at)
+    clock.advance(milliseconds=1)
+    report = await asyncio.wait_for(holder, 10)
 
     assert (report.completed, report.superseded) == (1, 0)
-    assert (rival_attempts, stolen) == (0, [])
-    assert len(set(expiries)) >= 4, f"the expiry should move forward, saw {sorted(set(expiries))}"
-    assert expiries == sorted(expiries)
+    assert stolen == []
+    assert len(set(expiries)) == 12, "each renewal moves the expiry a quarter lease on"
     record = await jobrun.get_job_run(store, run.id)
     assert record is not None
     assert (record.cursor, record.lease_driver) == ("after", None)
@@ -405,9 +425,10 @@ async def test_background_renewal_keeps_a_long_step_leased(store):
 
 @pytest.mark.parametrize("handler_swallows", [False, True])
 async def test_a_pass_whose_renewal_finds_the_lease_gone_stops_before_the_next_step(
-    store, handler_swallows
+    store, clock, handler_swallows
 ):
-    run = await jobrun.start_job_run(store, module_id=M, job=J)
+    run = await jobrun.start_job_run(store, module_id=M, job=J, clock=clock)
+    renewals = _Renewals(store)
     after_first = asyncio.Event()
     go_on = asyncio.Event()
     bodies: list[str] = []
@@ -422,7 +443,7 @@ async def test_a_pass_whose_renewal_finds_the_lease_gone_stops_before_the_next_s
         # it cancels the pass here.
         try:
             await go_on.wait()
-            await asyncio.sleep(5)
+            await clock.sleep(5)
         except asyncio.CancelledError as error:
             caught.append(error)
             if not handler_swallows:
@@ -434,13 +455,18 @@ async def test_a_pass_whose_renewal_finds_the_lease_gone_stops_before_the_next_s
             caught.append(error)
         return jobrun.PassResult(cursor="from the stale pass")
 
-    task = asyncio.create_task(jobrun.run_due_jobs(store, registry, driver_name="stale"))
+    task = asyncio.create_task(
+        jobrun.run_due_jobs(renewals, registry, driver_name="stale", clock=clock)
+    )
     await asyncio.wait_for(after_first.wait(), 5)
     assert await jobrun.release_job_lease(store, run.id)
-    thief = await claim_as(store, system_clock, "THIEF", driver="thief:1", lease_ms=60_000)
+    thief = await claim_as(store, clock, "THIEF", driver="thief:1", lease_ms=60_000)
     assert thief is not None
     assert thief.id == run.id
     taken = await snapshot(store, run.id)
+    # The next renewal (a quarter lease on) finds the run taken.
+    clock.advance(milliseconds=50)
+    assert not await asyncio.wait_for(renewals.landed.get(), 10)
     go_on.set()
     report = await task
 

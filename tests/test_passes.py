@@ -630,8 +630,12 @@ async def test_an_interrupted_pass_is_not_committed_and_resumes_from_the_ledger(
 
 
 async def test_a_pass_over_its_time_budget_is_a_failed_pass(store: Any, clock: FakeClock) -> None:
+    """The budget runs on the drive's clock: advancing the fake clock past it ends the pass."""
+    hung = asyncio.Event()
+
     async def hangs(p: jobrun.JobPass) -> None:
         await p.step("before", lambda: 1)
+        hung.set()
         await asyncio.Event().wait()
 
     async def finishes(p: jobrun.JobPass) -> dict[str, Any]:
@@ -640,16 +644,19 @@ async def test_a_pass_over_its_time_budget_is_a_failed_pass(store: Any, clock: F
     registry = registry_for(script(hangs, finishes), IMMEDIATE)
     run_id = await start(store, clock)
 
-    report = await drive(store, registry, clock, pass_timeout_s=0.05)
+    driving = asyncio.create_task(drive(store, registry, clock, pass_timeout_s=300))
+    await asyncio.wait_for(hung.wait(), 10)
+    clock.advance(seconds=300)
+    report = await asyncio.wait_for(driving, 10)
     assert report.retrying == 1
     row = await row_of(store, run_id)
     assert (row.status, row.attempts) == ("running", 1)
     assert row.last_error is not None
-    assert "0.05" in row.last_error
+    assert "300" in row.last_error
     assert report.errors[0].error == row.last_error
 
     # Not wedged: the next drive runs the run again, replaying the finished step.
-    report = await drive(store, registry, clock, pass_timeout_s=0.05)
+    report = await drive(store, registry, clock, pass_timeout_s=300)
     assert report.advanced == 1
     row = await row_of(store, run_id)
     assert (row.cursor, row.attempts, row.last_error) == ("1", 0, None)

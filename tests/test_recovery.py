@@ -33,10 +33,11 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core import formats
-from jobrun._core.formats import add_milliseconds, format_instant, system_clock
+from jobrun import _system
+from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.holders import HolderIdentity, local_identity
 from jobrun._core.records import ClaimRequest
+from jobrun._system import system_clock
 from tests.support import row_of
 from tests.test_many_drivers import Fleet
 
@@ -231,8 +232,8 @@ async def test_a_fast_clock_takes_no_live_lease_and_dates_its_starts_by_the_data
             return datetime.now(tz) + timedelta(minutes=10)
 
     # This process's system clock now runs 10 minutes ahead of the database's.
-    monkeypatch.setattr(formats, "datetime", AheadDatetime)
-    assert system_clock() - datetime.now(formats.UTC) > timedelta(minutes=9)
+    monkeypatch.setattr(_system, "datetime", AheadDatetime)
+    assert system_clock() - datetime.now(_system.UTC) > timedelta(minutes=9)
     store = jobrun.SqlJobRunStore(engine)
     registry = jobrun.JobRegistry()
     registry.register(MODULE, JOB, lambda p: jobrun.PassResult(done=True))
@@ -272,7 +273,7 @@ async def test_health_counts_stranded_runs_as_due(store: Any) -> None:
     expired = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="expired")
     orphan = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="orphan")
     live = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="live")
-    at = format_instant(datetime.now(formats.UTC))
+    at = format_instant(datetime.now(_system.UTC))
     taken: set[str] = set()
     for run, token, driver, lease_ms in (
         # This lease ran out 30 s ago: the run has been due (stranded) since.
@@ -322,7 +323,7 @@ async def test_a_ten_second_event_loop_stall_keeps_the_default_lease(store: Any)
         row = await row_of(store, p.run.id)
         assert row.next_attempt_at is not None
         expiry = datetime.fromisoformat(row.next_attempt_at.replace("Z", "+00:00"))
-        left.append((expiry - datetime.now(formats.UTC)).total_seconds())
+        left.append((expiry - datetime.now(_system.UTC)).total_seconds())
         await p.step("after", lambda: "still ours")
         return jobrun.PassResult(done=True)
 

@@ -1,9 +1,9 @@
 """The operator commands (db, runs, show, watch, start, cancel, resume, release, prune, health).
 
 Each command is wiring only: parse the arguments, open the store from ``--url``
-(or ``JOBRUN_DATABASE_URL``), call jobrun's public functions inside
-:func:`jobrun._cli.connect.run_action`, and print through
-:mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usage error.
+(or ``JOBRUN_DATABASE_URL``) and ``--schema`` (or ``JOBRUN_SCHEMA``), call
+jobrun's public functions inside :func:`jobrun._cli.connect.run_action`, and
+print through :mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usage error.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def db_upgrade(
     from alembic.util import CommandError
 
     async def act() -> tuple[SchemaState, SchemaState]:
-        async with open_engine(targets[0], create=True) as engine:
+        async with open_engine(targets[0], create=True, schema=schema) as engine:
             before = await revisions(engine, schema)
             try:
                 await upgrade(engine, schema=schema)
@@ -167,7 +167,7 @@ def db_current(
         return
 
     async def act() -> SchemaState:
-        async with open_engine(targets[0]) as engine:
+        async with open_engine(targets[0], schema=schema) as engine:
             return await revisions(engine, schema)
 
     state = run_action(act)
@@ -222,7 +222,7 @@ def db_check(
         return
 
     async def act() -> SchemaState:
-        async with open_engine(targets[0]) as engine:
+        async with open_engine(targets[0], schema=schema) as engine:
             return await check(engine, schema)
 
     state = run_action(act)
@@ -394,20 +394,18 @@ def start(
           --payload '{"shop": "shop-42"}'
     """
 
-    async def act() -> tuple[JobRun, bool]:
-        async with open_engine(url) as engine:
-            store = _StartRecorder(engine)
-            run = await start_job_run(
-                store,
-                module_id=module_id,
-                job=job,
-                instance=instance,
-                payload=payload,
-                priority=priority,
-            )
-            return run, store.inserted
+    async def act(store: _StartRecorder) -> tuple[JobRun, bool]:
+        run = await start_job_run(
+            store,
+            module_id=module_id,
+            job=job,
+            instance=instance,
+            payload=payload,
+            priority=priority,
+        )
+        return run, store.inserted
 
-    run, inserted = run_action(act)
+    run, inserted = run_on_store(url, act, _StartRecorder)
     if as_json:
         click.echo(dumps({"started": inserted, "run": run_json(run)}))
     else:

@@ -1,10 +1,17 @@
-"""From a ``--url`` to a working store, and from jobrun's errors to one-line messages.
+"""From ``--url`` and ``--schema`` to a working store, and from jobrun's errors to
+one-line messages.
 
 Every command goes through :func:`run_action`: it runs the command's coroutine
 and turns the failures an operator can cause or meet (a bad URL, a server that
 does not answer, a schema that is behind, an unknown run id) into a message on
 stderr and exit status 1, never a traceback. Invalid input that the library
-refuses (a bad name, an empty reason) is a usage error: exit status 2.
+refuses (a bad name, an empty reason) is a usage error: exit status 2. A
+``--schema`` jobrun cannot use (a bad name, or any schema on SQLite) is refused
+in one line with status 2 before the database is touched.
+
+The commands that read or act on runs take :func:`url_option`, which brings
+``--schema`` along; :func:`run_on_store` opens the store in that schema. So a
+command that opens its store there takes ``--schema`` without passing it on.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import click
 from sqlalchemy import URL
@@ -28,14 +35,17 @@ from jobrun.errors import (
     StoreError,
 )
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.tenancy import checked_schema
 from jobrun.sql.urls import with_asyncio_driver
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., object])
+S = TypeVar("S", bound=SqlJobRunStore)
 
 URL_ENVVAR = "JOBRUN_DATABASE_URL"
 CONNECT_TIMEOUT_S = 10
 
-url_option = click.option(
+_url_option = click.option(
     "--url",
     envvar=URL_ENVVAR,
     show_envvar=True,
@@ -46,15 +56,57 @@ url_option = click.option(
 )
 
 SCHEMA_ENVVAR = "JOBRUN_SCHEMA"
-schema_option = click.option(
-    "--schema",
-    envvar=SCHEMA_ENVVAR,
-    show_envvar=True,
-    default=None,
-    metavar="NAME",
-    help="Postgres: the tenant's schema that holds jobrun's tables (default: none, "
-    "the search_path decides).",
-)
+_SCHEMA_SETTINGS: dict[str, Any] = {
+    "envvar": SCHEMA_ENVVAR,
+    "show_envvar": True,
+    "default": None,
+    "metavar": "NAME",
+    "help": "Postgres: the tenant's schema that holds jobrun's tables (default: none, "
+    "the search_path decides). Refused on SQLite.",
+}
+schema_option = click.option("--schema", **_SCHEMA_SETTINGS)
+"""``--schema`` handed to the command as ``schema`` (for commands that open engines)."""
+
+_SCHEMA_KEY = "jobrun.schema"
+
+
+def _remember_schema(
+    context: click.Context, parameter: click.Parameter, value: str | None
+) -> str | None:
+    context.meta[_SCHEMA_KEY] = value
+    return value
+
+
+def url_option(command: F) -> F:
+    """``--url`` and ``--schema``: the database, and the tenant's schema in it.
+
+    The command gets ``url``; the schema stays in the click context, where
+    :func:`run_on_store` takes it from.
+    """
+    command = click.option(
+        "--schema", expose_value=False, callback=_remember_schema, **_SCHEMA_SETTINGS
+    )(command)
+    return _url_option(command)
+
+
+def chosen_schema() -> str | None:
+    """The ``--schema`` of the command being run (``None`` outside a command)."""
+    context = click.get_current_context(silent=True)
+    return None if context is None else context.meta.get(_SCHEMA_KEY)
+
+
+class OneLineUsageError(click.ClickException):
+    """A usage error (exit status 2) told in one line, without click's usage text."""
+
+    exit_code = 2
+
+
+def refuse_unusable_schema(engine: AsyncEngine, schema: str | None) -> None:
+    """Raise :class:`OneLineUsageError` if jobrun cannot use ``schema`` on ``engine``."""
+    try:
+        checked_schema(engine, schema)
+    except JobValidationError as error:
+        raise OneLineUsageError(error.message) from error
 
 
 def first_line(error: BaseException) -> str:
@@ -126,20 +178,24 @@ async def probe(engine: AsyncEngine) -> None:
 
 
 @asynccontextmanager
-async def open_engine(url_text: str, *, create: bool = False) -> AsyncIterator[AsyncEngine]:
+async def open_engine(
+    url_text: str, *, create: bool = False, schema: str | None = None
+) -> AsyncIterator[AsyncEngine]:
     """An engine that has connected once, disposed of on exit.
 
     Unless ``create`` is set, a SQLite file must exist already: reading a
-    database that is not there would otherwise create an empty one.
+    database that is not there would otherwise create an empty one. A
+    ``schema`` jobrun cannot use on this database is refused first.
     """
     url = parse_url(url_text)
-    path = sqlite_file(url)
-    if path is not None and not create and not path.exists():
-        raise click.ClickException(
-            f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url_text}`"
-        )
     engine = make_engine(url)
     try:
+        refuse_unusable_schema(engine, schema)
+        path = sqlite_file(url)
+        if path is not None and not create and not path.exists():
+            raise click.ClickException(
+                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url_text}`"
+            )
         await probe(engine)
         yield engine
     finally:
@@ -147,9 +203,9 @@ async def open_engine(url_text: str, *, create: bool = False) -> AsyncIterator[A
 
 
 @asynccontextmanager
-async def open_store(url_text: str) -> AsyncIterator[SqlJobRunStore]:
-    async with open_engine(url_text) as engine:
-        yield SqlJobRunStore(engine)
+async def open_store(url_text: str, schema: str | None, store_type: type[S]) -> AsyncIterator[S]:
+    async with open_engine(url_text, schema=schema) as engine:
+        yield store_type(engine, schema=schema)
 
 
 def outdated_message(error: SchemaOutdatedError) -> str:
@@ -174,11 +230,25 @@ def run_action(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise click.ClickException(f"database error: {first_line(error)}") from error
 
 
-def run_on_store(url_text: str, use: Callable[[SqlJobRunStore], Awaitable[T]]) -> T:
-    """:func:`run_action` of ``use`` on the store at ``url_text``, opened and closed around it."""
+@overload
+def run_on_store(url_text: str, use: Callable[[SqlJobRunStore], Awaitable[T]]) -> T: ...
+
+
+@overload
+def run_on_store(url_text: str, use: Callable[[S], Awaitable[T]], store_type: type[S]) -> T: ...
+
+
+def run_on_store(
+    url_text: str,
+    use: Callable[[Any], Awaitable[T]],
+    store_type: type[SqlJobRunStore] = SqlJobRunStore,
+) -> T:
+    """:func:`run_action` of ``use`` on the store at ``url_text`` in the command's
+    ``--schema``, opened and closed around it."""
+    schema = chosen_schema()
 
     async def act() -> T:
-        async with open_store(url_text) as store:
+        async with open_store(url_text, schema, store_type) as store:
             return await use(store)
 
     return run_action(act)

@@ -8,7 +8,15 @@ from typing import Any
 import click
 
 from jobrun._cli.app import cli
-from jobrun._cli.connect import URL_ENVVAR, make_engine, parse_url, shown_url, sqlite_file
+from jobrun._cli.connect import (
+    URL_ENVVAR,
+    make_engine,
+    parse_url,
+    refuse_unusable_schema,
+    schema_option,
+    shown_url,
+    sqlite_file,
+)
 
 
 def _base_path(text: str) -> str:
@@ -33,29 +41,37 @@ def _application(console: Any, base: str) -> Any:
     return Starlette(routes=[Route("/", to_console), Mount(base, app=console)])
 
 
-async def _serve(urls: tuple[str, ...], host: str, port: int, read_only: bool, base: str) -> None:
+async def _serve(
+    urls: tuple[str, ...], schema: str | None, host: str, port: int, read_only: bool, base: str
+) -> None:
     import uvicorn
 
+    from jobrun.sql.store import SqlJobRunStore
     from jobrun.ui import create_app
 
-    engines = {}
-    for url in urls:
-        parsed = parse_url(url)
-        path = sqlite_file(parsed)
-        if path is not None and not path.exists():
-            raise click.ClickException(
-                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
-            )
-        engines[shown_url(parsed)] = make_engine(parsed)
+    engines = []
+    stores = {}
     try:
-        console = create_app(engines, read_only=read_only)
+        for url in urls:
+            parsed = parse_url(url)
+            engine = make_engine(parsed)
+            engines.append(engine)
+            refuse_unusable_schema(engine, schema)
+            path = sqlite_file(parsed)
+            if path is not None and not path.exists():
+                raise click.ClickException(
+                    f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
+                )
+            name = shown_url(parsed) if schema is None else f"{shown_url(parsed)} schema {schema}"
+            stores[name] = SqlJobRunStore(engine, schema=schema)
+        console = create_app(stores, read_only=read_only)
         config = uvicorn.Config(
             _application(console, base), host=host, port=port, log_level="info", lifespan="off"
         )
         click.echo(f"jobrun console on http://{host}:{port}{base}/ (Ctrl-C stops it)")
         await uvicorn.Server(config).serve()
     finally:
-        for engine in engines.values():
+        for engine in engines:
             await engine.dispose()
 
 
@@ -71,7 +87,15 @@ async def _serve(urls: tuple[str, ...], host: str, port: int, read_only: bool, b
     "--base-path", default="/", show_default=True, metavar="PATH",
     help="Serve the console under this path, e.g. /jobs behind a proxy.",
 )  # fmt: skip
-def ui(urls: tuple[str, ...], host: str, port: int, read_only: bool, base_path: str) -> None:
+@schema_option
+def ui(
+    urls: tuple[str, ...],
+    host: str,
+    port: int,
+    read_only: bool,
+    base_path: str,
+    schema: str | None,
+) -> None:
     """Serve the operator console: runs, one run live, health; act on runs.
 
     Listens on 127.0.0.1 unless told otherwise. It has no login of its own:
@@ -80,8 +104,12 @@ def ui(urls: tuple[str, ...], host: str, port: int, read_only: bool, base_path: 
     ASGI application instead.
 
     \b
+    With --schema, every database shows that tenant's runs only.
+
+    \b
     Example:
       jobrun ui --url sqlite+aiosqlite:///app.db --port 8080 --read-only
+      jobrun ui --url postgresql://app@db.internal/app --schema tenant_a
     """
     base = _base_path(base_path)
     try:
@@ -92,4 +120,4 @@ def ui(urls: tuple[str, ...], host: str, port: int, read_only: bool, base_path: 
         raise click.ClickException(
             f"the console needs the ui extra: pip install 'jobrun[ui]' ({error})"
         ) from error
-    asyncio.run(_serve(urls, host, port, read_only, base))
+    asyncio.run(_serve(urls, schema, host, port, read_only, base))

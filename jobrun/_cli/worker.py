@@ -22,6 +22,7 @@ import click
 from jobrun._cli.app import cli
 from jobrun._cli.connect import (
     URL_ENVVAR,
+    OneLineUsageError,
     first_line,
     make_engine,
     outdated_message,
@@ -310,8 +311,8 @@ def worker(
         graceful = asyncio.run(_work(urls, registry, observer, on_health, options))
     except SchemaOutdatedError as error:
         raise click.ClickException(outdated_message(error)) from error
-    except JobValidationError as error:
-        raise click.UsageError(error.message) from error
+    except JobValidationError as error:  # e.g. a --schema this database cannot take
+        raise OneLineUsageError(error.message) from error
     except StoreError as error:
         raise click.ClickException(error.message) from error
     except OSError as error:

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
-from jobrun._core.formats import (
-    Clock,
-    format_instant,
-    parse_instant,
-    repaired_counters,
-    system_clock,
-)
+from jobrun._core.formats import format_instant, parse_instant, repaired_counters
 from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun._core.stranded import dead_holders
+from jobrun._system import resolve_clock
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
@@ -41,7 +37,7 @@ async def _record(store: OperatorStore, run_id: str) -> JobRun:
 
 
 async def cancel_job_run(
-    store: OperatorStore, run_id: str, reason: str, *, clock: Clock = system_clock
+    store: OperatorStore, run_id: str, reason: str, *, clock: ClockLike | None = None
 ) -> JobRun:
     """Fail a running run now, with ``reason`` on the record.
 
@@ -55,7 +51,8 @@ async def cancel_job_run(
         )
     require_text(reason, "reason")
     _check_id(run_id)
-    if not await store.cancel(run_id, f"cancelled: {reason}", format_instant(clock())):
+    at = format_instant(resolve_clock(clock).now())
+    if not await store.cancel(run_id, f"cancelled: {reason}", at):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not running; nothing to cancel",
@@ -65,7 +62,7 @@ async def cancel_job_run(
 
 
 async def resume_job_run(
-    store: OperatorStore, run_id: str, *, clock: Clock = system_clock
+    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None
 ) -> JobRun:
     """Put a failed run back to running, from its last committed cursor.
 
@@ -77,7 +74,8 @@ async def resume_job_run(
     """
     row = await store.get(_check_id(run_id))
     counters = None if row is None else repaired_counters(row.counters)
-    if not await store.resume(run_id, format_instant(clock()), counters=counters):
+    at = format_instant(resolve_clock(clock).now())
+    if not await store.resume(run_id, at, counters=counters):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not failed; only a failed run can resume",
@@ -100,7 +98,7 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
 
 
 async def job_run_health(
-    store: OperatorStore, *, by_job: bool = False, clock: Clock = system_clock
+    store: OperatorStore, *, by_job: bool = False, clock: ClockLike | None = None
 ) -> JobRunHealth:
     """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
 
@@ -109,7 +107,7 @@ async def job_run_health(
     (one more read) ``due_by_job`` says which jobs the unleased due runs belong
     to: a job that no driver registers shows up there and never drains.
     """
-    now = (await aligned_clock(store, clock))()
+    now = (await aligned_clock(store, clock)).now()
     now_at = format_instant(now)
     counts = await store.health(now_at)
     dead = await dead_holders(store, now_at, None)
@@ -138,7 +136,7 @@ async def prune_job_runs(
     older_than: timedelta | datetime,
     statuses: tuple[str, ...] = (JobRunStatus.DONE.value,),
     batch_size: int = 500,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
     only_jobs: frozenset[tuple[str, str]] | None = None,
     except_jobs: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
@@ -162,7 +160,7 @@ async def prune_job_runs(
     if isinstance(older_than, timedelta):
         if older_than < timedelta(0):
             raise ValueError(f"older_than must not be negative, got {older_than}")
-        now = clock()
+        now = resolve_clock(clock).now()
         # An age reaching before year 1 keeps everything: nothing ended that long ago.
         cutoff = now - older_than if older_than < now - _EARLIEST else _EARLIEST
     elif isinstance(older_than, datetime):

@@ -7,24 +7,49 @@ clock, jobrun reads this host's system clock corrected by its measured offset
 from the database's clock (``store.clock_offset_s``: measured on Postgres once a
 minute, one round trip; zero on SQLite, which lives on one host). A clock passed
 in explicitly (a ``FakeClock`` in tests) is the caller's time and is used as is.
+
+An offset under ``CLOCK_TOLERANCE_S`` is taken as no offset: one round trip
+measures it only to within that round trip, so two processes on one host would
+otherwise each correct the same clock by a different error, and a run one of them
+just started could look not yet due to the other.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from jobrun._core.formats import Clock, system_clock
-from jobrun._core.port import JobRunStore
+from jobrun._core.clock import Clock, ClockLike, Deadline
+from jobrun._system import SYSTEM_CLOCK, resolve_clock
+
+# Skew this small is measurement noise, and harmless against a lease of a minute.
+CLOCK_TOLERANCE_S = 1.0
 
 
-async def aligned_clock(store: JobRunStore, clock: Clock) -> Clock:
-    if clock is not system_clock:
-        return clock
-    offset = timedelta(seconds=await store.clock_offset_s())
-    if not offset:
-        return system_clock
+class _Offset:
+    """The system clock with its wall time moved by ``offset``; waits are unchanged."""
 
-    def database_clock() -> datetime:
-        return system_clock() + offset
+    def __init__(self, offset: timedelta) -> None:
+        self._offset = offset
 
-    return database_clock
+    def now(self) -> datetime:
+        return SYSTEM_CLOCK.now() + self._offset
+
+    def monotonic(self) -> float:
+        return SYSTEM_CLOCK.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await SYSTEM_CLOCK.sleep(seconds)
+
+    def timeout(self, seconds: float | None) -> Deadline:
+        return SYSTEM_CLOCK.timeout(seconds)
+
+
+async def aligned_clock(store: Any, clock: ClockLike | None) -> Clock:
+    """``clock`` as given, or (given none) the system clock aligned to the database's."""
+    if clock is not None and clock is not SYSTEM_CLOCK:
+        return resolve_clock(clock)
+    offset_s = await store.clock_offset_s()
+    if abs(offset_s) < CLOCK_TOLERANCE_S:
+        return SYSTEM_CLOCK
+    return _Offset(timedelta(seconds=offset_s))

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random as random_module
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
 from jobrun._core import stranded
+from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.dbclock import aligned_clock
-from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.formats import format_instant
 from jobrun._core.holders import local_identity
-from jobrun._core.lease import MIN_LEASE_MS, Lease, default_driver_name
+from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -33,6 +33,7 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
+from jobrun._system import default_driver_name, mint_run_id, system_random
 from jobrun.errors import JobValidationError
 
 JOB_DRIVE_LIMIT = 50
@@ -72,7 +73,7 @@ async def _claim(
     # Who we are, precisely enough for another claimer to prove our death.
     identity = replace(local_identity(), presence=await store.presence())
     holder = identity.describe(driver)
-    now_at = format_instant(clock())
+    now_at = format_instant(clock.now())
     dead = await stranded.dead_owners(store, now_at, wanted)
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = mint_run_id()
@@ -154,8 +155,8 @@ async def run_due_jobs(
     limit: int = JOB_DRIVE_LIMIT,
     max_passes: int = 1,
     open_scope: OpenScope | None = None,
-    clock: Clock = system_clock,
-    random: Callable[[], float] = random_module.random,
+    clock: ClockLike | None = None,
+    random: Callable[[], float] = system_random,
     pass_timeout_s: float | None = None,
     driver_name: str | None = None,
     stop: asyncio.Event | None = None,
@@ -187,19 +188,19 @@ async def run_due_jobs(
         raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
     scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
     driver = driver_name or default_driver_name()
-    clock = await aligned_clock(store, clock)
+    timing = await aligned_clock(store, clock)
     watcher = LOG_PASSES if observer is None else observer
     report = JobDriveReport()
     driven: set[str] = set()
     while report.attempted < limit and not (stop is not None and stop.is_set()):
-        claimed = await _claim(store, registry, clock, driver, frozenset(driven))
+        claimed = await _claim(store, registry, timing, driver, frozenset(driven))
         if claimed is None:
             break
         row, registered, lease = claimed
         driven.add(row.id)
         report.attempted += 1
         if row.lease_takeovers > registered.max_takeovers:
-            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, clock))
+            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, timing))
             continue
         current = row
         taken_over = was_taken_over(row)
@@ -210,7 +211,7 @@ async def run_due_jobs(
                 break
             last = number + 1 >= passes
             start = PassStart(_key_of(current), driver, number + 1, current.attempts, taken_over)
-            probe = start_watch(watcher, start)
+            probe = start_watch(watcher, start, timing.monotonic)
             outcome = await _observed(
                 probe,
                 run_job_pass(
@@ -218,7 +219,7 @@ async def run_due_jobs(
                     row=current,
                     handler=registered.handler,
                     retry=registered.retry,
-                    clock=clock,
+                    clock=timing,
                     random=random,
                     open_scope=scope_opener,
                     lease=lease,

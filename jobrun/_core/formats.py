@@ -1,4 +1,4 @@
-"""Stored formats: timestamps, JSON text and run ids.
+"""Stored formats: timestamps and JSON text.
 
 Timestamps are stored as ``YYYY-MM-DDTHH:MM:SS.mmmZ`` text because due-ness is
 decided by comparing strings in SQL; that is only sound when every value has
@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import threading
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-Clock = Callable[[], datetime]
 
 
 def format_instant(moment: datetime) -> str:
@@ -45,10 +40,6 @@ def parse_instant(text: str) -> datetime:
 def add_milliseconds(instant_text: str, delay_ms: float) -> str:
     """The stored instant ``delay_ms`` after another, fractional ms truncated."""
     return format_instant(parse_instant(instant_text) + timedelta(milliseconds=int(delay_ms)))
-
-
-def system_clock() -> datetime:
-    return datetime.now(UTC)
 
 
 def encode_json(value: Any) -> str:
@@ -151,51 +142,3 @@ class MalformedColumnError(ValueError):
     def __init__(self, column: str, cause: BaseException) -> None:
         super().__init__(f"{column} is not valid JSON: {cause}")
         self.column = column
-
-
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-
-class UlidMint:
-    """Mints 26-character ULIDs that sort in the order they were minted.
-
-    Within one millisecond (or when the wall clock steps back) the random part
-    is incremented rather than redrawn, so ``ORDER BY id`` is mint order within
-    a process, which the due read and the newest-first read rely on.
-    """
-
-    def __init__(
-        self,
-        milliseconds: Callable[[], int] | None = None,
-        random_bytes: Callable[[int], bytes] = os.urandom,
-    ) -> None:
-        self._milliseconds = milliseconds or (lambda: int(system_clock().timestamp() * 1000))
-        self._random_bytes = random_bytes
-        self._last_ms = -1
-        self._last_random = 0
-        # Ids may be minted from several threads (one event loop each).
-        self._lock = threading.Lock()
-
-    def __call__(self) -> str:
-        with self._lock:
-            now_ms = self._milliseconds()
-            if now_ms <= self._last_ms:
-                now_ms = self._last_ms
-                self._last_random += 1
-                if self._last_random >= 1 << 80:
-                    raise OverflowError("more than 2**80 ids minted in one millisecond")
-            else:
-                self._last_ms = now_ms
-                self._last_random = int.from_bytes(self._random_bytes(10), "big")
-            return _base32(now_ms, 10) + _base32(self._last_random, 16)
-
-
-def _base32(number: int, width: int) -> str:
-    digits = []
-    for _ in range(width):
-        digits.append(_CROCKFORD[number & 31])
-        number >>= 5
-    return "".join(reversed(digits))
-
-
-mint_run_id = UlidMint()

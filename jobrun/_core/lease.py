@@ -16,12 +16,12 @@ pass stops at that boundary and its outcome is ``superseded``.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobrun._core.formats import Clock, add_milliseconds, format_instant
+from jobrun._core.clock import Clock
+from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun.errors import JobValidationError, LeaseLostError
 
 # A lost host's runs wait about a minute; renewed every 15 s, a pass survives an
@@ -40,11 +40,6 @@ def check_lease_ms(value: object) -> int:
             [{"path": "lease_ms", "message": f"below {MIN_LEASE_MS}"}],
         )
     return value
-
-
-def default_driver_name() -> str:
-    """Host and process, for operators reading who holds a run (never used to fence)."""
-    return f"{os.uname().nodename}:{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +65,7 @@ class LeaseKeeper:
     in this pass, and the pass's task is cancelled at its next ``await`` (a hung
     step included), which the keeper turns into ``LeaseLostError`` on the way
     out, like ``asyncio.timeout`` turns its own cancellation into a timeout.
+    The waits are on the pass's clock, so a test clock drives renewal too.
     """
 
     def __init__(
@@ -134,8 +130,8 @@ class LeaseKeeper:
     async def _renew_forever(self) -> None:
         interval_s = self._lease.lease_ms / 4000
         while not self.lost:
-            await asyncio.sleep(interval_s)
-            expires_at = self._lease.expiry_after(format_instant(self._clock()))
+            await self._clock.sleep(interval_s)
+            expires_at = self._lease.expiry_after(format_instant(self._clock.now()))
             try:
                 if not await self._extend(expires_at):
                     self.lose()

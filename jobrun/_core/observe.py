@@ -13,7 +13,6 @@ Nothing here does I/O of its own; the logging module is the host's to configure.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
@@ -133,15 +132,25 @@ class PassProbe:
     checks for it once and otherwise does nothing.
     """
 
-    __slots__ = ("_began", "memo_hits", "start", "steps_failed", "steps_run", "watch")
+    __slots__ = (
+        "_began",
+        "_monotonic",
+        "memo_hits",
+        "start",
+        "steps_failed",
+        "steps_run",
+        "watch",
+    )
 
-    def __init__(self, start: PassStart, watch: PassWatch) -> None:
+    def __init__(self, start: PassStart, watch: PassWatch, monotonic: Callable[[], float]) -> None:
         self.start = start
         self.watch = watch
         self.steps_run = 0
         self.memo_hits = 0
         self.steps_failed = 0
-        self._began = time.perf_counter()
+        # The pass's clock: durations under a test clock are virtual seconds.
+        self._monotonic = monotonic
+        self._began = monotonic()
 
     async def around_step(
         self, name: str, run_step: Callable[[], Any], memo: Callable[[], int | None]
@@ -156,11 +165,11 @@ class PassProbe:
             watch.step_started(name)
         except Exception:
             _observer_failed("step_started")
-        began = time.perf_counter()
+        began = self._monotonic()
         try:
             value = await run_step()
         except BaseException as error:
-            elapsed = time.perf_counter() - began
+            elapsed = self._monotonic() - began
             if isinstance(error, StepFailedError):
                 self.steps_failed += 1
                 end = StepEnd(name, "failed", error.attempts, elapsed, str(error))
@@ -170,7 +179,7 @@ class PassProbe:
                 end = StepEnd(name, "error", 0, elapsed, f"{type(error).__name__}: {error}")
             self._step_ended(end)
             raise
-        elapsed = time.perf_counter() - began
+        elapsed = self._monotonic() - began
         attempt = memo()
         if attempt is None:
             self.memo_hits += 1
@@ -191,7 +200,7 @@ class PassProbe:
             run=self.start.run,
             number=self.start.number,
             outcome=outcome,
-            duration_s=time.perf_counter() - self._began,
+            duration_s=self._monotonic() - self._began,
             steps_run=self.steps_run,
             memo_hits=self.memo_hits,
             steps_failed=self.steps_failed,
@@ -203,14 +212,17 @@ class PassProbe:
             _observer_failed("pass_ended")
 
 
-def start_watch(observer: PassObserver, start: PassStart) -> PassProbe | None:
-    """Ask ``observer`` about a pass; a probe for it if it wants to watch, else ``None``."""
+def start_watch(
+    observer: PassObserver, start: PassStart, monotonic: Callable[[], float]
+) -> PassProbe | None:
+    """Ask ``observer`` about a pass; a probe for it (timed on ``monotonic``) if it
+    wants to watch, else ``None``."""
     try:
         watch = observer.pass_started(start)
     except Exception:
         _observer_failed("pass_started")
         return None
-    return None if watch is None else PassProbe(start, watch)
+    return None if watch is None else PassProbe(start, watch, monotonic)
 
 
 # --- composing ------------------------------------------------------------------------------

@@ -23,13 +23,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
+from jobrun._core.clock import Clock
 from jobrun._core.formats import (
-    Clock,
     MalformedColumnError,
     decode_counters,
     decode_json,
     format_instant,
-    mint_run_id,
 )
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.names import name_problem, shown_name
@@ -46,6 +45,7 @@ from jobrun._core.results import (
     step_result_text,
 )
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
+from jobrun._system import mint_run_id
 from jobrun.errors import (
     HandlerMistakeError,
     LeaseLostError,
@@ -334,7 +334,7 @@ class JobPass:
             raise LeaseLostError(self.run.id)
 
     def _now(self) -> str:
-        return format_instant(self._clock())
+        return format_instant(self._clock.now())
 
 
 def _mistake(text: str, path: str) -> HandlerMistakeError:
@@ -392,14 +392,14 @@ async def run_job_pass(
             keeper=keeper,
             probe=probe,
         )
-        result = await _call_handler(handler, context, keeper, timeout_s)
+        result = await _call_handler(handler, context, keeper, clock, timeout_s)
         next_cursor, done = interpret_result(result)
         if next_cursor is KEEP_CURSOR:
             cursor_json = row.cursor
         else:
             cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
         counters_json = counters_text(context.counters, store.limits.max_counters_bytes)
-        at = format_instant(clock())
+        at = format_instant(clock.now())
         kept = keep_lease and not done
         # A lease handed on gets a fresh token. Should this commit land unseen (its
         # reply lost, or the pass interrupted while awaiting it), the failure record
@@ -462,14 +462,19 @@ def _decoded(row: RunRow) -> dict[str, Any]:
 
 
 async def _call_handler(
-    handler: Handler, context: JobPass, keeper: LeaseKeeper, timeout_s: float | None
+    handler: Handler,
+    context: JobPass,
+    keeper: LeaseKeeper,
+    clock: Clock,
+    timeout_s: float | None,
 ) -> object:
     """Call the handler under the lease keeper and the pass budget.
 
     A step coroutine the handler never awaited fails the pass, whatever else
     happened: an error the handler then raised is usually its consequence.
     """
-    budget = asyncio.timeout(timeout_s)
+    # On the pass's clock, so a test clock can run out a long budget at once.
+    budget = clock.timeout(timeout_s)
     try:
         async with keeper, budget:
             result = handler(context)
@@ -521,7 +526,7 @@ async def fail_run(
     store: JobRunStore, row: RunRow, reason: str, lease: Lease, clock: Clock
 ) -> PassOutcome:
     """End a held run as ``failed`` without a pass, for a reason the driver found."""
-    at = format_instant(clock())
+    at = format_instant(clock.now())
     patch = replace(
         _unleased(row),
         status=JobRunStatus.FAILED.value,
@@ -552,7 +557,7 @@ async def _record_failure(
         policy, against = job_policy, attempts
     exhausted = _fails_at_once(error) or against >= policy.max_attempts
     text = cap_error_text(describe_exception(error))
-    at = format_instant(clock())
+    at = format_instant(clock.now())
     written = await store.patch(
         row.id,
         RunPatch(

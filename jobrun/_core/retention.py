@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from jobrun._core.actions import prune_job_runs
-from jobrun._core.formats import Clock, system_clock
+from jobrun._core.clock import ClockLike
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRunStatus
 from jobrun._core.registry import JobRegistry
@@ -35,7 +35,7 @@ async def prune_by_retention(
     registry: JobRegistry,
     *,
     prune_after: timedelta | None,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
     batch_size: int = RETENTION_BATCH,
 ) -> int:
     """Delete finished (done and failed) runs past their retention; returns how many.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
-from jobrun._core.formats import Clock, format_instant, mint_run_id, system_clock
+from jobrun._core.formats import format_instant
 from jobrun._core.names import require_name, require_text
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
@@ -20,6 +21,7 @@ from jobrun._core.records import (
     priority_value,
     status_filter,
 )
+from jobrun._system import mint_run_id
 
 
 def new_run_row(
@@ -53,7 +55,7 @@ async def start_job_run(
     instance: str = DEFAULT_INSTANCE,
     payload: Any = None,
     priority: int = 0,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
 ) -> JobRun:
     """Start a run, or join the live run of the same key (its payload and priority win).
 
@@ -83,7 +85,7 @@ async def start_job_run(
         priority=checked_priority,
         # The database's time with the default clock: a fast local clock must not
         # date the run into the future, where no driver would see it due.
-        at=format_instant((await aligned_clock(store, clock))()),
+        at=format_instant((await aligned_clock(store, clock)).now()),
     )
     stored, _inserted = await store.start_or_join(row)
     return job_run_of(stored)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from jobrun._core.formats import Clock, format_instant, parse_instant, system_clock
+from jobrun._core.clock import ClockLike
+from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.port import ScheduleStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRun, ScheduleRow, job_run_of
 from jobrun._core.registry import JobRegistry
 from jobrun._core.runs import new_run_row
 from jobrun._core.schedules import Schedule
+from jobrun._system import resolve_clock
 
 
 async def start_scheduled_runs(
@@ -18,7 +20,7 @@ async def start_scheduled_runs(
     registry: JobRegistry,
     *,
     now: datetime | None = None,
-    clock: Clock = system_clock,
+    clock: ClockLike | None = None,
 ) -> list[JobRun]:
     """Start the run of every due slot of ``registry``'s schedules; returns those runs.
 
@@ -27,13 +29,13 @@ async def start_scheduled_runs(
     it at once: each slot is started by one of them, once, and never again,
     whether or not its run has ended since. A schedule seen for the first time
     starts with its next slot. Costs one read when nothing is due, and one short
-    transaction per slot started. ``now`` (default ``clock()``) is the instant
+    transaction per slot started. ``now`` (default: the clock's) is the instant
     slots are due by.
     """
     schedules = registry.schedules()
     if not schedules:
         return []
-    moment = clock() if now is None else now
+    moment = resolve_clock(clock).now() if now is None else now
     at = format_instant(moment)
     stored = {(row.module_id, row.job, row.schedule): row for row in await store.schedule_rows()}
     unseen = [schedule for schedule in schedules if schedule.key not in stored]

@@ -30,7 +30,6 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.formats import system_clock
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -47,6 +46,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.dialect import Dialect, DirectSqliteStatement
 from jobrun.sql.presence import Presence, presence_held

@@ -26,6 +26,7 @@ class Database:
     name: str
     store: BrowsableStore
     engine: AsyncEngine | None
+    schema: str | None = None  # Postgres: the tenant's schema of a SqlJobRunStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,9 @@ def _name_of(source: DatabaseSource) -> str:
     engine = source if isinstance(source, AsyncEngine) else getattr(source, "engine", None)
     if isinstance(engine, AsyncEngine):
         url = engine.url
-        return f"{url.get_backend_name()} {url.database or ''}".strip()
+        name = f"{url.get_backend_name()} {url.database or ''}".strip()
+        schema = getattr(source, "schema", None)
+        return name if schema is None else f"{name} schema {schema}"
     return type(source).__name__
 
 
@@ -69,7 +72,9 @@ def databases_of(given: Databases) -> list[Database]:
                 "a SqlJobRunStore or a MemoryJobRunStore"
             )
         engine = getattr(source, "engine", None)
-        found.append(Database(label, source, engine if isinstance(engine, AsyncEngine) else None))
+        engine = engine if isinstance(engine, AsyncEngine) else None
+        schema = getattr(source, "schema", None)
+        found.append(Database(label, source, engine, schema if isinstance(schema, str) else None))
     return found
 
 
@@ -79,5 +84,5 @@ async def revisions_of(database: Database) -> Revisions | None:
     if database.engine is None:
         return None
     async with database.engine.connect() as connection:
-        current = await connection.run_sync(current_revision)
+        current = await connection.run_sync(current_revision, database.schema)
     return Revisions(current, head_revision())

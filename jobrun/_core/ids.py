@@ -1,0 +1,49 @@
+"""Run ids and lease tokens: ULIDs, 26 characters that sort in mint order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+class UlidMint:
+    """Mints 26-character ULIDs that sort in the order they were minted.
+
+    Within one millisecond (or when the wall clock steps back) the random part
+    is incremented rather than redrawn, so ``ORDER BY id`` is mint order within
+    a process, which the due read and the newest-first read rely on. The time
+    and the randomness are handed in (``jobrun._system`` hands in the real ones).
+    """
+
+    def __init__(
+        self, milliseconds: Callable[[], int], random_bytes: Callable[[int], bytes]
+    ) -> None:
+        self._milliseconds = milliseconds
+        self._random_bytes = random_bytes
+        self._last_ms = -1
+        self._last_random = 0
+        # Ids may be minted from several threads (one event loop each).
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str:
+        with self._lock:
+            now_ms = self._milliseconds()
+            if now_ms <= self._last_ms:
+                now_ms = self._last_ms
+                self._last_random += 1
+                if self._last_random >= 1 << 80:
+                    raise OverflowError("more than 2**80 ids minted in one millisecond")
+            else:
+                self._last_ms = now_ms
+                self._last_random = int.from_bytes(self._random_bytes(10), "big")
+            return _base32(now_ms, 10) + _base32(self._last_random, 16)
+
+
+def _base32(number: int, width: int) -> str:
+    digits = []
+    for _ in range(width):
+        digits.append(_CROCKFORD[number & 31])
+        number >>= 5
+    return "".join(reversed(digits))

@@ -1,0 +1,62 @@
+"""The real sources the core is handed: the system clock, this process's name, ids and chance.
+
+``jobrun._core`` imports no ``time``, ``os``, ``socket`` or ``random`` itself
+(import-linter checks it); everything it needs from the machine comes from here,
+and each piece can be replaced by an argument (``clock=``, ``random=``,
+``driver_name=``) so tests can make it deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from jobrun._core.clock import Clock, ClockLike, Deadline, as_clock
+from jobrun._core.ids import UlidMint
+
+
+class SystemClock:
+    """Wall time from the system, elapsed time from ``time.monotonic``, waits on the event loop."""
+
+    def __call__(self) -> datetime:
+        return self.now()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def timeout(self, seconds: float | None) -> Deadline:
+        return asyncio.timeout(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+def system_clock() -> datetime:
+    """The wall instant now (the system clock as a bare callable)."""
+    return datetime.now(UTC)
+
+
+def resolve_clock(clock: ClockLike | None) -> Clock:
+    """The clock an entry point was given, the system clock when it was given none."""
+    return SYSTEM_CLOCK if clock is None else as_clock(clock, SYSTEM_CLOCK)
+
+
+def default_driver_name() -> str:
+    """Host and process, for operators reading who holds a run (never used to fence)."""
+    return f"{os.uname().nodename}:{os.getpid()}"
+
+
+system_random: Callable[[], float] = random.random
+
+# The process's one minter: one sequence per process keeps ids minted here in order.
+mint_run_id = UlidMint(lambda: time.time_ns() // 1_000_000, os.urandom)

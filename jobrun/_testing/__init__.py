@@ -1,0 +1,1 @@
+"""The pieces of ``jobrun.testing``: import them from there."""
