@@ -348,6 +348,7 @@ class SqlJobRunStore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
+        max_counters_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
         schema: str | None = None,
     ) -> None:
@@ -365,6 +366,7 @@ class SqlJobRunStore:
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
             max_step_result_bytes=max_step_result_bytes,
+            max_counters_bytes=max_counters_bytes,
         )
         self._dialect = Dialect(engine, sqlite_busy_timeout_ms=sqlite_busy_timeout_ms)
         self._schema_checked = False
@@ -707,7 +709,8 @@ class SqlJobRunStore:
         async with self._operation("cancel"), self._dialect.single_statement() as connection:
             return (await connection.execute(statement)).rowcount == 1
 
-    async def resume(self, run_id: str, at: str) -> bool:
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
+        repair = {} if counters is None else {"counters": counters}
         revive = (
             update(job_runs)
             .where(job_runs.c.id == run_id, job_runs.c.status == FAILED)
@@ -719,6 +722,7 @@ class SqlJobRunStore:
                 ended_at=None,
                 next_attempt_at=None,
                 **_NO_LEASE,
+                **repair,
             )
         )
         # Failed steps get their attempts back; completed ones keep their memo.
@@ -771,6 +775,18 @@ class SqlJobRunStore:
         async with self._operation("health"), self._dialect.reading() as connection:
             row = (await connection.execute(query)).one()
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        runs = job_runs.c
+        # The running range of the claim-order index (status leads it).
+        query = (
+            select(runs.module_id, runs.job, func.count())
+            .where(runs.status == RUNNING, now_at >= DUE_AT, runs.lease_owner.is_(None))
+            .group_by(runs.module_id, runs.job)
+        )
+        async with self._operation("due_by_job"), self._dialect.reading() as connection:
+            found = (await connection.execute(query)).all()
+        return {(module_id, job): int(count) for module_id, job, count in found}
 
     async def prune(
         self,
