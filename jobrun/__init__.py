@@ -41,6 +41,7 @@ from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun._core.scheduled_runs import start_scheduled_runs
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
+    HandlerMistakeError,
     JobConflictError,
     JobRunError,
     JobRunNotFoundError,
@@ -63,6 +64,7 @@ __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
     "DriveError",
+    "HandlerMistakeError",
     "JobConflictError",
     "JobDriveReport",
     "JobPass",

@@ -40,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from jobrun._core.actions import job_run_health
 from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.drive import JOB_DRIVE_LIMIT, run_due_jobs
+from jobrun._core.formats import format_instant
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -60,6 +61,10 @@ log = logging.getLogger("jobrun.worker")
 
 FIRST_IDLE_DELAY_S = 0.05
 DEFAULT_INTERVAL_S = 5.0
+# How often each database is asked for due runs of jobs this worker does not
+# register (never less than the interval): a read of its own, so the claim,
+# and an idle database's one claim per interval, stay as they are.
+UNREGISTERED_CHECK_S = 60.0
 PRUNE_INTERVAL_S = 600.0
 """Retention runs at start and then every ten minutes: pruning is never urgent."""
 MAX_SCHEDULE_SLEEP_S = 60.0
@@ -180,6 +185,7 @@ class _Worker:
                     group.create_task(self._health(database, self.on_health))
                 if _listens(database.engine):
                     group.create_task(self._listen(database))
+                group.create_task(self._watch_unregistered(database))
                 if self.registry.schedules():
                     group.create_task(self._schedule(database))
                 if retains(self.registry, self.prune_after):
@@ -253,6 +259,28 @@ class _Worker:
                     extra={"database": database.label},
                 )
             await self._sleep(self.interval_s)
+
+    async def _watch_unregistered(self, database: _Database) -> None:
+        """Warn, once per job per check, about due runs no driver here can take."""
+        while not self.stop.is_set():
+            try:
+                due = await database.store.due_by_job(format_instant(self.clock.now()))
+            except Exception as error:
+                log.debug("reading due runs per job on %s failed: %s", database.label, error)
+                due = {}
+            for (module_id, job), count in sorted(due.items()):
+                if (module_id, job) in self.registry:
+                    continue
+                log.warning(
+                    "%d due run(s) of job %r of module %r on %s wait for a driver: this "
+                    "worker does not register that job (register it, or cancel the runs)",
+                    count,
+                    job,
+                    module_id,
+                    database.label,
+                    extra={"database": database.label, "module_id": module_id, "job": job},
+                )
+            await self._sleep(max(self.interval_s, UNREGISTERED_CHECK_S))
 
     async def _schedule(self, database: _Database) -> None:
         """Start each due slot's run, then sleep until the next slot."""

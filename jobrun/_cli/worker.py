@@ -21,6 +21,7 @@ import click
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import (
+    URL_ENVVAR,
     OneLineUsageError,
     first_line,
     make_engine,
@@ -173,8 +174,11 @@ async def _work(
     "urls",
     multiple=True,
     required=True,
+    envvar=URL_ENVVAR,
+    show_envvar=True,
     metavar="URL",
-    help="A database to drive; repeat for several (each gets its own drivers).",
+    help="A database to drive; repeat for several (each gets its own drivers). "
+    f"{URL_ENVVAR} may hold several, separated by spaces.",
 )
 @click.option(
     "--app",

@@ -51,7 +51,7 @@ class CrashingStore:
             raise SimulatedCrash("the process is dead")
 
     async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
-        """The inner store's step write, unless the crash point has passed."""
+        """Record the step, then die if it was the planned last one."""
         self._alive()
         written: bool = await self.inner.record_step(run_id, row, recorded_at, token)
         if written:
@@ -62,19 +62,19 @@ class CrashingStore:
         return written
 
     async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
-        """The inner store's fenced run write, unless the crash point has passed."""
+        """Record a failed pass, unless the process is already dead."""
         self._alive()
         result: bool = await self.inner.patch(run_id, patch, token)
         return result
 
     async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
-        """The inner store's pass commit, unless the crash point has passed."""
+        """Commit the pass, unless the process is already dead."""
         self._alive()
         result: bool = await self.inner.commit_pass(run_id, patch, token)
         return result
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        """The inner store's lease renewal, unless the crash point has passed."""
+        """Renew the lease, unless the process is already dead (then it lapses)."""
         self._alive()
         result: bool = await self.inner.extend_lease(run_id, token, expires_at)
         return result

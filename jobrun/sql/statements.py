@@ -162,19 +162,20 @@ class Statements:
             )
             .returning(runs.id)
         )
-        self.revive = compile_(
-            update(job_runs)
-            .where(by_id, runs.status == FAILED)
-            .values(
-                status=RUNNING,
-                attempts=0,
-                lease_takeovers=0,
-                updated_at=at,
-                ended_at=None,
-                next_attempt_at=None,
-                **_NO_LEASE,
-            )
-            .returning(runs.id)
+        revived: dict[str, Any] = {
+            "status": RUNNING,
+            "attempts": 0,
+            "lease_takeovers": 0,
+            "updated_at": at,
+            "ended_at": None,
+            "next_attempt_at": None,
+            **_NO_LEASE,
+        }
+        revive = update(job_runs).where(by_id, runs.status == FAILED).returning(runs.id)
+        self.revive = compile_(revive.values(revived))
+        # The operator's repair of unreadable counters, in the same write.
+        self.revive_counters = compile_(
+            revive.values(revived | {"counters": bindparam("counters")})
         )
         # Failed steps get their attempts back; completed ones keep their memo.
         self.refill = compile_(
@@ -192,6 +193,12 @@ class Statements:
         live = runs.status == RUNNING
         # Due includes the stranded: a lease that expired is due since its expiry.
         waiting = and_(live, now_at >= DUE_AT)
+        # The running range of the claim-order index (status leads it).
+        self.due_by_job = compile_(
+            select(runs.module_id, runs.job, func.count())
+            .where(live, now_at >= DUE_AT, runs.lease_owner.is_(None))
+            .group_by(runs.module_id, runs.job)
+        )
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         self.health = compile_(

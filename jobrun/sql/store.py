@@ -17,11 +17,12 @@ from dataclasses import asdict, astuple
 from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, delete, func, literal, not_, or_, select, update
+from sqlalchemy import and_, delete, func, literal, not_, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.browse import JobLoad, RunQuery
+from jobrun._core.ids import first_id_at
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -31,6 +32,7 @@ from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
     HeldLease,
+    JobRunStatus,
     RunFilter,
     RunPatch,
     RunRow,
@@ -66,8 +68,30 @@ _START_RETRIES = 10
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 # How often the skew between this host's clock and Postgres's is measured again.
 CLOCK_CHECK_INTERVAL_S = 60.0
-# How often the skew between this host's clock and Postgres's is measured again.
-CLOCK_CHECK_INTERVAL_S = 60.0
+
+
+def _status_arms(query: RunQuery) -> tuple[str, ...]:
+    """The statuses a page reads one by one: those asked for, or all of them within
+    one job (so each reads (module_id, job, status, id) in id order)."""
+    if query.stranded_at is not None:
+        return (RUNNING,)
+    if query.statuses:
+        return tuple(sorted(set(query.statuses)))
+    if query.module_id is not None and query.job is not None:
+        return tuple(member.value for member in JobRunStatus)
+    return ()
+
+
+def _prefix_successor(prefix: str) -> str | None:
+    """The least string above every string starting with ``prefix`` (code point order,
+    which is UTF-8 byte order); ``None`` when there is none."""
+    for position in range(len(prefix) - 1, -1, -1):
+        point = ord(prefix[position]) + 1
+        if 0xD800 <= point <= 0xDFFF:
+            point = 0xE000  # surrogates are not characters
+        if point <= 0x10FFFF:
+            return prefix[:position] + chr(point)
+    return None
 
 
 def notify_payload(row: RunRow) -> str:
@@ -124,6 +148,7 @@ class SqlJobRunStore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_cursor_bytes: int | None = None,
         max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES,
+        max_counters_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         sqlite_busy_timeout_ms: int = 30_000,
         schema: str | None = None,
         statement_hook: StatementHook | None = None,
@@ -142,6 +167,7 @@ class SqlJobRunStore:
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
             max_step_result_bytes=max_step_result_bytes,
+            max_counters_bytes=max_counters_bytes,
         )
         self._executor = executor_for(engine, statement_hook)
         self._is_postgres = engine.dialect.name == "postgresql"
@@ -448,11 +474,13 @@ class SqlJobRunStore:
         values = {"run_id": run_id, "reason": reason, "at": at}
         return await self._one("cancel", self._statements.cancel, values)
 
-    async def resume(self, run_id: str, at: str) -> bool:
-        values = {"run_id": run_id, "at": at}
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
+        values = {"run_id": run_id, "at": at, "counters": counters}
+        # A counters repair rides in the same write (its own compiled statement).
+        revive = self._statements.revive if counters is None else self._statements.revive_counters
         try:
             async with self._operation("resume"), self._executor.transaction("resume") as tx:
-                if not await tx.fetch(self._statements.revive, values):
+                if not await tx.fetch(revive, values):
                     return False
                 await tx.fetch(self._statements.refill, values)
                 return True
@@ -474,6 +502,13 @@ class SqlJobRunStore:
             )
         row = found[0]
         return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        async with self._operation("due_by_job"):
+            found = await self._executor.fetch(
+                "due_by_job", self._statements.due_by_job, {"now_at": now_at}
+            )
+        return {(module_id, job): int(count) for module_id, job, count in found}
 
     async def prune(
         self,
@@ -536,28 +571,59 @@ class SqlJobRunStore:
         if query.job is not None:
             conditions.append(runs.job == query.job)
         if query.instance_prefix:
-            # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
-            prefix = query.instance_prefix
-            conditions.append(func.substr(runs.instance, 1, len(prefix)) == prefix)
+            conditions.extend(self._prefixed(query.instance_prefix))
         if query.statuses:
             conditions.append(runs.status.in_(query.statuses))
         if query.started_since_at is not None:
+            # The id bound is the index-friendly half (see RunQuery): a range on
+            # every index that ends in id, so the pages and counts seek.
             conditions.append(runs.started_at >= query.started_since_at)
+            conditions.append(runs.id >= first_id_at(query.started_since_at))
         if query.stranded_at is not None:
             conditions.append(self._stranded(query.stranded_at))
         if query.before_id is not None:
             conditions.append(runs.id < query.before_id)
         return tuple(conditions)
 
+    def _prefixed(self, prefix: str) -> builtins.list[Any]:
+        # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+        exact = func.substr(job_runs.c.instance, 1, len(prefix)) == prefix
+        if self._is_postgres:
+            # A range is a superset of the prefix only under a bytewise collation,
+            # which a Postgres database need not have.
+            return [exact]
+        # SQLite compares text bytewise: the range lets the key index seek within a job.
+        bounds = [exact, job_runs.c.instance >= prefix]
+        upper = _prefix_successor(prefix)
+        if upper is not None:
+            bounds.append(job_runs.c.instance < upper)
+        return bounds
+
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
-        # Newest first down the primary key, stopped by the limit: a page costs the
-        # same on the first and the thousandth page, however many runs are kept.
-        statement = (
-            select(job_runs)
-            .where(and_(True, *self._selected(query)))
-            .order_by(job_runs.c.id.desc())
-            .limit(query.limit)
-        )
+        # Newest first down an index ending in id, stopped by the limit: a page costs
+        # the same on the first and the thousandth page, however many runs are kept.
+        conditions = self._selected(query)
+        arms = _status_arms(query)
+        if len(arms) > 1:
+            # Each status reads its own id-ordered range of (module_id, job, status, id)
+            # or (status, id), stopped by the limit; the few rows are merged here.
+            pieces = [
+                select(job_runs)
+                .where(*conditions, job_runs.c.status == status)
+                .order_by(job_runs.c.id.desc())
+                .limit(query.limit)
+                .subquery()
+                for status in arms
+            ]
+            merged = union_all(*(select(piece) for piece in pieces)).subquery()
+            statement: Any = select(merged).order_by(merged.c.id.desc()).limit(query.limit)
+        else:
+            statement = (
+                select(job_runs)
+                .where(and_(True, *conditions))
+                .order_by(job_runs.c.id.desc())
+                .limit(query.limit)
+            )
         async with self._operation("find"):
             rows = await self._executor.fetch("find", self._once(statement), {})
         return [RunRow(*row) for row in rows]
