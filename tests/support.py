@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
+import jobrun.worker as worker_module
 from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.records import ClaimRequest, RunRow
 from jobrun.sql.migrate import current_revision
@@ -173,6 +175,14 @@ def logged_store(engine: AsyncEngine, **options: Any) -> tuple[jobrun.SqlJobRunS
     """A SQL store on ``engine`` whose statements are recorded (the path users run)."""
     log = StatementLog()
     return jobrun.SqlJobRunStore(engine, statement_hook=log, **options), log
+
+
+def log_worker_statements(monkeypatch: pytest.MonkeyPatch) -> StatementLog:
+    """Every statement of the stores ``run_worker`` builds, through the store's own hook."""
+    log = StatementLog()
+    hooked = functools.partial(jobrun.SqlJobRunStore, statement_hook=log)
+    monkeypatch.setattr(worker_module, "SqlJobRunStore", hooked)
+    return log
 
 
 async def claim_as(

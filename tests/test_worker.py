@@ -9,7 +9,6 @@ root with the root on ``PYTHONPATH``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import shutil
@@ -30,10 +29,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 import jobrun.worker
-import jobrun.worker as worker_module
 from jobrun.sql.schema import job_runs
 from tests import worker_app
-from tests.support import StatementLog
+from tests.support import log_worker_statements
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBRUN = Path(sys.executable).parent / "jobrun"
@@ -157,14 +155,6 @@ async def test_concurrency_bounds_the_passes_in_flight_across_databases(
     await eventually(lambda: all_done(*made))
     await worker.finish()
     assert worker_app.most_in_flight == 3
-
-
-def log_worker_statements(monkeypatch: pytest.MonkeyPatch) -> StatementLog:
-    """Every statement of the stores ``run_worker`` builds, through the store's own hook."""
-    log = StatementLog()
-    hooked = functools.partial(jobrun.SqlJobRunStore, statement_hook=log)
-    monkeypatch.setattr(worker_module, "SqlJobRunStore", hooked)
-    return log
 
 
 async def test_a_store_failure_is_logged_and_retried(
