@@ -406,18 +406,14 @@ async def run_worker(
     as they are, with their own schema and settings). Each database's schema is
     checked first, so a database that was never upgraded fails here, not later.
 
-    ``options`` (a :class:`jobrun.DriveOptions`, or its fields as keywords, which
-    replace those of ``options``) are handed to each :func:`jobrun.run_due_jobs`
-    call; each driver is named after ``driver_name`` and numbered when
-    ``concurrency`` is above 1. ``concurrency`` bounds the calls in flight across
-    all databases. ``observer`` hears every pass (default: log lines);
+    ``options`` (a :class:`jobrun.DriveOptions`, or its fields as keywords) go to
+    each :func:`jobrun.run_due_jobs` call; its ``clock`` also times the worker's
+    waits. ``concurrency`` bounds the calls in flight across all databases.
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
     database every ``interval_s``. A failing database is logged and retried every
     ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
     tenant's schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
-    ``clock`` (default: the system's) is handed to every drive and times the
-    worker's own waits. A bad value raises :class:`jobrun.JobValidationError`
-    before any database is touched.
+    A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
     The registry's schedules are started at each slot (once per slot across any
     number of workers). ``prune_after`` deletes finished runs that ended longer
