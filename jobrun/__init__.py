@@ -23,6 +23,7 @@ from jobrun._core.observe import (
     StepEnd,
     observe_all,
 )
+from jobrun._core.options import DriveOptions
 from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
 from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore, StoreLimits
 from jobrun._core.queue_safety import assert_queue_safe
@@ -64,6 +65,7 @@ __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
     "DriveError",
+    "DriveOptions",
     "HandlerMistakeError",
     "JobConflictError",
     "JobDriveReport",

@@ -19,7 +19,10 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
 ``StoreError`` is raised only at the store boundary, where driver and database
 exceptions are translated; the original exception is kept as ``__cause__``.
 Misuse of an argument's *type* (passing a list where a name belongs) is a
-plain ``TypeError``, as Python users expect.
+plain ``TypeError``, as Python users expect; the drive options are the
+exception: :class:`jobrun.DriveOptions` refuses every bad value, of any type,
+as a ``JobValidationError`` naming the field, so one check covers the driver,
+the worker and the command line.
 """
 
 from __future__ import annotations

@@ -254,6 +254,21 @@ async def test_max_passes_gives_several_passes_in_one_call(store, clock):
     assert (record.status, record.cursor) == ("running", 3)
 
 
+async def test_options_object_drives_like_its_keywords_and_keywords_replace_its_fields(
+    store, clock
+):
+    registry, cursors = counting_registry(finish_at=10)
+    await start(store, clock)
+    options = jobrun.DriveOptions(max_passes=2, clock=clock)
+
+    first = await jobrun.run_due_jobs(store, registry, options=options)
+    second = await jobrun.run_due_jobs(store, registry, options=options, max_passes=3)
+
+    assert (first.advanced, second.advanced) == (2, 3)
+    assert cursors == [None, 1, 2, 3, 4]
+    assert options.max_passes == 2
+
+
 async def test_max_passes_stops_when_the_run_is_done(store, clock):
     registry, cursors = counting_registry(finish_at=2)
     run = await start(store, clock)
@@ -455,9 +470,10 @@ async def test_max_passes_must_be_an_int(store, clock, max_passes):
     registry, seen = finishing_registry()
     await start(store, clock)
 
-    with pytest.raises(TypeError, match="max_passes"):
+    with pytest.raises(jobrun.JobValidationError, match="max_passes") as caught:
         await jobrun.run_due_jobs(store, registry, max_passes=max_passes, clock=clock)
 
+    assert caught.value.errors[0]["path"] == "max_passes"
     assert seen == []
 
 

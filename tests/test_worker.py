@@ -140,6 +140,27 @@ async def test_the_worker_drains_two_databases(
             assert record.counters == {"pages": 3}
 
 
+async def test_the_worker_drives_a_store_it_is_given(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    engine = engines(sqlite_copy(sqlite_template, tmp_path, "store"))
+    await start_pages(engine, 2)
+    worker = Worker([jobrun.SqlJobRunStore(engine)], options=jobrun.DriveOptions(max_passes=3))
+    await eventually(lambda: all_done(engine))
+    await worker.finish()
+    for record in await jobrun.job_runs(jobrun.SqlJobRunStore(engine)):
+        assert record.counters == {"pages": 3}
+
+
+async def test_a_store_keeps_its_own_schema(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    store = jobrun.SqlJobRunStore(engines(sqlite_copy(sqlite_template, tmp_path, "schema")))
+    with pytest.raises(jobrun.JobValidationError, match="its own schema") as caught:
+        await jobrun.run_worker([store], worker_app.registry, schema="tenant_a")
+    assert caught.value.errors[0]["path"] == "schema"
+
+
 async def test_concurrency_bounds_the_passes_in_flight_across_databases(
     sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
 ):
@@ -194,18 +215,19 @@ async def test_an_outdated_database_fails_at_start(tmp_path: Path):
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({"interval_s": 0}, ValueError),
-        ({"concurrency": 0}, ValueError),
-        ({"limit": "5"}, TypeError),
-        ({"max_passes": 0}, ValueError),
-        ({"pass_timeout_s": -1}, ValueError),
+        ({"interval_s": 0}, "interval_s"),
+        ({"interval_s": float("inf")}, "interval_s"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"limit": "5"}, "limit"),
+        ({"max_passes": 2.0}, "max_passes"),
+        ({"pass_timeout_s": -1}, "pass_timeout_s"),
+        ({"options": {"limit": 5}}, "options"),
     ],
 )
-async def test_bad_options_are_refused_before_anything_runs(
-    options: dict[str, Any], error: type[Exception]
-):
-    with pytest.raises(error):
+async def test_bad_options_are_refused_before_anything_runs(options: dict[str, Any], error: str):
+    with pytest.raises(jobrun.JobValidationError) as caught:
         await jobrun.run_worker(["sqlite+aiosqlite://"], worker_app.registry, **options)
+    assert caught.value.errors[0]["path"] == error
     with pytest.raises(ValueError, match="at least one database"):
         await jobrun.run_worker([], worker_app.registry)
 

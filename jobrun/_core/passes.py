@@ -393,46 +393,7 @@ async def run_job_pass(
             probe=probe,
         )
         result = await _call_handler(handler, context, keeper, clock, timeout_s)
-        next_cursor, done = interpret_result(result)
-        if next_cursor is KEEP_CURSOR:
-            cursor_json = row.cursor
-        else:
-            cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
-        counters_json = counters_text(context.counters, store.limits.max_counters_bytes)
-        at = format_instant(clock.now())
-        kept = keep_lease and not done
-        # A lease handed on gets a fresh token. Should this commit land unseen (its
-        # reply lost, or the pass interrupted while awaiting it), the failure record
-        # or hand-back this pass writes next, fenced on the old token, then misses
-        # and can never write the pre-commit state over the commit.
-        successor = replace(lease, token=mint_run_id()) if kept else None
-        patch = RunPatch(
-            status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
-            cursor=cursor_json,
-            counters=counters_json,
-            attempts=0,
-            last_error=None,
-            updated_at=at,
-            # An outcome writes the real due time (now: NULL), never a lease
-            # expiry, unless it hands the lease to this driver's next pass.
-            next_attempt_at=lease.expiry_after(at) if kept else None,
-            ended_at=at if done else None,
-            lease_owner=successor.token if successor is not None else None,
-            lease_driver=lease.driver if kept else None,
-            lease_began_at=at if kept else None,
-            lease_takeovers=0,
-        )
-        committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
-        try:
-            applied = await store.commit_pass(row.id, patch, lease.token)
-        except BaseException:
-            if successor is not None:
-                # If the commit landed after all, give back the lease it handed on.
-                await hand_back(store, committed, successor)
-            raise
-        if not applied:
-            return PassOutcome("superseded")
-        return PassOutcome("completed" if done else "advanced", row=committed)
+        return await _commit(store, row, context, result, lease, clock, keep_lease)
     except LeaseLostError:
         return PassOutcome("superseded")
     except Exception as error:
@@ -440,6 +401,70 @@ async def run_job_pass(
     except BaseException:
         await hand_back(store, row, lease)
         raise
+
+
+async def _commit(
+    store: JobRunStore,
+    row: RunRow,
+    context: JobPass,
+    result: object,
+    lease: Lease,
+    clock: Clock,
+    keep_lease: bool,
+) -> PassOutcome:
+    """Commit what the handler returned: cursor, counters and the ledger's drop, one write."""
+    next_cursor, done = interpret_result(result)
+    if next_cursor is KEEP_CURSOR:
+        cursor_json = row.cursor
+    else:
+        cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
+    counters_json = counters_text(context.counters, store.limits.max_counters_bytes)
+    at = format_instant(clock.now())
+    # A lease handed on gets a fresh token. Should this commit land unseen (its
+    # reply lost, or the pass interrupted while awaiting it), the failure record
+    # or hand-back this pass writes next, fenced on the old token, then misses
+    # and can never write the pre-commit state over the commit.
+    successor = replace(lease, token=mint_run_id()) if keep_lease and not done else None
+    patch = _committed_patch(cursor_json, counters_json, done, at, lease, successor)
+    committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
+    try:
+        applied = await store.commit_pass(row.id, patch, lease.token)
+    except BaseException:
+        if successor is not None:
+            # If the commit landed after all, give back the lease it handed on.
+            await hand_back(store, committed, successor)
+        raise
+    if not applied:
+        return PassOutcome("superseded")
+    return PassOutcome("completed" if done else "advanced", row=committed)
+
+
+def _committed_patch(
+    cursor_json: str | None,
+    counters_json: str,
+    done: bool,
+    at: str,
+    lease: Lease,
+    successor: Lease | None,
+) -> RunPatch:
+    """The row after a pass that succeeded; with a ``successor``, still leased to this driver."""
+    kept = successor is not None
+    return RunPatch(
+        status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
+        cursor=cursor_json,
+        counters=counters_json,
+        attempts=0,
+        last_error=None,
+        updated_at=at,
+        # An outcome writes the real due time (now: NULL), never a lease
+        # expiry, unless it hands the lease to this driver's next pass.
+        next_attempt_at=lease.expiry_after(at) if kept else None,
+        ended_at=at if done else None,
+        lease_owner=successor.token if successor is not None else None,
+        lease_driver=lease.driver if kept else None,
+        lease_began_at=at if kept else None,
+        lease_takeovers=0,
+    )
 
 
 _PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)

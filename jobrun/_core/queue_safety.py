@@ -106,19 +106,29 @@ def queue_safety_problem(
             return path, f"nested more than {MAX_DEPTH} levels deep"
         ancestors.add(id(current))
         stack.append((current, path, -1 - depth))
-        children: list[tuple[Any, str, int]] = []
         if kind is list:
             children = [(item, f"{path}.{index}", depth + 1) for index, item in enumerate(current)]
         else:
-            for key, item in current.items():
-                if type(key) is not str:
-                    # Reported when the walk reaches it, after earlier siblings' subtrees.
-                    children.append((_BadKey(key), f"{path}.{key}", depth + 1))
-                    break
-                children.append((item, f"{path}.{key}", depth + 1))
-                least_bytes += len(key)
+            children, key_bytes = _entries(current, path, depth + 1)
+            least_bytes += key_bytes
         stack.extend(reversed(children))
     return None
+
+
+def _entries(
+    mapping: dict[Any, Any], path: str, depth: int
+) -> tuple[list[tuple[Any, str, int]], int]:
+    """A dict's values to visit, up to the first key that is not a ``str``; its keys' length."""
+    children: list[tuple[Any, str, int]] = []
+    key_bytes = 0
+    for key, item in mapping.items():
+        if type(key) is not str:
+            # Reported when the walk reaches it, after earlier siblings' subtrees.
+            children.append((_BadKey(key), f"{path}.{key}", depth))
+            break
+        children.append((item, f"{path}.{key}", depth))
+        key_bytes += len(key)
+    return children, key_bytes
 
 
 def assert_queue_safe(value: Any, root: str) -> None:
