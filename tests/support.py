@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -180,8 +179,14 @@ def logged_store(engine: AsyncEngine, **options: Any) -> tuple[jobrun.SqlJobRunS
 def log_worker_statements(monkeypatch: pytest.MonkeyPatch) -> StatementLog:
     """Every statement of the stores ``run_worker`` builds, through the store's own hook."""
     log = StatementLog()
-    hooked = functools.partial(jobrun.SqlJobRunStore, statement_hook=log)
-    monkeypatch.setattr(worker_module, "SqlJobRunStore", hooked)
+
+    # A subclass, not a partial: run_worker also asks isinstance(database, SqlJobRunStore)
+    # (so give it engines or URLs, not stores of your own).
+    class LoggedStore(jobrun.SqlJobRunStore):
+        def __init__(self, engine: AsyncEngine, **options: Any) -> None:
+            super().__init__(engine, statement_hook=log, **options)
+
+    monkeypatch.setattr(worker_module, "SqlJobRunStore", LoggedStore)
     return log
 
 
