@@ -230,6 +230,10 @@ class _Worker:
             if report.attempted:
                 database.delay_s = FIRST_IDLE_DELAY_S
                 continue
+            if self.stop.is_set():
+                # Stopped while driving: the stopper's wake-up may have come and gone
+                # already, so waiting now could wait forever.
+                return
             if database.polling:
                 # Another driver polls this database: wait until something wakes us.
                 await database.idle(None)
