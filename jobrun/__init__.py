@@ -54,6 +54,7 @@ from jobrun.errors import (
     StepReusedError,
     StoreError,
 )
+from jobrun.sql.executor import StatementHook
 from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
 from jobrun.sql.migrate import upgrade
 from jobrun.sql.provisioning import UpgradeResult, upgrade_many
@@ -91,6 +92,7 @@ __all__ = [
     "ScheduleStore",
     "SchemaOutdatedError",
     "SqlJobRunStore",
+    "StatementHook",
     "StepEnd",
     "StepFailedError",
     "StepReusedError",

@@ -8,12 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.ids import first_id_at
-from tests.support import SQL_BACKENDS, hand_made_row, put_rows
+from tests.support import SQL_BACKENDS, StatementLog, hand_made_row, logged_store, put_rows
 from tests.test_migration_0002 import _plan
 
 NOW = "2026-01-01T12:00:00.000Z"
@@ -128,19 +127,13 @@ def test_a_query_refuses_what_it_cannot_mean() -> None:
         RunQuery(limit=0)
 
 
-async def _plans(engine: Any, read: Any) -> list[str]:
-    """The plan of each statement ``read`` sends (Postgres: with sequential scans off, so
-    a few thousand rows still show which index fits)."""
-    sent: list[tuple[str, Any]] = []
-
-    def keep(_c: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        sent.append((statement, parameters))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", keep)
-    try:
-        await read()
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", keep)
+async def _plans(engine: Any, log: StatementLog, read: Any) -> list[str]:
+    """The plan of each statement ``read`` sends through a store logged by ``log``
+    (Postgres: with sequential scans off, so a few thousand rows still show which index
+    fits)."""
+    log.seen.clear()
+    await read()
+    sent = [(statement, tuple(parameters)) for _, statement, parameters in log.seen]
     plans = []
     async with engine.begin() as connection:
         if engine.dialect.name == "postgresql":
@@ -177,10 +170,15 @@ async def test_pages_and_counts_seek_an_index_in_id_order(store: Any, engine: An
             await connection.exec_driver_sql("ANALYZE _substrat_job_runs")
     job = {"module_id": "shop", "job": "job-1"}
     since = "2026-09-21T14:13:22.000Z"
-    page = await _plans(engine, lambda: store.find(RunQuery(**job, limit=51)))
-    counts = await _plans(engine, lambda: store.count(RunQuery(**job, statuses=("done",)), 100))
+    logged, log = logged_store(engine)
+    page = await _plans(engine, log, lambda: logged.find(RunQuery(**job, limit=51)))
+    counts = await _plans(
+        engine, log, lambda: logged.count(RunQuery(**job, statuses=("done",)), 100)
+    )
     recent = await _plans(
-        engine, lambda: store.count(RunQuery(statuses=("failed",), started_since_at=since), 100)
+        engine,
+        log,
+        lambda: logged.count(RunQuery(statuses=("failed",), started_since_at=since), 100),
     )
     assert len(page) == len(counts) == len(recent) == 1
     # The last 2 s of the 4 hold 40 failed runs (index % 50 == 1, index >= 2000).

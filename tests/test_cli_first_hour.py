@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
@@ -27,7 +26,7 @@ import jobrun._cli.commands  # registers the commands on the group
 import jobrun._cli.worker  # registers the worker command
 from jobrun._cli.app import cli
 from jobrun._cli.render import runs_table
-from tests.support import SQL_BACKENDS
+from tests.support import SQL_BACKENDS, log_worker_statements
 from tests.test_cli import start, with_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,16 +193,10 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
 
 
 async def test_the_worker_warns_once_per_check_about_jobs_it_does_not_register(
-    database_url: str, caplog: pytest.LogCaptureFixture
+    database_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = create_async_engine(database_url)
-    claims: list[str] = []
-
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.lstrip().upper().startswith("UPDATE"):
-            claims.append(statement)
-
+    log = log_worker_statements(monkeypatch)
     store = jobrun.SqlJobRunStore(engine)
     await jobrun.start_job_run(store, module_id="shop", job="forgotten")
     await jobrun.start_job_run(store, module_id="shop", job="forgotten", instance="2")
@@ -216,7 +209,7 @@ async def test_the_worker_warns_once_per_check_about_jobs_it_does_not_register(
     )
     try:
         # Many idle polls (claims) pass; the warning is not repeated per poll.
-        while len(claims) < 10:  # noqa: ASYNC110 (the claims are counted by a listener)
+        while len(log.sql("UPDATE")) < 10:  # noqa: ASYNC110 (the claims are counted by a hook)
             await asyncio.sleep(0.05)
     finally:
         stop.set()

@@ -18,6 +18,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 import jobrun
+from jobrun.sql.executor import _sqlite_connections
 
 BUSY_TIMEOUT_MS = 4321  # distinct from the driver's default (5000) and jobrun's (30000)
 KEY = {"module_id": "@test/jobs", "job": "walk"}
@@ -56,9 +57,10 @@ async def test_store_turns_on_wal_and_busy_timeout_even_on_an_older_pooled_conne
         store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=BUSY_TIMEOUT_MS)
         run = await jobrun.start_job_run(store, **KEY)
         assert run.status == "running"
+        # The store took the pooled connection for its own (out of the pool's count).
+        assert _sqlite_connections[engine.sync_engine].driver is opened_before
 
         async with engine.connect() as connection:
-            assert await _driver_connection(connection) is opened_before
             assert await _pragma(connection, "journal_mode") == "wal"
             assert await _pragma(connection, "busy_timeout") == BUSY_TIMEOUT_MS
             assert await _pragma(connection, "synchronous") == 1  # NORMAL

@@ -6,19 +6,17 @@ Every test runs on the memory store, SQLite and Postgres (the ``store`` fixture)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.records import ClaimRequest, StepRow
 from jobrun.testing import FakeClock
-from tests.support import drive, iso, row_of, sized_store
+from tests.support import StatementLog, drive, iso, logged_store, row_of, sized_store
 
 MODULE = "crm"
 JOB = "walk"
@@ -70,23 +68,11 @@ def failing(calls: dict[str, int], name: str, message: str = "boom") -> Callable
     return body
 
 
-@contextmanager
-def ledger_statements(engine: AsyncEngine | None) -> Iterator[list[str]]:
-    """SQL statements that touch the step ledger while the block runs ([] for memory)."""
-    seen: list[str] = []
-    if engine is None:
-        yield seen
-        return
-
-    def on_execute(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if "_substrat_job_steps" in statement:
-            seen.append(statement.lstrip().split(None, 1)[0].upper())
-
-    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
-    try:
-        yield seen
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+def ledger_statements(log: StatementLog | None) -> list[str]:
+    """The kinds of statement that touched the step ledger so far ([] for memory)."""
+    if log is None:
+        return []
+    return [sql.split(None, 1)[0].upper() for sql in log.sql("_substrat_job_steps")]
 
 
 class CountingStore:
@@ -147,6 +133,9 @@ async def test_memo_hits_cost_one_ledger_read_and_a_fresh_step_one_write(
 ) -> None:
     names = ["s1", "s2", "s3", "s4"]
     calls: dict[str, int] = {}
+    log = None
+    if engine is not None:
+        store, log = logged_store(engine)
     counted = CountingStore(store)
     snapshots: list[tuple[int, int, list[str]]] = []
 
@@ -156,21 +145,21 @@ async def test_memo_hits_cost_one_ledger_read_and_a_fresh_step_one_write(
             assert await p.step(name, counting(calls, name, name.upper())) == name.upper()
         if calls["pass"] == 1:
             raise RuntimeError("first pass stops here")
-        snapshots.append((counted.ledger_reads, counted.ledger_writes, list(statements)))
+        snapshots.append((counted.ledger_reads, counted.ledger_writes, ledger_statements(log)))
         await p.step("fresh", counting(calls, "fresh", 0))
-        snapshots.append((counted.ledger_reads, counted.ledger_writes, list(statements)))
+        snapshots.append((counted.ledger_reads, counted.ledger_writes, ledger_statements(log)))
         return jobrun.PassResult()
 
     registry = registry_for(handler, IMMEDIATE)
     run_id = await start(store, clock)
-    with ledger_statements(engine) as statements:
-        await drive(counted, registry, clock)
+    await drive(counted, registry, clock)
     assert counted.ledger_writes == len(names)
     assert len(await store.steps(run_id)) == len(names)
 
     counted.ledger_reads = counted.ledger_writes = 0
-    with ledger_statements(engine) as statements:
-        report = await drive(counted, registry, clock)
+    if log is not None:
+        log.seen.clear()
+    report = await drive(counted, registry, clock)
     assert report.advanced == 1
     assert calls == {"pass": 2, **dict.fromkeys(names, 1), "fresh": 1}
     (reads, writes, sql), (reads_after, writes_after, sql_after) = snapshots
@@ -439,8 +428,11 @@ async def test_a_spent_step_is_not_called_and_nothing_is_written(
     await plant_step(store, run_id, prior)
 
     registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=3))
-    with ledger_statements(engine) as statements:
-        report = await drive(store, registry, clock)
+    log = None
+    if engine is not None:
+        store, log = logged_store(engine)
+    report = await drive(store, registry, clock)
+    statements = ledger_statements(log)
 
     assert calls == {}
     (error,) = caught
