@@ -60,9 +60,11 @@ SEED_TEXT = os.environ.get("JOBRUN_CRASH_SEED")
 CI_CRASH_SEED = 20261201
 PAGE_SIZE = 12
 STEPS_PER_PASS = 4
-# Enough pages that the planned kills are spent long before the walk ends (a
-# child gets about six pages further than the one before it, on average).
-PAGES = max(420, KILLS * 10)
+# Enough pages that the planned kills are spent long before the walk ends. A
+# child gets about six pages further than the one before it on average, but one
+# that waits for its second failure patch with max_passes=1000 can walk far: at
+# ten pages a kill one seed in a few ran out of walk (seed 2514064087, default lease).
+PAGES = max(840, KILLS * 20)
 OBJECTS = PAGES * PAGE_SIZE - 7  # the last page is short
 LEASE_MS = 400
 CHILD_TIMEOUT_S = 120.0

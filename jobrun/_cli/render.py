@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rich import box
@@ -14,6 +14,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
 
 STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red"}
@@ -50,22 +51,6 @@ def instant(moment: datetime | None) -> str:
     if moment is None:
         return ""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def span(delta: timedelta | float) -> str:
-    """A rough human duration: ``45s``, ``12m03s``, ``3h05m``, ``2d04h``."""
-    seconds = int(delta.total_seconds() if isinstance(delta, timedelta) else delta)
-    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{sign}{days}d{hours:02d}h"
-    if hours:
-        return f"{sign}{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{sign}{minutes}m{secs:02d}s"
-    return f"{sign}{secs}s"
 
 
 def number(value: float) -> str:
