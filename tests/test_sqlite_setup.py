@@ -156,3 +156,28 @@ async def test_a_read_only_file_not_in_wal_mode_can_still_be_read(tmp_path: Path
             await jobrun.start_job_run(store, module_id="m", job="other")
     finally:
         await reader.dispose()
+
+
+async def test_an_in_memory_database_works_end_to_end() -> None:
+    # The store's connection is made by aiosqlite's thread with check_same_thread on;
+    # setting it up from the event loop's thread used to fail the first operation.
+    engine = create_async_engine("sqlite+aiosqlite:///:memory:")
+    try:
+        await jobrun.upgrade(engine)
+        store = jobrun.SqlJobRunStore(engine)
+        registry = jobrun.JobRegistry()
+
+        @registry.job("memory", "walk")
+        async def walk(p: jobrun.JobPass) -> jobrun.PassResult:
+            await p.step("only", lambda: 1)
+            p.count("objects")
+            return jobrun.PassResult(done=True)
+
+        run = await jobrun.start_job_run(store, module_id="memory", job="walk")
+        report = await jobrun.run_due_jobs(store, registry)
+        assert report.completed == 1
+        done = await jobrun.get_job_run(store, run.id)
+        assert done is not None
+        assert (done.status, done.counters) == ("done", {"objects": 1})
+    finally:
+        await engine.dispose()

@@ -143,6 +143,10 @@ class Session:
 # --- SQLite --------------------------------------------------------------------------------
 
 
+def _driver_autocommit(connection: Any) -> None:
+    connection.connection.dbapi_connection.isolation_level = None
+
+
 class _SqliteConnection:
     """The one aiosqlite connection jobrun uses on an engine, and whose turn it is."""
 
@@ -178,7 +182,10 @@ class _SqliteConnection:
             # statement commits itself; transactions say BEGIN and COMMIT.
             if driver.in_transaction:
                 await driver.rollback()
-            driver.isolation_level = None
+            # Set through SQLAlchemy's adapter, which does it on aiosqlite's own thread:
+            # aiosqlite's setter touches the sqlite3 object from this one, which a
+            # connection made with check_same_thread (an in-memory database) refuses.
+            await connection.run_sync(_driver_autocommit)
             if not isinstance(self._engine.sync_engine.pool, StaticPool | SingletonThreadPool):
                 # Out of the pool's count, so the host keeps every connection it sized
                 # the pool for. (A pool of one shared connection keeps it: that
