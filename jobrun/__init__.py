@@ -23,6 +23,7 @@ from jobrun._core.observe import (
     StepEnd,
     observe_all,
 )
+from jobrun._core.options import DriveOptions
 from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
 from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore, StoreLimits
 from jobrun._core.queue_safety import assert_queue_safe
@@ -41,6 +42,7 @@ from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun._core.scheduled_runs import start_scheduled_runs
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
+    HandlerMistakeError,
     JobConflictError,
     JobRunError,
     JobRunNotFoundError,
@@ -52,6 +54,7 @@ from jobrun.errors import (
     StepReusedError,
     StoreError,
 )
+from jobrun.sql.executor import StatementHook
 from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
 from jobrun.sql.migrate import upgrade
 from jobrun.sql.provisioning import UpgradeResult, upgrade_many
@@ -62,6 +65,8 @@ __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
     "DriveError",
+    "DriveOptions",
+    "HandlerMistakeError",
     "JobConflictError",
     "JobDriveReport",
     "JobPass",
@@ -87,6 +92,7 @@ __all__ = [
     "ScheduleStore",
     "SchemaOutdatedError",
     "SqlJobRunStore",
+    "StatementHook",
     "StepEnd",
     "StepFailedError",
     "StepReusedError",

@@ -4,6 +4,8 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
 
     JobRunError                     code
     ├── JobValidationError          validation_failed   (also a ValueError)
+    │   └── HandlerMistakeError     handler_mistake     (a mistake in handler code: the
+    │                                                    run fails at once, no retry)
     ├── JobConflictError            conflict            (``reason`` says which)
     │   └── StepReusedError         conflict            reason == "job_step_reused"
     ├── StepFailedError             step_failed         (a step's attempt failed)
@@ -17,7 +19,10 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
 ``StoreError`` is raised only at the store boundary, where driver and database
 exceptions are translated; the original exception is kept as ``__cause__``.
 Misuse of an argument's *type* (passing a list where a name belongs) is a
-plain ``TypeError``, as Python users expect.
+plain ``TypeError``, as Python users expect; the drive options are the
+exception: :class:`jobrun.DriveOptions` refuses every bad value, of any type,
+as a ``JobValidationError`` naming the field, so one check covers the driver,
+the worker and the command line.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     from jobrun._core.retry import RetryPolicy
 
 __all__ = [
+    "HandlerMistakeError",
     "JobConflictError",
     "JobRunError",
     "JobRunNotFoundError",
@@ -70,6 +76,20 @@ class JobValidationError(JobRunError, ValueError):
         self.errors = errors
 
 
+class HandlerMistakeError(JobValidationError):
+    """A mistake in handler code that would fail the same way on every retry.
+
+    Raised by the pass engine (a handler that returned ``None``, a ``done`` that
+    is not a ``bool``, a step result JSON cannot store, a step name that breaks
+    the name rules, a ``p.step`` never awaited, ...). When it ends a pass, the
+    run is failed at once, with no backoff, and ``last_error`` says what to fix;
+    after the fix, ``resume_job_run`` picks the run up where it stopped. A
+    :class:`StepReusedError` that escapes the handler is treated the same way.
+    """
+
+    code = "handler_mistake"
+
+
 class JobConflictError(JobRunError):
     """The request contradicts state that already exists; ``reason`` says which."""
 
@@ -87,7 +107,7 @@ class StepReusedError(JobConflictError):
         super().__init__(
             f"step {step!r} was already called in this pass: one name stands for one unit "
             "of work, so a second call would get the first call's result back without "
-            "doing its own work",
+            'doing its own work. Give each call its own name (e.g. f"fetch-{page}")',
             JOB_STEP_REUSED,
         )
         self.step = step

@@ -273,7 +273,7 @@ class MemoryJobRunStore:
         )
         return True
 
-    async def resume(self, run_id: str, at: str) -> bool:
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
         row = self.runs.get(run_id)
         if row is None or row.status != JobRunStatus.FAILED:
             return False
@@ -290,6 +290,7 @@ class MemoryJobRunStore:
         self.runs[run_id] = replace(
             row,
             status=JobRunStatus.RUNNING.value,
+            counters=row.counters if counters is None else counters,
             attempts=0,
             lease_takeovers=0,
             updated_at=at,
@@ -332,6 +333,15 @@ class MemoryJobRunStore:
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
         )
+
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for row in self.runs.values():
+            due_at = row.next_attempt_at or row.started_at
+            if row.status == JobRunStatus.RUNNING and row.lease_owner is None and due_at <= now_at:
+                key = (row.module_id, row.job)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
 
     async def prune(
         self,

@@ -31,15 +31,17 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core.actions import job_run_health
-from jobrun._core.clock import Clock, ClockLike
-from jobrun._core.drive import JOB_DRIVE_LIMIT, run_due_jobs
+from jobrun._core.clock import Clock
+from jobrun._core.drive import run_due_jobs
+from jobrun._core.formats import format_instant
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -47,7 +49,14 @@ from jobrun._core.observe import (
     PassWatch,
     observe_all,
 )
-from jobrun._core.passes import OpenScope
+from jobrun._core.options import (
+    DriveKeywords,
+    DriveOptions,
+    checked_count,
+    checked_seconds,
+    drive_options,
+    refuse,
+)
 from jobrun._core.records import JobRunHealth
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
@@ -56,10 +65,17 @@ from jobrun._system import default_driver_name, resolve_clock
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 log = logging.getLogger("jobrun.worker")
 
 FIRST_IDLE_DELAY_S = 0.05
 DEFAULT_INTERVAL_S = 5.0
+# How often each database is asked for due runs of jobs this worker does not
+# register (never less than the interval): a read of its own, so the claim,
+# and an idle database's one claim per interval, stay as they are.
+UNREGISTERED_CHECK_S = 60.0
 PRUNE_INTERVAL_S = 600.0
 """Retention runs at start and then every ten minutes: pruning is never urgent."""
 MAX_SCHEDULE_SLEEP_S = 60.0
@@ -76,15 +92,14 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(
-        self, engine: AsyncEngine, label: str, clock: Clock, schema: str | None = None
-    ) -> None:
-        self.engine = engine
+    def __init__(self, store: SqlJobRunStore, clock: Clock) -> None:
+        self.store = store
+        self.engine = store.engine
         self.clock = clock
-        self.label = label if schema is None else f"{label} schema {schema}"
-        self.store = SqlJobRunStore(engine, schema=schema)
+        label = database_label(store.engine)
+        self.label = label if store.schema is None else f"{label} schema {store.schema}"
         # One tenant's starts wake only that tenant's drivers.
-        self.channel = notify_channel(schema)
+        self.channel = notify_channel(store.schema)
         self.delay_s = FIRST_IDLE_DELAY_S
         self.polling = False
         # A wake-up that found nobody idle: the next driver to go idle claims again.
@@ -139,32 +154,23 @@ class _Worker:
         self,
         databases: list[_Database],
         registry: JobRegistry,
+        options: DriveOptions,
         *,
         interval_s: float,
-        limit: int,
-        max_passes: int,
         concurrency: int,
-        pass_timeout_s: float | None,
-        open_scope: OpenScope | None,
-        observer: PassObserver,
         on_health: HealthCallback | None,
         stop: asyncio.Event,
-        driver_name: str,
         clock: Clock,
         prune_after: timedelta | None,
     ) -> None:
         self.databases = databases
         self.registry = registry
+        self.options = options
         self.interval_s = interval_s
-        self.limit = limit
-        self.max_passes = max_passes
         self.concurrency = concurrency
-        self.pass_timeout_s = pass_timeout_s
-        self.open_scope = open_scope
-        self.observer = observer
         self.on_health = on_health
         self.stop = stop
-        self.driver_name = driver_name
+        self.driver_name = options.driver_name or default_driver_name()
         self.clock = clock
         self.prune_after = prune_after
         self.slots = asyncio.Semaphore(concurrency)
@@ -173,13 +179,15 @@ class _Worker:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._stopper())
             for database in self.databases:
-                observer = observe_all(self.observer, _WakeSiblings(database))
+                base = LOG_PASSES if self.options.observer is None else self.options.observer
+                observer = observe_all(base, _WakeSiblings(database))
                 for number in range(self.concurrency):
                     group.create_task(self._drive(database, observer, number))
                 if self.on_health is not None:
                     group.create_task(self._health(database, self.on_health))
                 if _listens(database.engine):
                     group.create_task(self._listen(database))
+                group.create_task(self._watch_unregistered(database))
                 if self.registry.schedules():
                     group.create_task(self._schedule(database))
                 if retains(self.registry, self.prune_after):
@@ -197,6 +205,8 @@ class _Worker:
 
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
         driver = f"{self.driver_name}/{number}" if self.concurrency > 1 else self.driver_name
+        # Made once per driver: its name, the observer that wakes its siblings, the clock.
+        options = replace(self.options, driver_name=driver, observer=observer, clock=self.clock)
         while not self.stop.is_set():
             database.pending = False
             try:
@@ -204,16 +214,7 @@ class _Worker:
                     if self.stop.is_set():
                         return
                     report = await run_due_jobs(
-                        database.store,
-                        self.registry,
-                        limit=self.limit,
-                        max_passes=self.max_passes,
-                        open_scope=self.open_scope,
-                        pass_timeout_s=self.pass_timeout_s,
-                        driver_name=driver,
-                        stop=self.stop,
-                        observer=observer,
-                        clock=self.clock,
+                        database.store, self.registry, options=options, stop=self.stop
                     )
             except Exception as error:
                 log.warning(
@@ -229,6 +230,10 @@ class _Worker:
             if report.attempted:
                 database.delay_s = FIRST_IDLE_DELAY_S
                 continue
+            if self.stop.is_set():
+                # Stopped while driving: the stopper's wake-up may have come and gone
+                # already, so waiting now could wait forever.
+                return
             if database.polling:
                 # Another driver polls this database: wait until something wakes us.
                 await database.idle(None)
@@ -253,6 +258,28 @@ class _Worker:
                     extra={"database": database.label},
                 )
             await self._sleep(self.interval_s)
+
+    async def _watch_unregistered(self, database: _Database) -> None:
+        """Warn, once per job per check, about due runs no driver here can take."""
+        while not self.stop.is_set():
+            try:
+                due = await database.store.due_by_job(format_instant(self.clock.now()))
+            except Exception as error:
+                log.debug("reading due runs per job on %s failed: %s", database.label, error)
+                due = {}
+            for (module_id, job), count in sorted(due.items()):
+                if (module_id, job) in self.registry:
+                    continue
+                log.warning(
+                    "%d due run(s) of job %r of module %r on %s wait for a driver: this "
+                    "worker does not register that job (register it, or cancel the runs)",
+                    count,
+                    job,
+                    module_id,
+                    database.label,
+                    extra={"database": database.label, "module_id": module_id, "job": job},
+                )
+            await self._sleep(max(self.interval_s, UNREGISTERED_CHECK_S))
 
     async def _schedule(self, database: _Database) -> None:
         """Start each due slot's run, then sleep until the next slot."""
@@ -359,123 +386,110 @@ def _listens(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql" and engine.dialect.driver == "asyncpg"
 
 
-def _positive_int(value: object, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{argument} must be at least 1, got {value}")
-    return value
-
-
-def _positive_seconds(value: object, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be a number of seconds, got {type(value).__name__}")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{argument} must be a positive number of seconds, got {value!r}")
-    return float(value)
+Database: TypeAlias = str | AsyncEngine | SqlJobRunStore
+"""What :func:`run_worker` drives: a URL, an engine, or a store."""
 
 
 async def run_worker(
-    databases: Sequence[str | AsyncEngine],
+    databases: Sequence[Database],
     registry: JobRegistry,
     *,
+    options: DriveOptions | None = None,
     interval_s: float = DEFAULT_INTERVAL_S,
-    limit: int = JOB_DRIVE_LIMIT,
-    max_passes: int = 1,
     concurrency: int = 1,
-    pass_timeout_s: float | None = None,
-    open_scope: OpenScope | None = None,
-    observer: PassObserver | None = None,
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
-    driver_name: str | None = None,
-    clock: ClockLike | None = None,
     prune_after: timedelta | None = None,
     schema: str | None = None,
+    **keywords: Unpack[DriveKeywords],
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
 
-    ``databases`` are URLs (an engine is made for each and disposed of at the end)
-    or engines (left to their owner). Each database's schema is checked first, so a
-    database that was never upgraded fails here, not later. ``limit``,
-    ``max_passes``, ``pass_timeout_s`` and ``open_scope`` are handed to each
-    :func:`jobrun.run_due_jobs` call; ``concurrency`` bounds the calls in flight
-    across all databases. ``observer`` hears every pass (default: log lines);
+    ``databases`` are URLs (an engine is made for each and disposed of at the end),
+    engines (left to their owner) or :class:`jobrun.SqlJobRunStore` instances (used
+    as they are, with their own schema and settings). Each database's schema is
+    checked first, so a database that was never upgraded fails here, not later.
+
+    ``options`` (a :class:`jobrun.DriveOptions`, or its fields as keywords) go to
+    each :func:`jobrun.run_due_jobs` call; its ``clock`` also times the worker's
+    waits. ``concurrency`` bounds the calls in flight across all databases.
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
     database every ``interval_s``. A failing database is logged and retried every
     ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
-    tenant's schema in every database (see ``SqlJobRunStore(schema=...)``).
-    ``clock`` (default: the system's) is handed to every drive and times the
-    worker's own waits.
+    tenant's schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
+    A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
     The registry's schedules are started at each slot (once per slot across any
     number of workers). ``prune_after`` deletes finished runs that ended longer
     ago than that (a job's ``keep_for`` wins for its own runs), at start and then
     every ``PRUNE_INTERVAL_S``.
     """
+    chosen = drive_options(options, keywords)
     if not databases:
-        raise ValueError("run_worker needs at least one database")
-    interval_s = _positive_seconds(interval_s, "interval_s")
-    _positive_int(concurrency, "concurrency")
-    _positive_int(limit, "limit")
-    _positive_int(max_passes, "max_passes")
-    if pass_timeout_s is not None:
-        _positive_seconds(pass_timeout_s, "pass_timeout_s")
+        raise refuse("databases", "must name at least one database: run_worker needs one")
     if not isinstance(registry, JobRegistry):
         raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
-    timing = resolve_clock(clock)
-    prune_after = check_prune_after(prune_after)
-    owned: list[AsyncEngine] = []
-    try:
-        engines: list[AsyncEngine] = []
+    timing = resolve_clock(chosen.clock)
+    worker = _Worker(
+        [],
+        registry,
+        chosen,
+        interval_s=checked_seconds(interval_s, "interval_s"),
+        concurrency=checked_count(concurrency, "concurrency"),
+        on_health=on_health,
+        stop=stop if stop is not None else asyncio.Event(),
+        clock=timing,
+        prune_after=check_prune_after(prune_after),
+    )
+    async with contextlib.AsyncExitStack() as owned:
         for database in databases:
-            if isinstance(database, AsyncEngine):
-                engines.append(database)
-            elif isinstance(database, str):
-                engine = create_async_engine(make_url(database))
-                owned.append(engine)
-                engines.append(engine)
-            else:
-                raise TypeError(
-                    f"a database is a URL or an AsyncEngine, got {type(database).__name__}"
-                )
-        states = [_Database(engine, database_label(engine), timing, schema) for engine in engines]
-        for state in states:
+            store = _store_of(database, schema, owned)
+            worker.databases.append(_Database(store, timing))
+        for state in worker.databases:
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)
-        worker = _Worker(
-            states,
-            registry,
-            interval_s=interval_s,
-            limit=limit,
-            max_passes=max_passes,
-            concurrency=concurrency,
-            pass_timeout_s=pass_timeout_s,
-            open_scope=open_scope,
-            observer=LOG_PASSES if observer is None else observer,
-            on_health=on_health,
-            stop=stop if stop is not None else asyncio.Event(),
-            driver_name=driver_name or default_driver_name(),
-            clock=timing,
-            prune_after=prune_after,
-        )
-        began = timing.monotonic()
-        log.info(
-            "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
-            ", ".join(state.label for state in states),
-            len(registry),
-            concurrency,
-            interval_s,
-            extra={"databases": [state.label for state in states]},
-        )
-        try:
-            await worker.run()
-        finally:
-            log.info(
-                "worker stopped after %.1f s",
-                timing.monotonic() - began,
-                extra={"databases": [state.label for state in states]},
+        await _run_logged(worker)
+
+
+def _store_of(
+    database: Database, schema: str | None, owned: contextlib.AsyncExitStack
+) -> SqlJobRunStore:
+    """The store for one of ``databases``; an engine made from a URL is disposed of on exit."""
+    if isinstance(database, SqlJobRunStore):
+        if schema is not None and database.schema != schema:
+            raise refuse(
+                "schema",
+                f"is {schema!r} but a store given is in schema {database.schema!r}: "
+                "a store keeps its own schema",
             )
+        return database
+    if isinstance(database, str):
+        engine = create_async_engine(make_url(database))
+        owned.push_async_callback(engine.dispose)
+        return SqlJobRunStore(engine, schema=schema)
+    if isinstance(database, AsyncEngine):
+        return SqlJobRunStore(database, schema=schema)
+    raise TypeError(
+        f"a database is a URL, an AsyncEngine or a SqlJobRunStore, got {type(database).__name__}"
+    )
+
+
+async def _run_logged(worker: _Worker) -> None:
+    labels = [state.label for state in worker.databases]
+    began = worker.clock.monotonic()
+    log.info(
+        "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
+        ", ".join(labels),
+        len(worker.registry),
+        worker.concurrency,
+        worker.interval_s,
+        extra={"databases": labels},
+    )
+    try:
+        await worker.run()
     finally:
-        for engine in owned:
-            await engine.dispose()
+        log.info(
+            "worker stopped after %.1f s",
+            worker.clock.monotonic() - began,
+            extra={"databases": labels},
+        )

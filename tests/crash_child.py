@@ -14,6 +14,7 @@ Exit codes: 0 the run is done; 3 the run ended in another state; -9 (SIGKILL) as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -21,9 +22,10 @@ import os
 import random
 import signal
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, Table, Text, event, insert
+from sqlalchemy import Column, Integer, MetaData, Table, Text, insert
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
@@ -34,16 +36,16 @@ JOB = "walk"
 # Where the child may kill itself. The parent knows which of them leave a
 # step's effect without its ledger row (the at-least-once window).
 KINDS = (
-    "claim_after",  # the claim statement ran (committed on Postgres, not yet on SQLite)
+    "claim_after",  # the claim statement ran (a lone statement: committed)
     "body_before_effect",  # inside a step body, after its log line, before its effect
     "window_body",  # inside a step body, after its effect was committed
     "window_ledger_before",  # the body returned; the ledger write is about to execute
-    "ledger_after",  # the ledger write executed (committed on Postgres, not yet on SQLite)
+    "ledger_after",  # the ledger write executed (a lone statement: committed)
     "between_steps",  # a step returned (its ledger row committed); the next has not begun
     "commit_before",  # the pass commit is about to execute its ledger drop / CTE
     "commit_after",  # the pass commit executed (before COMMIT on SQLite; committed on Postgres)
     "failure_patch_before",  # the failure patch of a failed pass is about to execute
-    "failure_patch_after",  # the failure patch executed (before COMMIT on SQLite)
+    "failure_patch_after",  # the failure patch executed (a lone statement: committed)
 )
 
 sink_metadata = MetaData()
@@ -97,7 +99,7 @@ class Child:
         self.fail_between: int | None = None
         self.fail_in_step: int | None = None
         self.engine = create_async_engine(config["url"])
-        self.store = jobrun.SqlJobRunStore(self.engine)
+        self.store = jobrun.SqlJobRunStore(self.engine, statement_hook=self.hook)
 
     # --- kill points -------------------------------------------------------------------
 
@@ -107,9 +109,7 @@ class Child:
         self.seen += 1
         if self.seen < self.kill_nth:
             return
-        window = kind in ("window_body", "window_ledger_before") or (
-            kind == "ledger_after" and self.backend == "sqlite"
-        )
+        window = kind in ("window_body", "window_ledger_before")
         self.log.write(ev="kill", kind=kind, window=window, **info)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -145,16 +145,12 @@ class Child:
         # Two statements in one transaction; the DELETE is the second.
         return statement.startswith("DELETE FROM _substrat_job_steps")
 
-    def listen(self) -> None:
-        sync_engine = self.engine.sync_engine
-
-        @event.listens_for(sync_engine, "before_cursor_execute")
-        def before(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-            self.before_sql(statement.lstrip())
-
-        @event.listens_for(sync_engine, "after_cursor_execute")
-        def after(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-            self.after_sql(statement.lstrip())
+    @contextlib.asynccontextmanager
+    async def hook(self, _operation: str, statement: str, _parameters: Any) -> AsyncIterator[None]:
+        """The store's statement hook: the kill points sit on the path users run."""
+        self.before_sql(statement)
+        yield
+        self.after_sql(statement)
 
     # --- the job -----------------------------------------------------------------------
 
@@ -232,7 +228,6 @@ class Child:
     # --- the driver --------------------------------------------------------------------
 
     async def drive(self) -> int:
-        self.listen()
         registry = jobrun.JobRegistry()
         registry.register(
             MODULE_ID,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
+import jobrun.worker as worker_module
 from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.records import ClaimRequest, RunRow
 from jobrun.sql.migrate import current_revision
@@ -141,6 +144,50 @@ async def run_alembic(*args: str, env: dict[str, str]) -> tuple[int, str]:
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
     return process.returncode or 0, output.decode()
+
+
+class StatementLog:
+    """A ``statement_hook`` that records every statement a store sends, as
+    ``(operation, sql, parameters)``; ``before``/``after`` (if set) run around each one."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Sequence[Any]]] = []
+        self.before: Any = None
+        self.after: Any = None
+
+    @asynccontextmanager
+    async def __call__(
+        self, operation: str, sql: str, parameters: Sequence[Any]
+    ) -> AsyncIterator[None]:
+        self.seen.append((operation, sql, parameters))
+        if self.before is not None:
+            await self.before(operation, sql)
+        yield
+        if self.after is not None:
+            await self.after(operation, sql)
+
+    def sql(self, containing: str = "") -> list[str]:
+        return [sql for _, sql, _ in self.seen if containing in sql]
+
+
+def logged_store(engine: AsyncEngine, **options: Any) -> tuple[jobrun.SqlJobRunStore, StatementLog]:
+    """A SQL store on ``engine`` whose statements are recorded (the path users run)."""
+    log = StatementLog()
+    return jobrun.SqlJobRunStore(engine, statement_hook=log, **options), log
+
+
+def log_worker_statements(monkeypatch: pytest.MonkeyPatch) -> StatementLog:
+    """Every statement of the stores ``run_worker`` builds, through the store's own hook."""
+    log = StatementLog()
+
+    # A subclass, not a partial: run_worker also asks isinstance(database, SqlJobRunStore)
+    # (so give it engines or URLs, not stores of your own).
+    class LoggedStore(jobrun.SqlJobRunStore):
+        def __init__(self, engine: AsyncEngine, **options: Any) -> None:
+            super().__init__(engine, statement_hook=log, **options)
+
+    monkeypatch.setattr(worker_module, "SqlJobRunStore", LoggedStore)
+    return log
 
 
 async def claim_as(

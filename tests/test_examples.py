@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,17 +28,16 @@ RUN_ID = r"[0-9A-HJKMNP-TV-Z]{26}"
 
 
 def demo(db: Path, *options: str) -> list[str]:
-    return [sys.executable, str(DEMO), "--db", str(db), "--quiet", *options]
+    return [sys.executable, str(DEMO), "--db", str(db), *options]
 
 
-def environment(db: Path) -> dict[str, str]:
-    # The demo's driver lock goes to TMPDIR: keep it beside the test's database.
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(db.parent)}
+def environment() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def finish(db: Path, command: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env=environment(db), check=False
+        command, capture_output=True, text=True, timeout=timeout, env=environment(), check=False
     )
 
 
@@ -45,7 +45,7 @@ def spawn(db: Path, command: list[str], output: IO[str]) -> subprocess.Popen[str
     # Output to a file, not a pipe: nobody reads a pipe while we wait, and a
     # full pipe would stall the demo.
     return subprocess.Popen(
-        command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment(db)
+        command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment()
     )
 
 
@@ -89,6 +89,12 @@ def assert_walked_exactly(run: jobrun.JobRun, objects: int) -> None:
     assert run.counters["total"] == objects
 
 
+def committed_passes(output: str) -> int:
+    found = re.search(r"^this copy committed (\d+) passes", output, re.MULTILINE)
+    assert found, output
+    return int(found[1])
+
+
 def test_demo_walks_every_object_once(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     done = finish(db, demo(db, "--objects", "3000", "--page-size", "100"))
@@ -97,9 +103,20 @@ def test_demo_walks_every_object_once(tmp_path: Path) -> None:
     assert started, done.stdout
     assert f"run {started[1]}: done" in done.stdout
     assert "bytes match the source: OK" in done.stdout
+    # 30 pages, 4 a pass: 8 passes, each committed once.
+    assert committed_passes(done.stdout) == 8
     run = the_run(db)
     assert run.id == started[1]
     assert_walked_exactly(run, 3000)
+    # The command it prints to follow the run works as printed.
+    watch = re.search(r"^follow it with: (.+)$", done.stdout, re.MULTILINE)
+    assert watch, done.stdout
+    assert f" watch {run.id} --url sqlite:///{db}" in watch[1]
+    watched = subprocess.run(
+        shlex.split(watch[1]), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert f"run {run.id} is done" in watched.stdout
 
 
 def test_killed_demo_resumes_the_same_run(tmp_path: Path) -> None:
@@ -131,8 +148,10 @@ def test_killed_demo_resumes_the_same_run(tmp_path: Path) -> None:
     match = re.search(rf"^resuming run ({RUN_ID}) at page (\d+) of 400", resumed.stdout, re.M)
     assert match, resumed.stdout
     assert match[1] == run.id
-    # It resumes from the committed cursor: nothing before it is walked again.
+    # It resumes from the committed cursor: nothing before it is walked again,
+    # and each pass after it is committed once (4 pages a pass).
     assert int(match[2]) == cut.cursor > 0
+    assert committed_passes(resumed.stdout) == (400 - cut.cursor) // 4
     run = the_run(db)
     assert run.id == cut.id
     # Exactly N: no object counted twice, however the kill split a pass.
@@ -142,7 +161,8 @@ def test_killed_demo_resumes_the_same_run(tmp_path: Path) -> None:
 
 def test_second_copy_joins_the_live_run(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    command = demo(db, "--objects", "40000", "--page-size", "100", "--latency-ms", "20")
+    # 0-40 ms a page: the first copy is still walking when the second one starts.
+    command = demo(db, "--objects", "40000", "--page-size", "100", "--latency-ms", "40")
     with (tmp_path / "first.log").open("w+") as log:
         first = spawn(db, command, log)
         try:
@@ -159,9 +179,15 @@ def test_second_copy_joins_the_live_run(tmp_path: Path) -> None:
         first_output = log.read()
 
     assert second.returncode == 0, second.stdout + second.stderr
-    assert re.search(rf"^joined live run {live.id} ", second.stdout, re.MULTILINE), second.stdout
-    # The watcher waited for the driver and reports the same finished run.
+    assert re.search(rf"^resuming run {live.id} at page", second.stdout, re.M), second.stdout
+    # Both copies report the same finished run, exact.
     assert f"run {live.id}: done" in second.stdout
     assert first.returncode == 0, first_output
     assert f"started run {live.id}" in first_output
+    assert f"run {live.id}: done" in first_output
     assert_walked_exactly(the_run(db), 40000)
+    # They shared the driving, and no pass was committed twice: 400 pages, 4 a pass.
+    first_passes, second_passes = committed_passes(first_output), committed_passes(second.stdout)
+    assert first_passes > 0, second.stdout
+    assert second_passes > 0, first_output
+    assert first_passes + second_passes == 100

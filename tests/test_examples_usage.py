@@ -3,8 +3,8 @@
 * ``examples/asgi_service.py``: the Starlette app with its lifespan, through
   Starlette's ``TestClient`` (which runs the lifespan), on SQLite and Postgres;
 * ``examples/asyncio_loop.py``: a real process, to the end and stopped by SIGTERM;
-* ``examples/provision.py``: fifty SQLite files, and a Postgres database through
-  the Alembic command line;
+* ``examples/provision.py``: fifty SQLite files through ``upgrade_many``, and a
+  Postgres database (or a tenant schema) through plain Alembic;
 * ``examples/test_invoice_job.py``: the job's own tests, run by pytest.
 """
 
@@ -185,6 +185,7 @@ def test_provisioning_fifty_sqlite_scope_databases(tmp_path: Path) -> None:
     scopes = tmp_path / "scopes"
     done = run_example("provision.py", "--sqlite-dir", str(scopes), "--count", "50")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "50 SQLite databases: 50 upgraded, 0 failed" in done.stdout
     assert "checked 50: every one is at jobrun's newest revision" in done.stdout
     files = sorted(scopes.glob("*.db"))
     assert len(files) == 50
@@ -203,19 +204,29 @@ def test_provisioning_fifty_sqlite_scope_databases(tmp_path: Path) -> None:
     # Running it again is harmless: everything is already at head.
     again = run_example("provision.py", "--sqlite-dir", str(scopes), "--count", "50")
     assert again.returncode == 0, again.stdout + again.stderr
+    assert "50 SQLite databases: 0 upgraded, 0 failed" in again.stdout
 
 
 @pytest.mark.postgres
-def test_provisioning_postgres_with_alembic(empty_postgres_url: str) -> None:
-    done = run_example("provision.py", "--postgres-url", empty_postgres_url)
+@pytest.mark.parametrize("schema", [None, "tenant_a"])
+def test_provisioning_postgres_with_alembic(empty_postgres_url: str, schema: str | None) -> None:
+    extra = ["--schema", schema] if schema else []
+    done = run_example("provision.py", "--postgres-url", empty_postgres_url, *extra)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Running upgrade" in done.stderr  # Alembic's own log lines
+    # `alembic current`, run by the example after the upgrade, names the head.
+    assert f"(schema {schema or 'default'}): {head_revision()} (head)" in done.stdout
     assert "checked 1: every one is at jobrun's newest revision" in done.stdout
 
     async def revision() -> str | None:
         engine = create_async_engine(empty_postgres_url)
         try:
-            return await revision_of(engine)
+            if schema is None:
+                return await revision_of(engine)
+            async with engine.connect() as connection:
+                table = f"{schema}.jobrun_alembic_version"
+                return (
+                    await connection.exec_driver_sql(f"SELECT version_num FROM {table}")
+                ).scalar()
         finally:
             await engine.dispose()
 

@@ -20,14 +20,13 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event, make_url
+from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.util import await_only
 
 import jobrun
 from jobrun._core.records import RunRow, StepRow
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, drive, row_of
+from tests.support import SQL_BACKENDS, StatementLog, drive, logged_store, row_of
 
 MODULE = "faults"
 JOB = "walk"
@@ -96,36 +95,42 @@ async def finish(store: Any, registry: jobrun.JobRegistry, clock: FakeClock, run
 # --- Postgres: the server drops the driver's connection ---------------------------------
 
 
-def _admin_dsn() -> str:
-    url = os.environ["JOBRUN_TEST_POSTGRES_URL"]
-    return make_url(url).set(drivername="postgresql").render_as_string(False)
+def _admin_dsn(engine: AsyncEngine | None = None) -> str:
+    """A plain DSN of the test server; on ``engine``'s database when given."""
+    url = make_url(os.environ["JOBRUN_TEST_POSTGRES_URL"]).set(drivername="postgresql")
+    if engine is not None:
+        url = url.set(database=engine.url.database)
+    return url.render_as_string(False)
 
 
 class BackendKiller:
-    """Terminates the server backend of the connection about to send a chosen statement.
+    """Cuts the database's connections just before a chosen statement of the store is sent.
 
     ``plan`` lists statement prefixes; the n-th occurrence of a prefix (counted
-    from 1) is the one whose connection is cut just before it is sent.
+    from 1) is the one before which every server backend of the database (the
+    statement's own connection among them) is terminated. Installed as the
+    store's statement hook, so the store runs the path users run.
     """
 
-    def __init__(self, engine: AsyncEngine, admin: asyncpg.Connection, plan: list[str]) -> None:
+    def __init__(self, log: StatementLog, admin: asyncpg.Connection, plan: list[str]) -> None:
         self._admin = admin
         self._plan = collections.Counter(plan)
         self._seen: collections.Counter[str] = collections.Counter()
         self.killed: list[str] = []
-        event.listen(engine.sync_engine, "before_cursor_execute", self._before)
+        log.before = self._before
 
-    def _before(self, conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+    async def _before(self, _operation: str, statement: str) -> None:
         for prefix in list(self._plan):
-            if statement.lstrip().startswith(prefix):
+            if statement.startswith(prefix):
                 self._seen[prefix] += 1
                 if self._plan[prefix] and self._seen[prefix] == self._plan[prefix]:
                     del self._plan[prefix]
-                    pid = conn.connection.driver_connection.get_server_pid()
-                    # Wait (up to 5 s) until the backend is really gone.
-                    assert await_only(
-                        self._admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
+                    # Wait (up to 5 s each) until the backends are really gone.
+                    cut = await self._admin.fetchval(
+                        "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                     )
+                    assert cut >= 1
                     self.killed.append(prefix)
 
 
@@ -158,13 +163,13 @@ async def test_a_dropped_connection_mid_pass_leaves_the_run_whole(
     calls: list[str],
 ) -> None:
     # The n-th listed occurrence of a prefix is cut (a repeated prefix means "the 2nd").
-    admin = await asyncpg.connect(_admin_dsn())
+    admin = await asyncpg.connect(_admin_dsn(engine))
     try:
-        store = jobrun.SqlJobRunStore(engine)
+        store, log = logged_store(engine)
         job = TwoSteps()
         registry = job.registry()
         run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
-        killer = BackendKiller(engine, admin, plan)
+        killer = BackendKiller(log, admin, plan)
 
         if escapes is None:
             report = await drive(store, registry, clock)

@@ -209,8 +209,9 @@ async def test_a_run_leased_by_another_token_is_not_claimed_before_expiry(store,
     registry = jobrun.JobRegistry()
 
     @registry.job(M, J, lease_ms=1000)
-    async def handler(p: jobrun.JobPass) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         ran.append(p.run.id)
+        return jobrun.PassResult()
 
     clock.advance(milliseconds=999)
     report = await jobrun.run_due_jobs(store, registry, clock=clock)
@@ -278,10 +279,11 @@ async def test_takeovers_are_consecutive_a_failure_keeps_the_count_a_commit_rese
     registry = jobrun.JobRegistry()
 
     @registry.job(M, J, lease_ms=1000, max_takeovers=2, retry=jobrun.RetryPolicy(base_delay_ms=0))
-    async def handler(p: jobrun.JobPass) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         seen.append((await row_of(store, p.run.id)).lease_takeovers)
         if fail[0]:
             raise RuntimeError("flaky")
+        return jobrun.PassResult()
 
     assert await claim_as(store, clock, "DEAD-0") is not None
     clock.advance(seconds=1)
@@ -970,8 +972,9 @@ async def test_a_cancel_that_lands_during_a_claim_hands_the_lease_back(store, cl
     registry = jobrun.JobRegistry()
 
     @registry.job(M, J)  # the default lease: 15 minutes of nobody driving it, if leaked
-    async def handler(p: jobrun.JobPass) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         ran.append(p.run.id)
+        return jobrun.PassResult()
 
     slow = _SlowClaimReply(store)
     task = asyncio.create_task(jobrun.run_due_jobs(slow, registry, clock=clock))

@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, revision_of
+from tests.support import SQL_BACKENDS, hand_made_row, logged_store, revision_of
 from tests.test_migration_0002 import _plan
 
 RUNS = "_substrat_job_runs"
@@ -77,21 +77,12 @@ async def test_0003_keeps_every_row_and_the_claim_reads_its_index(at_0002: Async
         async with engine.begin() as connection:
             await connection.exec_driver_sql(f"ANALYZE {RUNS}")
 
-    claims: list[tuple[str, Any]] = []
-
-    def keep_claim(_c: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.startswith(f"UPDATE {RUNS}") and "coalesce(" in statement:
-            claims.append((statement, parameters))
-
+    # The store's own claim statement, exactly as it sends it (through its hook).
+    store, log = logged_store(engine)
     registry = jobrun.JobRegistry()
     registry.register("@test/jobs", "walk", lambda p: jobrun.PassResult(done=True))
-    event.listen(engine.sync_engine, "before_cursor_execute", keep_claim)
-    try:
-        report = await jobrun.run_due_jobs(
-            jobrun.SqlJobRunStore(engine), registry, limit=1, clock=FakeClock()
-        )
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", keep_claim)
+    report = await jobrun.run_due_jobs(store, registry, limit=1, clock=FakeClock())
+    claims = [(sql, tuple(values)) for operation, sql, values in log.seen if operation == "claim"]
     assert report.completed == 1
     async with engine.connect() as connection:
         plan = await _plan(connection, *claims[0])

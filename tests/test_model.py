@@ -263,7 +263,7 @@ class PassMachine(RuleBasedStateMachine):
     def now(self) -> str:
         return iso(self.clock())
 
-    async def handler(self, p: jobrun.JobPass) -> jobrun.PassResult | None:
+    async def handler(self, p: jobrun.JobPass) -> jobrun.PassResult:
         plan = self.queue.popleft() if self.queue else DEFAULT_PLAN
         for name, succeeds, own in plan.steps:
 
@@ -284,7 +284,7 @@ class PassMachine(RuleBasedStateMachine):
             raise RuntimeError("handler broke")
         if plan.ending == "interrupt":
             raise KeyboardInterrupt
-        return None
+        return jobrun.PassResult()
 
     # --- rules ---------------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ async def test_a_nul_in_a_key_part_is_refused_before_anything_is_written(store, 
     key = {"module_id": "m", "job": "j", "instance": "i"} | {field: "a\x00b"}
     with pytest.raises(jobrun.JobValidationError) as caught:
         await jobrun.start_job_run(store, clock=clock, **key)
-    assert caught.value.errors == [{"path": field, "message": "contains NUL"}]
+    assert caught.value.errors == [
+        {"path": field, "message": "contains a NUL character (Postgres cannot store it)"}
+    ]
     assert await jobrun.job_runs(store) == []
 
 
@@ -32,7 +34,7 @@ async def test_a_nul_in_an_error_message_is_stored_escaped(store, clock):
     assert record.last_error == "RuntimeError: bad\\x00byte"
 
 
-async def test_a_nul_in_a_step_name_fails_the_pass_without_writing_the_step(store, clock):
+async def test_a_nul_in_a_step_name_fails_the_run_without_writing_the_step(store, clock):
     registry = jobrun.JobRegistry()
 
     @registry.job("m", "j", retry=jobrun.RetryPolicy(base_delay_ms=0))
@@ -41,6 +43,6 @@ async def test_a_nul_in_a_step_name_fails_the_pass_without_writing_the_step(stor
 
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     report = await jobrun.run_due_jobs(store, registry, clock=clock)
-    assert report.retrying == 1
+    assert report.failed == 1
     assert "NUL" in report.errors[0].error
     assert await store.steps(run.id) == {}

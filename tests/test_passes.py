@@ -220,7 +220,6 @@ COMMITTED = '"c0"'
 @pytest.mark.parametrize(
     ("result", "cursor", "status"),
     [
-        (None, COMMITTED, "running"),
         (jobrun.PassResult(), COMMITTED, "running"),
         (jobrun.PassResult(cursor=None), "null", "running"),
         (jobrun.PassResult(cursor={"p": [2, "é"]}), '{"p":[2,"é"]}', "running"),
@@ -232,13 +231,9 @@ COMMITTED = '"c0"'
         ({"done": True}, COMMITTED, "done"),
         ({"cursor": 1.5, "done": True}, "1.5", "done"),
         (types.MappingProxyType({"cursor": "m"}), '"m"', "running"),
-        # Only True itself is done.
-        ({"done": 1}, COMMITTED, "running"),
-        ({"done": "yes"}, COMMITTED, "running"),
-        (jobrun.PassResult(done=1), COMMITTED, "running"),  # type: ignore[arg-type]
+        ({"done": False}, COMMITTED, "running"),
     ],
     ids=[
-        "none",
         "empty-passresult",
         "passresult-null",
         "passresult-cursor",
@@ -250,9 +245,7 @@ COMMITTED = '"c0"'
         "mapping-done",
         "mapping-both",
         "mapping-proxy",
-        "done-1",
-        "done-yes",
-        "passresult-done-1",
+        "mapping-not-done",
     ],
 )
 async def test_handler_results_that_commit(
@@ -280,7 +273,7 @@ async def test_handler_results_that_commit(
 async def test_keeping_the_cursor_keeps_its_text_verbatim(
     store: Any, engine: AsyncEngine | None, clock: FakeClock
 ) -> None:
-    registry = registry_for(returns(None))
+    registry = registry_for(returns(jobrun.PassResult()))
     run_id = await start(store, clock)
     await set_columns(store, engine, run_id, cursor='{ "page" : 3 }')
     await drive(store, registry, clock)
@@ -296,10 +289,26 @@ async def test_keeping_the_cursor_keeps_its_text_verbatim(
         (7, "int"),
         ("done", "str"),
         (True, "bool"),
+        # Revised for Python: a forgotten return, and a done that is not a bool.
+        (None, "did you forget `return`?"),
+        ({"done": 1}, "done=1 (an int)"),
+        ({"done": "yes"}, "done='yes' (a str)"),
+        (jobrun.PassResult(done=1), "done must be True or False"),  # type: ignore[arg-type]
     ],
-    ids=["typo-curser", "extra-key", "list", "int", "str", "bool"],
+    ids=[
+        "typo-curser",
+        "extra-key",
+        "list",
+        "int",
+        "str",
+        "bool",
+        "none",
+        "done-1",
+        "done-yes",
+        "passresult-done-1",
+    ],
 )
-async def test_handler_results_that_fail_the_pass(
+async def test_handler_results_that_fail_the_run_at_once(
     store: Any, clock: FakeClock, result: Any, named: str
 ) -> None:
     registry = registry_for(script(returns({"cursor": "c0"}), returns(result)))
@@ -307,9 +316,9 @@ async def test_handler_results_that_fail_the_pass(
     await drive(store, registry, clock)
 
     report = await drive(store, registry, clock)
-    assert report.retrying == 1
+    assert report.failed == 1
     row = await row_of(store, run_id)
-    assert row.status == "running"
+    assert row.status == "failed"
     assert row.cursor == COMMITTED
     assert row.attempts == 1
     assert row.last_error is not None
@@ -374,9 +383,9 @@ async def test_a_cursor_that_is_not_queue_safe_fails_the_pass(
     await drive(store, registry, clock)
 
     report = await drive(store, registry, clock)
-    assert report.retrying == 1
+    assert report.failed == 1
     row = await row_of(store, run_id)
-    assert (row.cursor, row.counters) == (COMMITTED, "{}")
+    assert (row.cursor, row.counters, row.status) == (COMMITTED, "{}", "failed")
     assert row.last_error is not None
     assert f"{path} is" in row.last_error
     assert what in row.last_error
@@ -392,7 +401,7 @@ async def test_a_cursor_over_the_cap_is_refused(
 
     assert (await drive(capped, registry, clock)).advanced == 1
     assert (await row_of(capped, run_id)).cursor == f'"{at_cap}"'
-    assert (await drive(capped, registry, clock)).retrying == 1
+    assert (await drive(capped, registry, clock)).failed == 1
     row = await row_of(capped, run_id)
     assert row.cursor == f'"{at_cap}"'
     assert row.last_error is not None
@@ -404,11 +413,12 @@ async def test_a_cursor_over_the_cap_is_refused(
 
 
 async def test_count_adds_to_counters_committed_with_the_pass(store: Any, clock: FakeClock) -> None:
-    def counts(p: jobrun.JobPass) -> None:
+    def counts(p: jobrun.JobPass) -> jobrun.PassResult:
         p.count("pages")
         p.count("pages")
         p.count("bytes", 0.25)
         p.count("bytes", 1)
+        return jobrun.PassResult()
 
     registry = registry_for(counts)
     run_id = await start(store, clock)
@@ -419,21 +429,22 @@ async def test_count_adds_to_counters_committed_with_the_pass(store: Any, clock:
 
 
 @pytest.mark.parametrize("by", ["1", True, None, math.nan, [1]], ids=repr)
-async def test_count_with_a_non_number_fails_the_pass(
+async def test_count_with_a_non_number_fails_the_run_at_once(
     store: Any, clock: FakeClock, by: Any
 ) -> None:
-    def counts(p: jobrun.JobPass) -> None:
+    def counts(p: jobrun.JobPass) -> jobrun.PassResult:
         p.count("good")
         p.count("bad", by)
+        return jobrun.PassResult()
 
     registry = registry_for(counts)
     run_id = await start(store, clock)
     report = await drive(store, registry, clock)
-    assert report.retrying == 1
+    assert report.failed == 1
     row = await row_of(store, run_id)
     assert row.counters == "{}"
     assert row.last_error is not None
-    assert row.last_error.startswith("TypeError: ")
+    assert row.last_error.startswith(f"p.count('bad', by={by!r}): by must be a finite")
 
 
 # --- the scope door ----------------------------------------------------------------
@@ -453,13 +464,14 @@ async def test_scope_is_opened_lazily_once_per_pass_with_the_run_key(
         await asyncio.sleep(0)
         return open_sync(run)
 
-    async def handler(p: jobrun.JobPass) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         events.append("handler")
         first = await p.scope()
         together = await asyncio.gather(p.scope(), p.scope())
         assert all(scope is first for scope in together)
         assert await p.scope() is first
         events.append(first)
+        return jobrun.PassResult()
 
     registry = registry_for(handler)
     run_id = await start(store, clock)
@@ -480,7 +492,7 @@ async def test_scope_is_opened_lazily_once_per_pass_with_the_run_key(
 
 async def test_scope_is_not_opened_when_unused(store: Any, clock: FakeClock) -> None:
     opened: list[Any] = []
-    registry = registry_for(lambda p: None)
+    registry = registry_for(lambda p: jobrun.PassResult())
     await start(store, clock)
     report = await drive(store, registry, clock, open_scope=opened.append)
     assert report.advanced == 1

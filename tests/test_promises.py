@@ -87,7 +87,7 @@ async def test_a_commit_with_a_lost_token_leaves_the_new_holders_ledger(store, c
 async def test_a_pass_that_lost_its_lease_before_committing_leaves_the_new_ledger(
     store, clock, lost_by
 ):
-    """The same through ``run_due_jobs``: the path users run (direct SQLite statements)."""
+    """The same through ``run_due_jobs``: the path users run (the store's one executor)."""
     run = await start(store, clock, module_id=M, job=J)
     stepped = asyncio.Event()
     go_on = asyncio.Event()

@@ -49,6 +49,7 @@ REQUIRED_NAMES = {
 
 EXPECTED_CODES = {
     "JobValidationError": "validation_failed",
+    "HandlerMistakeError": "handler_mistake",
     "JobConflictError": "conflict",
     "StepReusedError": "conflict",
     "StepFailedError": "step_failed",
@@ -174,8 +175,11 @@ def test_codes_are_distinct_apart_from_the_conflict_subtype() -> None:
         for error in error_classes().values()
         if error.__bases__[0] is jobrun.JobRunError
     ]
-    assert sorted(direct) == sorted(set(EXPECTED_CODES.values()))
+    subtypes = {"handler_mistake"}
+    assert sorted(direct) == sorted(set(EXPECTED_CODES.values()) - subtypes)
     assert issubclass(jobrun.StepReusedError, jobrun.JobConflictError)
+    # A handler mistake is refused input too, with a code of its own.
+    assert jobrun.HandlerMistakeError.__bases__ == (jobrun.JobValidationError,)
 
 
 def test_validation_errors_are_value_errors_with_entries() -> None:

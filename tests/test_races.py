@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.util import await_only
 
 import jobrun
-from tests.support import SQL_BACKENDS
+from tests.support import SQL_BACKENDS, logged_store
 
 MODULE = "races"
 JOB = "walk"
@@ -589,24 +588,28 @@ async def test_a_resume_landing_as_prune_starts_writing_keeps_its_ledger(
     old prune had chosen its ids): the resumed run and its ledger stay."""
     engine = create_async_engine(database_url)
     try:
-        store = jobrun.SqlJobRunStore(engine)
+        store, log = logged_store(engine)
         run_id = await _failed_run_with_a_ledger(store)
         other = create_async_engine(database_url)
         resumed: list[bool] = []
+        # SQLite's prune takes the write lock at BEGIN IMMEDIATE, so the last moment
+        # another host can still commit is just before it; Postgres takes row locks
+        # only as its DELETE runs.
+        first_write = "DELETE" if backend == "postgres" else "BEGIN"
 
-        @event.listens_for(engine.sync_engine, "before_cursor_execute")
-        def resume_now(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            if statement.lstrip().startswith("DELETE") and not resumed:
+        async def resume_now(operation: str, sql: str) -> None:
+            if operation == "prune" and sql.lstrip().startswith(first_write) and not resumed:
                 resumed.append(True)
                 # Another host's resume, committed while prune is about to write.
-                await_only(jobrun.resume_job_run(jobrun.SqlJobRunStore(other), run_id))
+                await jobrun.resume_job_run(jobrun.SqlJobRunStore(other), run_id)
 
+        log.before = resume_now
         try:
             pruned = await jobrun.prune_job_runs(
                 store, older_than=timedelta(0), statuses=("failed",)
             )
         finally:
-            event.remove(engine.sync_engine, "before_cursor_execute", resume_now)
+            log.before = None
             await other.dispose()
         assert resumed == [True]
         assert pruned == 0

@@ -70,9 +70,12 @@ EXPECTED: dict[str, Any] = {
         # (name, key columns or expressions, unique, partial predicate)
         "indexes": [
             (DUE_AT_INDEX, ["status", "priority DESC", DUE_AT, "id"], False, None),
+            # Revision 0003: the console's newest-first ranges, by job and status, by status.
+            ("_substrat_job_runs_job_status", ["module_id", "job", "status", "id"], False, None),
             ("_substrat_job_runs_key", ["module_id", "job", "instance", "id"], False, None),
             (LEASED_INDEX, ["module_id", "job"], False, LEASED),
             ("_substrat_job_runs_live_key", ["module_id", "job", "instance"], True, LIVE),
+            ("_substrat_job_runs_status", ["status", "id"], False, None),
         ],
     },
     STEPS: {

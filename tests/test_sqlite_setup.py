@@ -18,6 +18,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 import jobrun
+from jobrun.sql.executor import _sqlite_connections
 
 BUSY_TIMEOUT_MS = 4321  # distinct from the driver's default (5000) and jobrun's (30000)
 KEY = {"module_id": "@test/jobs", "job": "walk"}
@@ -56,9 +57,10 @@ async def test_store_turns_on_wal_and_busy_timeout_even_on_an_older_pooled_conne
         store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=BUSY_TIMEOUT_MS)
         run = await jobrun.start_job_run(store, **KEY)
         assert run.status == "running"
+        # The store took the pooled connection for its own (out of the pool's count).
+        assert _sqlite_connections[engine.sync_engine].driver is opened_before
 
         async with engine.connect() as connection:
-            assert await _driver_connection(connection) is opened_before
             assert await _pragma(connection, "journal_mode") == "wal"
             assert await _pragma(connection, "busy_timeout") == BUSY_TIMEOUT_MS
             assert await _pragma(connection, "synchronous") == 1  # NORMAL
@@ -154,3 +156,28 @@ async def test_a_read_only_file_not_in_wal_mode_can_still_be_read(tmp_path: Path
             await jobrun.start_job_run(store, module_id="m", job="other")
     finally:
         await reader.dispose()
+
+
+async def test_an_in_memory_database_works_end_to_end() -> None:
+    # The store's connection is made by aiosqlite's thread with check_same_thread on;
+    # setting it up from the event loop's thread used to fail the first operation.
+    engine = create_async_engine("sqlite+aiosqlite:///:memory:")
+    try:
+        await jobrun.upgrade(engine)
+        store = jobrun.SqlJobRunStore(engine)
+        registry = jobrun.JobRegistry()
+
+        @registry.job("memory", "walk")
+        async def walk(p: jobrun.JobPass) -> jobrun.PassResult:
+            await p.step("only", lambda: 1)
+            p.count("objects")
+            return jobrun.PassResult(done=True)
+
+        run = await jobrun.start_job_run(store, module_id="memory", job="walk")
+        report = await jobrun.run_due_jobs(store, registry)
+        assert report.completed == 1
+        done = await jobrun.get_job_run(store, run.id)
+        assert done is not None
+        assert (done.status, done.counters) == ("done", {"objects": 1})
+    finally:
+        await engine.dispose()

@@ -24,13 +24,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 import jobrun.worker
 from jobrun.sql.schema import job_runs
 from tests import worker_app
+from tests.support import log_worker_statements
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBRUN = Path(sys.executable).parent / "jobrun"
@@ -139,6 +140,27 @@ async def test_the_worker_drains_two_databases(
             assert record.counters == {"pages": 3}
 
 
+async def test_the_worker_drives_a_store_it_is_given(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    engine = engines(sqlite_copy(sqlite_template, tmp_path, "store"))
+    await start_pages(engine, 2)
+    worker = Worker([jobrun.SqlJobRunStore(engine)], options=jobrun.DriveOptions(max_passes=3))
+    await eventually(lambda: all_done(engine))
+    await worker.finish()
+    for record in await jobrun.job_runs(jobrun.SqlJobRunStore(engine)):
+        assert record.counters == {"pages": 3}
+
+
+async def test_a_store_keeps_its_own_schema(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    store = jobrun.SqlJobRunStore(engines(sqlite_copy(sqlite_template, tmp_path, "schema")))
+    with pytest.raises(jobrun.JobValidationError, match="its own schema") as caught:
+        await jobrun.run_worker([store], worker_app.registry, schema="tenant_a")
+    assert caught.value.errors[0]["path"] == "schema"
+
+
 async def test_concurrency_bounds_the_passes_in_flight_across_databases(
     sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
 ):
@@ -161,18 +183,20 @@ async def test_a_store_failure_is_logged_and_retried(
     tmp_path: Path,
     engines: Callable[[str], AsyncEngine],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     engine = engines(sqlite_copy(sqlite_template, tmp_path, "flaky"))
     await start_pages(engine, 1, pages=1)
     failures = 0
 
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def fail_twice(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+    async def fail_twice(_operation: str, statement: str) -> None:
         nonlocal failures
         # The claims fail (after the worker's start-up check went through).
-        if statement.lstrip().startswith("UPDATE") and failures < 2:
+        if statement.startswith("UPDATE") and failures < 2:
             failures += 1
             raise OSError("the disk went away")
+
+    log_worker_statements(monkeypatch).before = fail_twice
 
     caplog.set_level(logging.WARNING, logger="jobrun.worker")
     worker = Worker([engine], interval_s=0.1)
@@ -191,18 +215,19 @@ async def test_an_outdated_database_fails_at_start(tmp_path: Path):
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({"interval_s": 0}, ValueError),
-        ({"concurrency": 0}, ValueError),
-        ({"limit": "5"}, TypeError),
-        ({"max_passes": 0}, ValueError),
-        ({"pass_timeout_s": -1}, ValueError),
+        ({"interval_s": 0}, "interval_s"),
+        ({"interval_s": float("inf")}, "interval_s"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"limit": "5"}, "limit"),
+        ({"max_passes": 2.0}, "max_passes"),
+        ({"pass_timeout_s": -1}, "pass_timeout_s"),
+        ({"options": {"limit": 5}}, "options"),
     ],
 )
-async def test_bad_options_are_refused_before_anything_runs(
-    options: dict[str, Any], error: type[Exception]
-):
-    with pytest.raises(error):
+async def test_bad_options_are_refused_before_anything_runs(options: dict[str, Any], error: str):
+    with pytest.raises(jobrun.JobValidationError) as caught:
         await jobrun.run_worker(["sqlite+aiosqlite://"], worker_app.registry, **options)
+    assert caught.value.errors[0]["path"] == error
     with pytest.raises(ValueError, match="at least one database"):
         await jobrun.run_worker([], worker_app.registry)
 
@@ -210,33 +235,25 @@ async def test_bad_options_are_refused_before_anything_runs(
 # --- idling ---------------------------------------------------------------------------------
 
 
-def count_statements(engine: AsyncEngine) -> list[str]:
-    seen: list[str] = []
-
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    return seen
-
-
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
-async def test_an_idle_database_costs_one_claim_per_interval(engine: AsyncEngine):
+async def test_an_idle_database_costs_one_claim_per_interval(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+):
     interval = 0.25
-    seen = count_statements(engine)
+    log = log_worker_statements(monkeypatch)
     # Four drivers: only one of them polls while the database is idle.
     worker = Worker([engine], interval_s=interval, concurrency=4)
     # The back-off climbs from 50 ms to the interval within five claims.
-    await eventually(lambda: _claims_seen(seen, 5))
-    before = len(seen)
+    await eventually(lambda: _claims_seen(log.sql(), 5))
+    before = len(log.seen)
     began = time.monotonic()
     # At least a few polls, however slowly a loaded machine runs them.
-    await eventually(lambda: _claims_seen(seen[before:], 4), timeout_s=60)
+    await eventually(lambda: _claims_seen(log.sql()[before:], 4), timeout_s=60)
     await asyncio.sleep(0.5)
     elapsed_s = time.monotonic() - began
-    idle = seen[before:]
+    idle = log.sql()[before:]
     await worker.finish()
     claims = [statement for statement in idle if statement.lstrip().upper().startswith("UPDATE")]
     # Besides the claims: the read of held leases that finds runs stranded by a
@@ -266,9 +283,9 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
 ):
     # The first idle wait is already 10 s, so only a notification can explain a quick start.
     monkeypatch.setattr(jobrun.worker, "FIRST_IDLE_DELAY_S", 10.0)
-    seen = count_statements(engine)
+    log = log_worker_statements(monkeypatch)
     worker = Worker([engine], interval_s=30)
-    await eventually(lambda: _claims_seen(seen, 1))
+    await eventually(lambda: _claims_seen(log.sql(), 1))
     await asyncio.sleep(0.5)
     began = time.monotonic()
     await start_pages(engine, 1, pages=1)
@@ -285,8 +302,8 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
         assert picked_up_in is None, "without NOTIFY the run waits for the next poll"
 
 
-async def _claims_seen(seen: list[str], count: int) -> bool:
-    return sum(statement.lstrip().upper().startswith("UPDATE") for statement in seen) >= count
+async def _claims_seen(statements: list[str], count: int) -> bool:
+    return sum(statement.upper().startswith("UPDATE") for statement in statements) >= count
 
 
 @pytest.mark.postgres

@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import IO, Any
 
 import click
-from alembic.util import CommandError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.app import cli
@@ -113,6 +112,9 @@ def db_upgrade(
         if report(run_on_each(targets, each, concurrency), line)["failed"]:
             raise SystemExit(1)
         return
+
+    # Imported here: Alembic is loaded by the commands that migrate, not by the others.
+    from alembic.util import CommandError
 
     async def act() -> tuple[SchemaState, SchemaState]:
         async with open_engine(targets[0], create=True, schema=schema) as engine:
@@ -290,7 +292,8 @@ def runs(
     elif not found:
         click.echo("no runs match")
     else:
-        console().print(runs_table(found, utc_now()))
+        out = console()
+        out.print(runs_table(found, utc_now(), out.width))
 
 
 @cli.command("show")
@@ -507,17 +510,30 @@ def prune(url: str, older_than: timedelta, statuses: tuple[str, ...], as_json: b
 
 @cli.command("health")
 @url_option
+@click.option(
+    "--app", "app", metavar="MODULE:REGISTRY", default=None,
+    help="Mark the due runs of jobs this JobRegistry does not register (nothing runs them).",
+)  # fmt: skip
 @json_option
-def health(url: str, as_json: bool) -> None:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due wait.
+def health(url: str, app: str | None, as_json: bool) -> None:
+    """Counts for a dashboard: running, due now, leased, failed, the oldest due wait,
+    and the due runs of each job.
+
+    A job with due runs that no worker registers never drains: with --app, the
+    jobs that registry lacks are marked.
 
     \b
     Example:
       jobrun health --url sqlite+aiosqlite:///app.db --json
+      jobrun health --url sqlite+aiosqlite:///app.db --app myapp.jobs:registry
     """
+    registered = None
+    if app is not None:
+        from jobrun._cli.worker import load_registry
 
-    counts = run_on_store(url, job_run_health)
+        registered = {(job.module_id, job.name) for job in load_registry(app)}
+    counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
     if as_json:
-        click.echo(dumps(health_json(counts)))
+        click.echo(dumps(health_json(counts, registered)))
     else:
-        console().print(health_table(counts))
+        console().print(health_table(counts, registered))

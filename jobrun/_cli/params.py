@@ -27,7 +27,12 @@ def parse_duration(text: str) -> timedelta:
     if not compact or _PART.sub("", compact):
         raise ValueError(f"{text!r} is not a duration: use a number and a unit, e.g. 7d, 12h, 30m")
     seconds = sum(float(amount) * _UNITS[unit] for amount, unit in _PART.findall(compact))
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(
+            f"{text!r} is longer than any duration Python can hold (about 2.7 million years)"
+        ) from None
 
 
 class Duration(DurationBase):
@@ -60,6 +65,10 @@ class JsonValue(JsonBase):
             decoded = json.loads(value, parse_constant=_refuse_constant)
         except ValueError as error:
             self.fail(f"not valid JSON: {error}", param, ctx)
+        except RecursionError:
+            self.fail(
+                "nested too deeply to decode (a run carries ids and configuration)", param, ctx
+            )
         if isinstance(decoded, float) and not math.isfinite(decoded):
             self.fail("numbers must be finite", param, ctx)
         return decoded

@@ -2,8 +2,9 @@
 
 The application role (the one workers and operators connect as, after an owner
 ran the migrations) needs USAGE on the schema, SELECT, INSERT, UPDATE and
-DELETE on both of jobrun's tables, and SELECT on jobrun's version table (every
-store reads it once to check the revision). SQLite has no grants.
+DELETE on the runs and the step ledger, SELECT, INSERT and UPDATE on the
+schedules table, and SELECT on jobrun's version table (every store reads it once
+to check the revision). SQLite has no grants.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun.sql.schema import VERSION_TABLE, job_runs, job_steps
+from jobrun.sql.schema import VERSION_TABLE, job_runs, job_schedules, job_steps
 
 _DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
 NEEDED: dict[str, tuple[str, ...]] = {
     job_runs.name: _DML,
     job_steps.name: _DML,
+    # Slots are only ever inserted and moved forward, never deleted.
+    job_schedules.name: ("SELECT", "INSERT", "UPDATE"),
     VERSION_TABLE: ("SELECT",),
 }
 """Each of jobrun's tables and the privileges an application role needs on it."""

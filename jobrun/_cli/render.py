@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, fields
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from collections.abc import Callable, Container, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
 
 STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red"}
@@ -50,22 +51,6 @@ def instant(moment: datetime | None) -> str:
     if moment is None:
         return ""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def span(delta: timedelta | float) -> str:
-    """A rough human duration: ``45s``, ``12m03s``, ``3h05m``, ``2d04h``."""
-    seconds = int(delta.total_seconds() if isinstance(delta, timedelta) else delta)
-    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{sign}{days}d{hours:02d}h"
-    if hours:
-        return f"{sign}{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{sign}{minutes}m{secs:02d}s"
-    return f"{sign}{secs}s"
 
 
 def number(value: float) -> str:
@@ -118,8 +103,16 @@ def step_json(row: StepRow) -> dict[str, Any]:
     return data
 
 
-def health_json(health: JobRunHealth) -> dict[str, Any]:
-    return asdict(health)
+def health_json(
+    health: JobRunHealth, registered: Container[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    data = asdict(health)
+    data["due_by_job"] = [
+        {"module_id": module_id, "job": job, "due": due}
+        | ({} if registered is None else {"registered": (module_id, job) in registered})
+        for (module_id, job), due in health.due_by_job.items()
+    ]
+    return data
 
 
 def dumps(value: Any) -> str:
@@ -129,35 +122,90 @@ def dumps(value: Any) -> str:
 # -- tables -------------------------------------------------------------------------
 
 
-def runs_table(runs: Iterable[JobRun], at: datetime) -> Table:
+@dataclass(frozen=True, slots=True)
+class _Column:
+    header: str
+    min_width: int
+    cell: Callable[[JobRun, datetime], str | Text]
+    justify: Literal["left", "right"] = "left"
+    wraps: bool = False
+
+
+# In the order they are given room: what tells runs apart and what is wrong first.
+_RUN_COLUMNS = (
+    _Column("id", 26, lambda run, _at: run.id),
+    _Column("key", 20, lambda run, _at: key_of(run), wraps=True),
+    _Column("status", 7, lambda run, _at: status_text(run.status)),
+    _Column("last error", 14, lambda run, _at: run.last_error or "", wraps=True),
+    _Column("age", 6, lambda run, at: span(at - run.started_at), justify="right"),
+    _Column("attempts", 8, lambda run, _at: str(run.attempts), justify="right"),
+    _Column("counters", 14, lambda run, _at: counters_text(run.counters), wraps=True),
+    _Column("priority", 8, lambda run, _at: str(run.priority), justify="right"),
+    _Column(
+        "cursor",
+        12,
+        lambda run, _at: "" if run.cursor is None else compact_json(run.cursor),
+        wraps=True,
+    ),
+    _Column("updated", 19, lambda run, _at: instant(run.updated_at)),
+    _Column("next attempt", 19, lambda run, _at: instant(run.next_attempt_at)),
+    _Column("started", 19, lambda run, _at: instant(run.started_at)),
+)
+# Between two columns: padding on each side and the (blank) divider.
+_GAP = 3
+
+
+def _fitting_columns(width: int) -> list[_Column]:
+    """The leading columns whose narrowest widths fit ``width`` (id, key, status always)."""
+    chosen: list[_Column] = []
+    used = -_GAP
+    for column in _RUN_COLUMNS:
+        used += column.min_width + _GAP
+        if used > width and len(chosen) >= 3:
+            break
+        chosen.append(column)
+    return chosen
+
+
+def _flexible_widths(columns: list[_Column], rows: list[list[str | Text]], width: int) -> list[int]:
+    """Each column's width: fixed ones their own, the rest share what is left, in order."""
+    widths = [column.min_width for column in columns]
+    spare = width - sum(widths) - _GAP * (len(columns) - 1)
+    for index, column in enumerate(columns):
+        if not column.wraps or spare <= 0:
+            continue
+        longest = max([len(column.header), *(len(str(row[index])) for row in rows)])
+        grown = min(max(0, longest - widths[index]), spare)
+        widths[index] += grown
+        spare -= grown
+    return widths
+
+
+def runs_table(runs: Iterable[JobRun], at: datetime, width: int = PIPE_WIDTH) -> Table:
+    """``jobrun runs``: as many columns as ``width`` holds, one line per run.
+
+    A long cell (key, last error, counters, cursor) is cut with an ellipsis
+    rather than folded letter by letter; ``jobrun show`` has the whole record.
+    """
+    columns = _fitting_columns(width)
+    rows = [
+        [
+            shorten(cell, 300) if isinstance(cell, str) else cell
+            for cell in (column.cell(run, at) for column in columns)
+        ]
+        for run in runs
+    ]
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("id", no_wrap=True)
-    table.add_column("key", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("cursor", max_width=24)
-    table.add_column("counters", overflow="fold")
-    table.add_column("attempts", justify="right")
-    table.add_column("priority", justify="right")
-    table.add_column("last error", max_width=40)
-    table.add_column("started", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
-    table.add_column("next attempt", no_wrap=True)
-    table.add_column("age", justify="right", no_wrap=True)
-    for run in runs:
-        table.add_row(
-            run.id,
-            key_of(run),
-            status_text(run.status),
-            shorten(None if run.cursor is None else compact_json(run.cursor), 24),
-            counters_text(run.counters),
-            str(run.attempts),
-            str(run.priority),
-            shorten(run.last_error, 40),
-            instant(run.started_at),
-            instant(run.updated_at),
-            instant(run.next_attempt_at),
-            span(at - run.started_at),
+    for column, column_width in zip(columns, _flexible_widths(columns, rows, width), strict=True):
+        table.add_column(
+            column.header,
+            width=column_width,
+            justify=column.justify,
+            no_wrap=True,
+            overflow="ellipsis",
         )
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -224,11 +272,18 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     return Group(*parts)
 
 
-def health_table(health: JobRunHealth) -> Table:
+def health_table(
+    health: JobRunHealth, registered: Container[tuple[str, str]] | None = None
+) -> Table:
     table = _fields_table()
     table.add_row("running", str(health.running))
     table.add_row("due now", str(health.due))
     table.add_row("leased", str(health.leased))
     table.add_row("failed", str(health.failed))
     table.add_row("oldest due waited", span(health.oldest_due_age_s))
+    for (module_id, job), due in health.due_by_job.items():
+        note = ""
+        if registered is not None and (module_id, job) not in registered:
+            note = "  (not registered by --app: nothing will run these)"
+        table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
     return table

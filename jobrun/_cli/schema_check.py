@@ -15,8 +15,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -74,6 +72,10 @@ def describe_difference(difference: Any) -> str:
 
 
 def _compare(connection: Connection, schema: str | None) -> list[str]:
+    # Imported here: `jobrun db check` needs Alembic, the other commands do not.
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
     context = MigrationContext.configure(
         connection,
         opts={

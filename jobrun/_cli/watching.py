@@ -28,11 +28,10 @@ from jobrun._cli.render import (
     now,
     number,
     shorten,
-    span,
     status_text,
 )
 from jobrun._core.port import OperatorStore
-from jobrun._core.progress import Poll, progress_of
+from jobrun._core.progress import Poll, progress_of, span
 from jobrun._core.records import JobRun
 from jobrun._core.runs import get_job_run
 from jobrun.errors import JobRunNotFoundError

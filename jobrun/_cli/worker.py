@@ -21,6 +21,7 @@ import click
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import (
+    URL_ENVVAR,
     OneLineUsageError,
     first_line,
     make_engine,
@@ -31,6 +32,7 @@ from jobrun._cli.connect import (
 )
 from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
+from jobrun._core.options import DriveOptions
 from jobrun._core.registry import JobRegistry
 from jobrun.errors import JobValidationError, SchemaOutdatedError, StoreError
 from jobrun.worker import DEFAULT_INTERVAL_S, HealthCallback, run_worker
@@ -122,9 +124,8 @@ def _metrics(port: int, host: str) -> tuple[PassObserver, HealthCallback]:
 async def _work(
     urls: tuple[str, ...],
     registry: JobRegistry,
-    observer: PassObserver,
-    on_health: HealthCallback | None,
-    options: dict[str, Any],
+    options: DriveOptions,
+    worker_options: dict[str, Any],
 ) -> bool:
     """Run the worker until a signal; ``True`` when it stopped gracefully."""
     engines = [make_engine(parse_url(url)) for url in urls]
@@ -151,9 +152,7 @@ async def _work(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        await run_worker(
-            engines, registry, observer=observer, on_health=on_health, stop=stop, **options
-        )
+        await run_worker(engines, registry, options=options, stop=stop, **worker_options)
     except asyncio.CancelledError:
         if not forced:
             raise
@@ -173,8 +172,11 @@ async def _work(
     "urls",
     multiple=True,
     required=True,
+    envvar=URL_ENVVAR,
+    show_envvar=True,
     metavar="URL",
-    help="A database to drive; repeat for several (each gets its own drivers).",
+    help="A database to drive; repeat for several (each gets its own drivers). "
+    f"{URL_ENVVAR} may hold several, separated by spaces.",
 )
 @click.option(
     "--app",
@@ -199,10 +201,10 @@ async def _work(
 )
 @click.option(
     "--max-passes",
-    type=click.IntRange(min=1),
+    type=int,
     default=1,
     show_default=True,
-    help="Passes a run gets per claim before it goes back in line.",
+    help="Passes a run gets per claim before it goes back in line (below 1 counts as 1).",
 )
 @click.option(
     "--concurrency",
@@ -282,29 +284,22 @@ def worker(
           --concurrency 4 --metrics-port 9464
     """
     registry = load_registry(app)
-    for url in urls:
-        path = sqlite_file(parse_url(url))
-        if path is not None and not path.exists():
-            raise click.ClickException(
-                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
-            )
+    _check_sqlite_files(urls)
     _configure_logging(log_level, log_format)
-    observer: PassObserver = LOG_PASSES
-    on_health: HealthCallback | None = None
-    if metrics_port is not None:
-        metrics, on_health = _metrics(metrics_port, metrics_host)
-        observer = observe_all(LOG_PASSES, metrics)
-    options = {
-        "interval_s": interval,
-        "limit": limit,
-        "max_passes": max_passes,
-        "concurrency": concurrency,
-        "pass_timeout_s": pass_timeout,
-        "prune_after": prune_after,
-        "schema": schema,
-    }
+    observer, on_health = _watchers(metrics_port, metrics_host)
     try:
-        graceful = asyncio.run(_work(urls, registry, observer, on_health, options))
+        # Judged once, here: every drive of every database gets this object.
+        options = DriveOptions(
+            limit=limit, max_passes=max_passes, pass_timeout_s=pass_timeout, observer=observer
+        )
+        worker_options = {
+            "interval_s": interval,
+            "concurrency": concurrency,
+            "on_health": on_health,
+            "prune_after": prune_after,
+            "schema": schema,
+        }
+        graceful = asyncio.run(_work(urls, registry, options, worker_options))
     except SchemaOutdatedError as error:
         raise click.ClickException(outdated_message(error)) from error
     except JobValidationError as error:  # e.g. a --schema this database cannot take
@@ -315,3 +310,22 @@ def worker(
         raise click.ClickException(f"database error: {first_line(error)}") from error
     if not graceful:
         sys.exit(1)
+
+
+def _check_sqlite_files(urls: tuple[str, ...]) -> None:
+    for url in urls:
+        path = sqlite_file(parse_url(url))
+        if path is not None and not path.exists():
+            raise click.ClickException(
+                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
+            )
+
+
+def _watchers(
+    metrics_port: int | None, metrics_host: str
+) -> tuple[PassObserver, HealthCallback | None]:
+    """Who hears each pass and each health reading: the log, and the metrics if served."""
+    if metrics_port is None:
+        return LOG_PASSES, None
+    metrics, on_health = _metrics(metrics_port, metrics_host)
+    return observe_all(LOG_PASSES, metrics), on_health

@@ -7,18 +7,26 @@ after a cancel or a release the pass writes nothing more.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
-from jobrun._core.formats import format_instant, parse_instant
+from jobrun._core.formats import format_instant, parse_instant, repaired_counters
+from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun._core.stranded import dead_holders
 from jobrun._system import resolve_clock
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
+
+
+def _check_id(run_id: object) -> str:
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
+    return require_text(run_id, "run_id")
 
 
 async def _record(store: OperatorStore, run_id: str) -> JobRun:
@@ -41,6 +49,8 @@ async def cancel_job_run(
             "a cancellation needs a reason for the record",
             [{"path": "reason", "message": "empty or not a str"}],
         )
+    require_text(reason, "reason")
+    _check_id(run_id)
     at = format_instant(resolve_clock(clock).now())
     if not await store.cancel(run_id, f"cancelled: {reason}", at):
         record = await _record(store, run_id)
@@ -58,8 +68,14 @@ async def resume_job_run(
 
     Its last pass's completed steps are kept (not repeated); attempts start
     again from zero. Refused while another run of the same key is live.
+    Counters that are malformed (written by something other than ``p.count``)
+    are repaired: every entry that is a finite number is kept, the rest dropped
+    (counters that are not a JSON object at all start again from ``{}``).
     """
-    if not await store.resume(run_id, format_instant(resolve_clock(clock).now())):
+    row = await store.get(_check_id(run_id))
+    counters = None if row is None else repaired_counters(row.counters)
+    at = format_instant(resolve_clock(clock).now())
+    if not await store.resume(run_id, at, counters=counters):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not failed; only a failed run can resume",
@@ -74,22 +90,28 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
     Returns whether a lease was held. The holder, if still alive, is refused at
     its next write and stops.
     """
+    _check_id(run_id)
     if await store.release(run_id):
         return True
     await _record(store, run_id)
     return False
 
 
-async def job_run_health(store: OperatorStore, *, clock: ClockLike | None = None) -> JobRunHealth:
+async def job_run_health(
+    store: OperatorStore, *, by_job: bool = False, clock: ClockLike | None = None
+) -> JobRunHealth:
     """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
 
     A run stranded by its driver (lease expired, or holder provably dead) is due,
-    not leased: it waits for a driver like any other due run.
+    not leased: it waits for a driver like any other due run. With ``by_job``
+    (one more read) ``due_by_job`` says which jobs the unleased due runs belong
+    to: a job that no driver registers shows up there and never drains.
     """
     now = (await aligned_clock(store, clock)).now()
     now_at = format_instant(now)
     counts = await store.health(now_at)
     dead = await dead_holders(store, now_at, None)
+    due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
     # A dead holder's run has been waiting since its pass began, at the latest.
     oldest = min(
         [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
@@ -104,6 +126,7 @@ async def job_run_health(store: OperatorStore, *, clock: ClockLike | None = None
         leased=counts.leased - len(dead),
         failed=counts.failed,
         oldest_due_age_s=waited_s,
+        due_by_job=due_by_job,
     )
 
 
@@ -137,7 +160,9 @@ async def prune_job_runs(
     if isinstance(older_than, timedelta):
         if older_than < timedelta(0):
             raise ValueError(f"older_than must not be negative, got {older_than}")
-        cutoff = resolve_clock(clock).now() - older_than
+        now = resolve_clock(clock).now()
+        # An age reaching before year 1 keeps everything: nothing ended that long ago.
+        cutoff = now - older_than if older_than < now - _EARLIEST else _EARLIEST
     elif isinstance(older_than, datetime):
         cutoff = older_than
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.ids import first_id_at
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
 
@@ -30,6 +31,13 @@ class RunQuery:
     ``statuses`` empty means any status. ``stranded_at`` set means only runs
     stranded as of that stored instant. ``before_id`` is the keyset cursor: only
     runs with a smaller id (older), for the next page.
+
+    ``started_since_at`` selects runs started at or after it *and* whose id was
+    minted at or after it (``id >= first_id_at(started_since_at)``). A run's id is
+    minted from the wall clock as it starts, so the two agree for every run started
+    normally; the id bound is what lets a store answer from its primary key
+    instead of reading the whole history. A run started with an injected clock
+    ahead of the wall clock (or a hand-made id) can fall outside it.
     """
 
     module_id: str | None = None
@@ -80,7 +88,13 @@ def run_matches(row: RunRow, query: RunQuery) -> bool:
         and (query.job is None or row.job == query.job)
         and (query.instance_prefix is None or row.instance.startswith(query.instance_prefix))
         and (not query.statuses or row.status in query.statuses)
-        and (query.started_since_at is None or row.started_at >= query.started_since_at)
+        and (
+            query.started_since_at is None
+            or (
+                row.started_at >= query.started_since_at
+                and row.id >= first_id_at(query.started_since_at)
+            )
+        )
         and (query.stranded_at is None or is_stranded(row, query.stranded_at))
         and (query.before_id is None or row.id < query.before_id)
     )

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobrun._core import stranded
-from jobrun._core.clock import Clock, ClockLike
+from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
 from jobrun._core.holders import local_identity
 from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import (
     LOG_PASSES,
-    PassObserver,
     PassProbe,
     PassStart,
     start_watch,
     was_taken_over,
 )
+from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
 from jobrun._core.passes import OpenScope, PassOutcome, fail_run, hand_back, run_job_pass
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import (
@@ -33,16 +33,10 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
-from jobrun._system import default_driver_name, mint_run_id, system_random
-from jobrun.errors import JobValidationError
+from jobrun._system import default_driver_name, mint_run_id
 
-JOB_DRIVE_LIMIT = 50
-
-
-def _check_count(value: object, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
-    return value
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def _count(report: JobDriveReport, run_id: str, outcome: PassOutcome) -> None:
@@ -152,15 +146,9 @@ async def run_due_jobs(
     store: JobRunStore,
     registry: JobRegistry,
     *,
-    limit: int = JOB_DRIVE_LIMIT,
-    max_passes: int = 1,
-    open_scope: OpenScope | None = None,
-    clock: ClockLike | None = None,
-    random: Callable[[], float] = system_random,
-    pass_timeout_s: float | None = None,
-    driver_name: str | None = None,
+    options: DriveOptions | None = None,
     stop: asyncio.Event | None = None,
-    observer: PassObserver | None = None,
+    **keywords: Unpack[DriveKeywords],
 ) -> JobDriveReport:
     """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
 
@@ -168,6 +156,13 @@ async def run_due_jobs(
     bounds are reached, so the host calls it again, from a loop, a timer or a
     scheduler tick (:func:`run_worker` is such a loop). A run that is backing off
     after a failure is not due until its ``next_attempt_at``.
+
+    How it drives (``limit``, ``max_passes``, ``pass_timeout_s``, ``open_scope``,
+    ``driver_name``, ``observer``, ``clock``, ``random``) is a
+    :class:`jobrun.DriveOptions`: pass one as ``options``, or its fields as
+    keywords (``run_due_jobs(store, registry, max_passes=10)``); keywords given
+    with ``options`` replace those fields. A bad value raises
+    :class:`jobrun.JobValidationError` before anything is read.
 
     Runs are leased one at a time, in the order they became due, so any number of
     drivers may share a database: each run is driven by one of them at a time.
@@ -178,52 +173,84 @@ async def run_due_jobs(
     ``observer`` hears each pass and its steps (see ``jobrun.PassObserver``); by
     default they are logged on the ``jobrun.pass`` and ``jobrun.step`` loggers.
     """
-    _check_count(limit, "limit")
-    if limit < 1:
-        raise JobValidationError(
-            f"limit must be at least 1, got {limit}", [{"path": "limit", "message": "below 1"}]
-        )
-    passes = max(1, _check_count(max_passes, "max_passes"))
-    if pass_timeout_s is not None and not pass_timeout_s > 0:
-        raise ValueError(f"pass_timeout_s must be positive, got {pass_timeout_s!r}")
-    scope_opener: OpenScope = open_scope or (lambda _run: store.default_scope)
-    driver = driver_name or default_driver_name()
-    timing = await aligned_clock(store, clock)
-    watcher = LOG_PASSES if observer is None else observer
-    report = JobDriveReport()
+    chosen = drive_options(options, keywords)
+    drive = _Drive(
+        store,
+        registry,
+        chosen,
+        driver=chosen.driver_name or default_driver_name(),
+        clock=await aligned_clock(store, chosen.clock),
+        stop=stop,
+    )
     driven: set[str] = set()
-    while report.attempted < limit and not (stop is not None and stop.is_set()):
-        claimed = await _claim(store, registry, timing, driver, frozenset(driven))
+    while drive.report.attempted < chosen.limit and not drive.stopping():
+        claimed = await _claim(store, registry, drive.clock, drive.driver, frozenset(driven))
         if claimed is None:
             break
         row, registered, lease = claimed
         driven.add(row.id)
-        report.attempted += 1
+        drive.report.attempted += 1
+        await drive.run(row, registered, lease)
+    return drive.report
+
+
+class _Drive:
+    """One call of :func:`run_due_jobs`: its settings, and the report it fills in."""
+
+    def __init__(
+        self,
+        store: JobRunStore,
+        registry: JobRegistry,
+        options: DriveOptions,
+        *,
+        driver: str,
+        clock: Clock,
+        stop: asyncio.Event | None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.options = options
+        self.driver = driver
+        self.clock = clock
+        self.stop = stop
+        self.open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
+        self.observer = LOG_PASSES if options.observer is None else options.observer
+        self.report = JobDriveReport()
+
+    def stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    async def run(self, row: RunRow, registered: RegisteredJob, lease: Lease) -> None:
+        """Give one claimed run its passes, up to ``max_passes``, while they advance it."""
         if row.lease_takeovers > registered.max_takeovers:
-            _count(report, row.id, await _fail_for_takeovers(store, row, registered, lease, timing))
-            continue
+            outcome = await _fail_for_takeovers(self.store, row, registered, lease, self.clock)
+            _count(self.report, row.id, outcome)
+            return
+        passes = self.options.max_passes
         current = row
         taken_over = was_taken_over(row)
         for number in range(passes):
-            if number > 0 and stop is not None and stop.is_set():
+            if number > 0 and self.stopping():
                 # Asked to stop between passes: the lease kept for this pass goes back.
-                await hand_back(store, current, lease)
-                break
+                await hand_back(self.store, current, lease)
+                return
             last = number + 1 >= passes
-            start = PassStart(_key_of(current), driver, number + 1, current.attempts, taken_over)
-            probe = start_watch(watcher, start, timing.monotonic)
+            start = PassStart(
+                _key_of(current), self.driver, number + 1, current.attempts, taken_over
+            )
+            probe = start_watch(self.observer, start, self.clock.monotonic)
             outcome = await _observed(
                 probe,
                 run_job_pass(
-                    store=store,
+                    store=self.store,
                     row=current,
                     handler=registered.handler,
                     retry=registered.retry,
-                    clock=timing,
-                    random=random,
-                    open_scope=scope_opener,
+                    clock=self.clock,
+                    random=self.options.random,
+                    open_scope=self.open_scope,
                     lease=lease,
-                    timeout_s=pass_timeout_s,
+                    timeout_s=self.options.pass_timeout_s,
                     # After this driver's own commit the ledger is known to be empty.
                     ledger_known_empty=number > 0,
                     keep_lease=not last,
@@ -231,13 +258,12 @@ async def run_due_jobs(
                 ),
             )
             taken_over = False
-            _count(report, row.id, outcome)
+            _count(self.report, row.id, outcome)
             if outcome.status != "advanced" or last or outcome.row is None:
-                break
+                return
             if outcome.row.status != JobRunStatus.RUNNING.value:
-                break
+                return
             current = outcome.row
             if current.lease_owner is not None:
                 # The commit handed the lease on under a fresh token.
                 lease = Lease(current.lease_owner, lease.driver, lease.lease_ms)
-    return report

@@ -94,15 +94,44 @@ def decode_json(text: str, column: str) -> Any:
         raise MalformedColumnError(column, error) from error
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def decode_counters(text: str) -> dict[str, int | float]:
     """Counters must be an object of finite numbers; anything else is malformed."""
     value = decode_json(text, "counters")
-    if not isinstance(value, dict) or not all(
-        isinstance(number, int | float) and not isinstance(number, bool) and math.isfinite(number)
-        for number in value.values()
-    ):
-        raise MalformedColumnError("counters", ValueError("expected an object of numbers"))
+    if not isinstance(value, dict):
+        raise MalformedColumnError(
+            "counters", ValueError(f"expected an object of numbers, got {type(value).__name__}")
+        )
+    for name, number in value.items():
+        if not _is_count(number):
+            raise MalformedColumnError(
+                "counters", ValueError(f"counter {name!r} is {number!r}, not a finite number")
+            )
     return dict(value)
+
+
+def repaired_counters(text: str) -> str | None:
+    """Malformed counters made sound, or ``None`` when they already are.
+
+    What can be kept is kept: from an object, every entry that is a finite
+    number; anything else (not JSON, not an object) becomes ``{}``.
+    """
+    try:
+        decode_counters(text)
+    except MalformedColumnError:
+        pass
+    else:
+        return None
+    try:
+        value = decode_json(text, "counters")
+    except MalformedColumnError:
+        return "{}"
+    if not isinstance(value, dict):
+        return "{}"
+    return encode_json({name: number for name, number in value.items() if _is_count(number)})
 
 
 class MalformedColumnError(ValueError):

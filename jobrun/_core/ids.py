@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from jobrun._core.formats import parse_instant
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -39,6 +42,20 @@ class UlidMint:
                 self._last_ms = now_ms
                 self._last_random = int.from_bytes(self._random_bytes(10), "big")
             return _base32(now_ms, 10) + _base32(self._last_random, 16)
+
+
+def first_id_at(instant_text: str) -> str:
+    """The smallest ULID minted at or after the stored instant ``instant_text``.
+
+    Its first 10 characters are the millisecond, so ``id >= first_id_at(t)`` is a
+    range on the primary key for "minted at or after t".
+    """
+    moment = parse_instant(instant_text)
+    milliseconds = max(0, (moment - _UNIX_EPOCH) // timedelta(milliseconds=1))
+    return _base32(milliseconds, 10) + "0" * 16
+
+
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _base32(number: int, width: int) -> str:

@@ -19,28 +19,35 @@ import contextlib
 import inspect
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from jobrun._core.clock import Clock
 from jobrun._core.formats import (
+    MalformedColumnError,
     decode_counters,
     decode_json,
-    encode_json,
-    encode_json_within,
     format_instant,
 )
 from jobrun._core.lease import Lease, LeaseKeeper
-from jobrun._core.names import require_name
+from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
 from jobrun._core.port import JobRunStore
-from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
+from jobrun._core.results import (
+    KEEP_CURSOR,
+    HandlerResult,
+    PassResult,
+    counters_text,
+    cursor_text,
+    interpret_result,
+    step_result_text,
+)
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
 from jobrun._system import mint_run_id
 from jobrun.errors import (
-    JobValidationError,
+    HandlerMistakeError,
     LeaseLostError,
     PassTimeoutError,
     StepFailedError,
@@ -48,49 +55,12 @@ from jobrun.errors import (
     describe_exception,
 )
 
+__all__ = ["KEEP_CURSOR", "HandlerResult", "JobPass", "PassResult", "run_job_pass"]
+
 MAX_ERROR_TEXT_BYTES = 8 * 1024
 
 
-class _Keep:
-    """Marker for "keep the committed cursor" (a cursor of ``None`` commits JSON null)."""
-
-    _instance: _Keep | None = None
-
-    def __new__(cls) -> _Keep:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "KEEP_CURSOR"
-
-
-KEEP_CURSOR: Final = _Keep()
-"""The default cursor of :class:`PassResult`: commit the cursor the pass started with.
-
-A pass that returns ``PassResult(done=False)`` without a cursor is therefore
-called again with the same cursor (useful while polling for something). To
-store JSON ``null`` as the cursor, pass ``cursor=None`` explicitly.
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class PassResult:
-    """What a handler hands back at the end of a pass.
-
-    ``cursor`` is where the next pass starts (any queue-safe JSON value: numbers,
-    strings, lists, dicts, ``None``); leave it out to keep the committed one.
-    ``done=True`` ends the run as ``done``. The cursor and the pass's counters
-    are committed together, in one transaction, and the step ledger is dropped
-    with them. A mapping ``{"cursor": ..., "done": ...}`` is accepted too.
-    """
-
-    cursor: Any = KEEP_CURSOR
-    done: bool = False
-
-
-HandlerResult: TypeAlias = PassResult | Mapping[str, Any] | None
-Handler: TypeAlias = Callable[["JobPass"], HandlerResult | Awaitable[HandlerResult]]
+Handler: TypeAlias = Callable[["JobPass"], Any]
 OpenScope: TypeAlias = Callable[[RunKey], Any]
 
 
@@ -117,8 +87,68 @@ def cap_error_text(text: str) -> str:
     return f"{kept} [... cut, {len(encoded) - len(kept.encode('utf-8'))} more bytes]"
 
 
+class _ReadOnlyCounters(Mapping[str, int | float]):
+    """``p.counters``: a live, read-only view; writing to it names the fix."""
+
+    __slots__ = ("_counters",)
+
+    def __init__(self, counters: dict[str, int | float]) -> None:
+        self._counters = counters
+
+    def __getitem__(self, name: str) -> int | float:
+        return self._counters[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counters)
+
+    def __len__(self) -> int:
+        return len(self._counters)
+
+    def __repr__(self) -> str:
+        return repr(self._counters)
+
+    def __setitem__(self, name: str, value: object) -> None:
+        raise _mistake(
+            f"p.counters[{name!r}] = ... : p.counters is read-only; "
+            f"use p.count({name!r}, by) to add to a counter",
+            "counters",
+        )
+
+    def __delitem__(self, name: str) -> None:
+        raise _mistake(f"del p.counters[{name!r}]: p.counters is read-only", "counters")
+
+
 class JobPass:
-    """The handler's view of one pass: its run, inputs, counters, steps and scope."""
+    """The handler's view of one pass: what it reads, and how it records progress.
+
+    Read:
+
+    * ``payload``: the value the run was started with (decoded JSON).
+    * ``cursor``: where the previous pass stopped (``None`` on the first pass).
+    * ``counters``: the committed counters plus this pass's ``count()`` calls, a
+      read-only mapping of name to number.
+    * ``run``: the run's id and key (``RunKey``: id, module_id, job, instance).
+
+    Do:
+
+    * ``await p.step(name, fn, retry=None)``: run ``fn`` (sync, or returning an
+      awaitable) once; its result is stored as JSON before ``step`` returns, and
+      a later pass of the same cursor gets the stored result without calling it.
+    * ``p.count(name, by=1)``: add to a counter, committed with the pass.
+    * ``await p.scope()``: what the host's ``open_scope(run)`` gives (by default
+      the store's engine), opened at first use.
+
+    Then return ``PassResult(cursor=..., done=...)`` (see :class:`PassResult`).
+    The driver makes one per pass; handlers never construct it.
+    Mistakes in using this object (a bad step name, a ``step`` never awaited, a
+    result JSON cannot store) fail the run at once with a message saying what
+    to fix; the operator resumes it after the fix.
+    """
+
+    run: RunKey
+    payload: Any
+    cursor: Any
+    counters: Mapping[str, int | float]
 
     def __init__(
         self,
@@ -139,7 +169,9 @@ class JobPass:
         self.run = RunKey(row.id, row.module_id, row.job, row.instance)
         self.payload = payload
         self.cursor = cursor
-        self.counters = counters
+        # Read-only to the handler: every write goes through count(), which checks it.
+        self._counters = counters
+        self.counters = _ReadOnlyCounters(counters)
         self._store = store
         self._job_policy = job_policy
         self._clock = clock
@@ -150,14 +182,32 @@ class JobPass:
         self._lease = lease
         self._keeper = keeper
         self._probe = probe
+        # Step coroutines handed out but not started yet, by call number.
+        self._unstarted: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = {}
+        self._step_calls = 0
 
     def count(self, name: str, by: int | float = 1) -> None:
-        """Add ``by`` to a counter; it is committed with the pass, dropped if the pass fails."""
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"counter name must be a non-empty str, got {name!r}")
+        """Add ``by`` (a finite int or float) to counter ``name``.
+
+        Committed with the pass; dropped, with the rest of the pass, if it fails.
+        """
+        if name not in self._counters:
+            if not isinstance(name, str):
+                raise _mistake(
+                    f"p.count() got a counter name of type {type(name).__name__}: use a str",
+                    "counters",
+                )
+            problem = name_problem(name)
+            if problem is not None:
+                raise _mistake(f"counter name {shown_name(name)} {problem}", "counters")
         if isinstance(by, bool) or not isinstance(by, int | float) or not math.isfinite(by):
-            raise TypeError(f"count({name!r}, by=...) needs a finite number, got {by!r}")
-        self.counters[name] = self.counters.get(name, 0) + by
+            raise _mistake(
+                f"p.count({name!r}, by={by!r}): by must be a finite int or float", "counters"
+            )
+        total = self._counters.get(name, 0) + by
+        if not math.isfinite(total):
+            raise _mistake(f"counter {name!r} would overflow to {total!r}", "counters")
+        self._counters[name] = total
 
     async def scope(self) -> Any:
         """What the host's ``open_scope(run)`` returns; opened at first use, once per pass."""
@@ -170,22 +220,69 @@ class JobPass:
         opened = self._open_scope(self.run)
         return await opened if inspect.isawaitable(opened) else opened
 
-    async def step(
+    def step(
         self,
         name: str,
         fn: Callable[[], Any],
         retry: RetryPolicy | None = None,
-    ) -> Any:
-        """Run ``fn`` once for this pass, or return the result it already committed.
+    ) -> Awaitable[Any]:
+        """Run ``fn`` once for this pass, or return the result it already committed; await it.
 
-        The result is stored as JSON before this returns and comes back decoded
-        from that JSON, the same on the first run as on a replay.
+        ``fn`` takes no arguments; it may be sync or return an awaitable. Its
+        result is stored as JSON before the await returns and comes back decoded
+        from that JSON, the same on the first run as on a replay. ``name`` is
+        unique within the pass (a second call raises ``StepReusedError``).
+
+        When ``fn`` raises, the attempt is recorded and ``StepFailedError`` is
+        raised; unless the handler catches it, the pass fails and the run is
+        retried after a backoff, judged by the step's attempts against ``retry``
+        (default: the job's policy; a step policy replaces it, nothing is
+        inherited). The retried pass replays the steps that completed and calls
+        this one again; once its attempts are spent the run ends ``failed``.
+        A result JSON cannot store fails the run at once (the body is not rerun).
         """
+        if not isinstance(name, str):
+            raise _mistake(f"a step name must be a str, got {type(name).__name__}", "step")
+        problem = name_problem(name)
+        if problem is not None:
+            raise _mistake(f"step name {shown_name(name)} {problem}", "step")
+        if not callable(fn):
+            raise _mistake(f"step {name!r}: fn must be callable, got {type(fn).__name__}", "step")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise _mistake(
+                f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}", "step"
+            )
+        number = self._step_calls
+        self._step_calls = number + 1
+        running = self._started_step(number, name, fn, retry)
+        self._unstarted[number] = (name, running)
+        return running
+
+    async def _started_step(
+        self, number: int, name: str, fn: Callable[[], Any], retry: RetryPolicy | None
+    ) -> Any:
+        del self._unstarted[number]
         probe = self._probe
         if probe is None:
             return await self._step(name, fn, retry)
         return await probe.around_step(
             name, lambda: self._step(name, fn, retry), lambda: self._attempt_of(name)
+        )
+
+    def _close_unawaited_steps(self) -> HandlerMistakeError | None:
+        """Close the step coroutines nobody awaited; the mistake to report, if any."""
+        if not self._unstarted:
+            return None
+        names = [name for name, _ in self._unstarted.values()]
+        for _, running in self._unstarted.values():
+            # Closed, so Python does not warn "coroutine ... was never awaited" later.
+            running.close()
+        self._unstarted.clear()
+        shown = ", ".join(repr(name) for name in names)
+        return _mistake(
+            f"p.step({shown}, ...) was called without `await`, so the step never ran: "
+            "write `await p.step(...)` (the handler must be `async def`)",
+            "step",
         )
 
     def _attempt_of(self, name: str) -> int | None:
@@ -196,9 +293,6 @@ class JobPass:
         return (prior.attempts if prior is not None else 0) + 1
 
     async def _step(self, name: str, fn: Callable[[], Any], retry: RetryPolicy | None) -> Any:
-        require_name(name, "step name")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"step retry must be a RetryPolicy, got {type(retry).__name__}")
         # The reuse check comes first: it also catches a name whose first call failed.
         if name in self._used:
             raise StepReusedError(name)
@@ -222,12 +316,13 @@ class JobPass:
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
-            stored = encode_json_within(value, self._store.limits.max_step_result_bytes)
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
             await self._record(StepRow(name, None, attempts, cause))
             raise StepFailedError(name, attempts, policy, cause) from error
+        # Not storable is a mistake, not a failed attempt: retrying would run the body again.
+        stored = step_result_text(name, value, self._store.limits.max_step_result_bytes)
         # The write that makes the step durable; the one round trip a new step costs.
         await self._record(StepRow(name, stored, attempts, None))
         return json.loads(stored)
@@ -242,26 +337,13 @@ class JobPass:
         return format_instant(self._clock.now())
 
 
-def _interpret(result: Any) -> tuple[Any, bool]:
-    """``(cursor or KEEP_CURSOR, done)`` from what a handler returned."""
-    if result is None:
-        return KEEP_CURSOR, False
-    if isinstance(result, PassResult):
-        return result.cursor, result.done is True
-    if isinstance(result, Mapping):
-        unknown = sorted(str(key) for key in result if key not in ("cursor", "done"))
-        if unknown:
-            raise JobValidationError(
-                f"the handler returned unknown key(s) {', '.join(map(repr, unknown))}; "
-                "a pass result has only 'cursor' and 'done'",
-                [{"path": f"result.{key}", "message": "unknown key"} for key in unknown],
-            )
-        return result.get("cursor", KEEP_CURSOR), result.get("done") is True
-    raise JobValidationError(
-        f"the handler returned a {type(result).__name__}; expected a PassResult, "
-        "a mapping with 'cursor'/'done', or None",
-        [{"path": "result", "message": f"a {type(result).__name__}"}],
-    )
+def _mistake(text: str, path: str) -> HandlerMistakeError:
+    return HandlerMistakeError(text, [{"path": path, "message": text}])
+
+
+def _fails_at_once(error: Exception) -> bool:
+    """A mistake in handler code: it would fail the same way on every retry."""
+    return isinstance(error, HandlerMistakeError | StepReusedError)
 
 
 async def run_job_pass(
@@ -297,16 +379,11 @@ async def run_job_pass(
         row.id,
     )
     try:
-        # Decoded inside the try: a malformed row is a failed pass, not a crashed drive.
-        counters = decode_counters(row.counters)
-        payload = decode_json(row.payload, "payload")
-        cursor = None if row.cursor is None else decode_json(row.cursor, "cursor")
         context = JobPass(
             store=store,
             row=row,
-            payload=payload,
-            cursor=cursor,
-            counters=counters,
+            # Decoded inside the try: a malformed row is a failed pass, not a crashed drive.
+            **_decoded(row),
             job_policy=job_policy,
             clock=clock,
             open_scope=open_scope,
@@ -315,57 +392,8 @@ async def run_job_pass(
             keeper=keeper,
             probe=probe,
         )
-        # On the pass's clock, so a test clock can run out a long budget at once.
-        budget = clock.timeout(timeout_s)
-        try:
-            async with keeper, budget:
-                result = handler(context)
-                if inspect.isawaitable(result):
-                    result = await result
-        except TimeoutError as error:
-            # Only our own budget becomes a pass timeout; a handler's TimeoutError is its own.
-            if timeout_s is not None and budget.expired():
-                raise PassTimeoutError(timeout_s) from error
-            raise
-        next_cursor, done = _interpret(result)
-        if next_cursor is KEEP_CURSOR:
-            cursor_text = row.cursor
-        else:
-            cursor_text = encode_queue_safe(next_cursor, "cursor", store.limits.max_cursor_bytes)
-        at = format_instant(clock.now())
-        kept = keep_lease and not done
-        # A lease handed on gets a fresh token. Should this commit land unseen (its
-        # reply lost, or the pass interrupted while awaiting it), the failure record
-        # or hand-back this pass writes next, fenced on the old token, then misses
-        # and can never write the pre-commit state over the commit.
-        successor = replace(lease, token=mint_run_id()) if kept else None
-        patch = RunPatch(
-            status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
-            cursor=cursor_text,
-            counters=encode_json(context.counters),
-            attempts=0,
-            last_error=None,
-            updated_at=at,
-            # An outcome writes the real due time (now: NULL), never a lease
-            # expiry, unless it hands the lease to this driver's next pass.
-            next_attempt_at=lease.expiry_after(at) if kept else None,
-            ended_at=at if done else None,
-            lease_owner=successor.token if successor is not None else None,
-            lease_driver=lease.driver if kept else None,
-            lease_began_at=at if kept else None,
-            lease_takeovers=0,
-        )
-        committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
-        try:
-            applied = await store.commit_pass(row.id, patch, lease.token)
-        except BaseException:
-            if successor is not None:
-                # If the commit landed after all, give back the lease it handed on.
-                await hand_back(store, committed, successor)
-            raise
-        if not applied:
-            return PassOutcome("superseded")
-        return PassOutcome("completed" if done else "advanced", row=committed)
+        result = await _call_handler(handler, context, keeper, clock, timeout_s)
+        return await _commit(store, row, context, result, lease, clock, keep_lease)
     except LeaseLostError:
         return PassOutcome("superseded")
     except Exception as error:
@@ -375,7 +403,123 @@ async def run_job_pass(
         raise
 
 
+async def _commit(
+    store: JobRunStore,
+    row: RunRow,
+    context: JobPass,
+    result: object,
+    lease: Lease,
+    clock: Clock,
+    keep_lease: bool,
+) -> PassOutcome:
+    """Commit what the handler returned: cursor, counters and the ledger's drop, one write."""
+    next_cursor, done = interpret_result(result)
+    if next_cursor is KEEP_CURSOR:
+        cursor_json = row.cursor
+    else:
+        cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
+    counters_json = counters_text(context.counters, store.limits.max_counters_bytes)
+    at = format_instant(clock.now())
+    # A lease handed on gets a fresh token. Should this commit land unseen (its
+    # reply lost, or the pass interrupted while awaiting it), the failure record
+    # or hand-back this pass writes next, fenced on the old token, then misses
+    # and can never write the pre-commit state over the commit.
+    successor = replace(lease, token=mint_run_id()) if keep_lease and not done else None
+    patch = _committed_patch(cursor_json, counters_json, done, at, lease, successor)
+    committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
+    try:
+        applied = await store.commit_pass(row.id, patch, lease.token)
+    except BaseException:
+        if successor is not None:
+            # If the commit landed after all, give back the lease it handed on.
+            await hand_back(store, committed, successor)
+        raise
+    if not applied:
+        return PassOutcome("superseded")
+    return PassOutcome("completed" if done else "advanced", row=committed)
+
+
+def _committed_patch(
+    cursor_json: str | None,
+    counters_json: str,
+    done: bool,
+    at: str,
+    lease: Lease,
+    successor: Lease | None,
+) -> RunPatch:
+    """The row after a pass that succeeded; with a ``successor``, still leased to this driver."""
+    kept = successor is not None
+    return RunPatch(
+        status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
+        cursor=cursor_json,
+        counters=counters_json,
+        attempts=0,
+        last_error=None,
+        updated_at=at,
+        # An outcome writes the real due time (now: NULL), never a lease
+        # expiry, unless it hands the lease to this driver's next pass.
+        next_attempt_at=lease.expiry_after(at) if kept else None,
+        ended_at=at if done else None,
+        lease_owner=successor.token if successor is not None else None,
+        lease_driver=lease.driver if kept else None,
+        lease_began_at=at if kept else None,
+        lease_takeovers=0,
+    )
+
+
 _PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
+
+
+def _decoded(row: RunRow) -> dict[str, Any]:
+    """The row's counters, payload and cursor, decoded in that order."""
+    try:
+        counters = decode_counters(row.counters)
+    except MalformedColumnError as error:
+        # Only a write that bypassed p.count() gets here; retrying cannot help.
+        raise _mistake(
+            f"{error}; counters are written only through p.count(). Resuming the run "
+            "keeps its valid counters and drops the rest",
+            "counters",
+        ) from error
+    payload = decode_json(row.payload, "payload")
+    cursor = None if row.cursor is None else decode_json(row.cursor, "cursor")
+    return {"counters": counters, "payload": payload, "cursor": cursor}
+
+
+async def _call_handler(
+    handler: Handler,
+    context: JobPass,
+    keeper: LeaseKeeper,
+    clock: Clock,
+    timeout_s: float | None,
+) -> object:
+    """Call the handler under the lease keeper and the pass budget.
+
+    A step coroutine the handler never awaited fails the pass, whatever else
+    happened: an error the handler then raised is usually its consequence.
+    """
+    # On the pass's clock, so a test clock can run out a long budget at once.
+    budget = clock.timeout(timeout_s)
+    try:
+        async with keeper, budget:
+            result = handler(context)
+            if inspect.isawaitable(result):
+                result = await result
+    except Exception as error:
+        mistake = context._close_unawaited_steps()
+        if mistake is not None:
+            raise mistake from error
+        # Only our own budget becomes a pass timeout; a handler's TimeoutError is its own.
+        if isinstance(error, TimeoutError) and timeout_s is not None and budget.expired():
+            raise PassTimeoutError(timeout_s) from error
+        raise
+    except BaseException:
+        context._close_unawaited_steps()
+        raise
+    mistake = context._close_unawaited_steps()
+    if mistake is not None:
+        raise mistake
+    return result
 
 
 def _unleased(row: RunRow) -> RunPatch:
@@ -436,7 +580,7 @@ async def _record_failure(
         policy, against = error.policy, error.attempts
     else:
         policy, against = job_policy, attempts
-    exhausted = against >= policy.max_attempts
+    exhausted = _fails_at_once(error) or against >= policy.max_attempts
     text = cap_error_text(describe_exception(error))
     at = format_instant(clock.now())
     written = await store.patch(

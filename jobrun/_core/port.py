@@ -34,9 +34,11 @@ class StoreLimits:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_cursor_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_step_result_bytes: int = DEFAULT_MAX_STEP_RESULT_BYTES
+    max_counters_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes"):
+        names = ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes")
+        for name in (*names, "max_counters_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -161,13 +163,24 @@ class OperatorStore(JobRunStore, Protocol):
         due instant); leased means held by a lease that has not expired."""
         ...
 
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        """Due runs (not leased, due by ``now_at``) per ``(module_id, job)``.
+
+        A separate read, never part of the claim: the claim asks only for the
+        driver's own jobs, so runs of a job nobody registers are seen only here.
+        """
+        ...
+
     async def cancel(self, run_id: str, reason: str, at: str) -> bool:
         """A ``running`` run becomes ``failed`` with ``reason``; its lease is cleared
         (so the holder's next write is refused) and its ledger kept."""
         ...
 
-    async def resume(self, run_id: str, at: str) -> bool:
+    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
         """A ``failed`` run becomes ``running`` again from its committed cursor.
+
+        ``counters``, when given, replaces the stored counters in the same write
+        (the repair of malformed ones).
 
         Attempts and takeovers reset; completed ledger rows are kept (they are
         not repeated) and failed ones get their attempts back. Raises

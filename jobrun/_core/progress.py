@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from jobrun._core.records import JobRun
 
@@ -48,3 +49,21 @@ class Poll:
             for name, value in run.counters.items():
                 rates[name] = (value - self.run.counters.get(name, 0)) / elapsed
         return Poll(run, at, rates)
+
+
+def span(seconds: float | timedelta | None) -> str:
+    """A rough human duration: ``45s``, ``12m03s``, ``3h05m``, ``2d04h`` (CLI and console alike)."""
+    if seconds is None:
+        return ""
+    whole = int(seconds.total_seconds() if isinstance(seconds, timedelta) else seconds)
+    sign, whole = ("-", -whole) if whole < 0 else ("", whole)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{sign}{days}d{hours:02d}h"
+    if hours:
+        return f"{sign}{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{sign}{minutes}m{secs:02d}s"
+    return f"{sign}{secs}s"

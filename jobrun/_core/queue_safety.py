@@ -43,13 +43,33 @@ def _describe(value: Any) -> str:
     return f"a {kind.__name__}"
 
 
-def queue_safety_problem(value: Any, root: str) -> tuple[str, str] | None:
+def _least_json_bytes(value: Any, kind: type) -> int:
+    """A lower bound of the JSON bytes ``value`` adds, before its children (O(1))."""
+    if kind is str:
+        return len(value) + 2
+    # Containers: their punctuation only; each element is counted when visited.
+    if kind is list:
+        # Brackets and the commas between elements.
+        return len(value) + 1
+    if kind is dict:
+        # Braces, commas, and ``"":`` per entry (the key texts are counted as visited).
+        return 4 * len(value) + 1
+    return 1
+
+
+def queue_safety_problem(
+    value: Any, root: str, max_bytes: int | None = None
+) -> tuple[str, str] | None:
     """The first unsafe place in ``value`` as ``(path, what)``, or ``None``.
 
     Depth first, in list and insertion order. Iterative, so no nesting or size can
     exhaust the Python stack; cycles are detected on the ancestor chain only (a
-    sub-object shared by two siblings is fine).
+    sub-object shared by two siblings is fine). With ``max_bytes`` the walk
+    keeps a lower bound of the value's JSON size and raises
+    :class:`OverCapError` as soon as it passes the cap, so a huge value costs
+    time in proportion to the cap, not to its own size.
     """
+    least_bytes = 0
     # Stack entries: (value, path, depth) to visit, or (container, path, -1 - depth)
     # to leave a container: drop it from the ancestor chain and remember that its
     # whole subtree passed at that depth, so a shared sub-object is walked once per
@@ -64,6 +84,10 @@ def queue_safety_problem(value: Any, root: str) -> tuple[str, str] | None:
             passed_at_depth[id(current)] = max(passed_at_depth.get(id(current), -1), -1 - depth)
             continue
         kind = type(current)
+        if max_bytes is not None:
+            least_bytes += _least_json_bytes(current, kind)
+            if least_bytes > max_bytes:
+                raise OverCapError(max_bytes, least_bytes)
         if kind in _LEAF_TYPES:
             continue
         if kind is _BadKey:
@@ -82,18 +106,29 @@ def queue_safety_problem(value: Any, root: str) -> tuple[str, str] | None:
             return path, f"nested more than {MAX_DEPTH} levels deep"
         ancestors.add(id(current))
         stack.append((current, path, -1 - depth))
-        children: list[tuple[Any, str, int]] = []
         if kind is list:
             children = [(item, f"{path}.{index}", depth + 1) for index, item in enumerate(current)]
         else:
-            for key, item in current.items():
-                if type(key) is not str:
-                    # Reported when the walk reaches it, after earlier siblings' subtrees.
-                    children.append((_BadKey(key), f"{path}.{key}", depth + 1))
-                    break
-                children.append((item, f"{path}.{key}", depth + 1))
+            children, key_bytes = _entries(current, path, depth + 1)
+            least_bytes += key_bytes
         stack.extend(reversed(children))
     return None
+
+
+def _entries(
+    mapping: dict[Any, Any], path: str, depth: int
+) -> tuple[list[tuple[Any, str, int]], int]:
+    """A dict's values to visit, up to the first key that is not a ``str``; its keys' length."""
+    children: list[tuple[Any, str, int]] = []
+    key_bytes = 0
+    for key, item in mapping.items():
+        if type(key) is not str:
+            # Reported when the walk reaches it, after earlier siblings' subtrees.
+            children.append((_BadKey(key), f"{path}.{key}", depth))
+            break
+        children.append((item, f"{path}.{key}", depth))
+        key_bytes += len(key)
+    return children, key_bytes
 
 
 def assert_queue_safe(value: Any, root: str) -> None:
@@ -106,15 +141,23 @@ def assert_queue_safe(value: Any, root: str) -> None:
 
 def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
     """Check ``value``, encode it, and refuse it when the JSON is over ``max_bytes``."""
-    assert_queue_safe(value, root)
     try:
-        return encode_json_within(value, max_bytes)
+        problem = queue_safety_problem(value, root, max_bytes)
+        text = None if problem is not None else encode_json_within(value, max_bytes)
     except OverCapError as error:
         # Both numbers go into the message itself, not only into ``errors``.
         _refuse(root, root, str(error), "is too large to carry")
+    except UnicodeEncodeError as error:
+        # What Python makes of non-UTF-8 bytes: no backend can store it.
+        _refuse(root, root, "text with a lone surrogate (not valid Unicode)", f"({error})")
     except ValueError as error:
         # Python refuses to print ints of more than 4300 digits.
         _refuse(root, root, "a value JSON text cannot hold", f"({error})")
+    if problem is not None:
+        path, what = problem
+        _refuse(root, path, what, "cannot be stored and read back unchanged")
+    assert text is not None
+    return text
 
 
 def _refuse(root: str, path: str, what: str, why: str) -> NoReturn:

@@ -214,12 +214,20 @@ class HealthCounts:
 class JobRunHealth:
     """How the job runs of one database are doing, for dashboards and alerts.
 
-    ``due`` counts live runs that could start now: not backing off and either
-    not leased or stranded (their lease expired, or its holder is provably
-    dead); ``leased`` counts runs held by a live lease. ``oldest_due_age_s`` is
-    how long the longest-waiting due run has waited (0 when none), the number
-    to alert on when drivers fall behind; a run whose holder died counts from
-    the start of the holder's pass.
+    * ``running``: runs with status ``running`` (due, backing off or leased).
+    * ``due``: running runs a driver could claim now: not backing off, and
+      either not leased or stranded (their lease expired, or its holder is
+      provably dead). Includes runs of jobs no driver registers, which stay due
+      until one does (``due_by_job`` tells which).
+    * ``leased``: running runs held by a live lease (a pass in flight).
+    * ``failed``: runs that ended ``failed`` and are still kept (until pruned).
+    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited (0
+      when none; a run whose holder died counts from the start of the holder's
+      pass): the number to alert on when drivers fall behind or a job is
+      registered nowhere.
+    * ``due_by_job``: ``{(module_id, job): due runs}`` counting the due runs
+      that hold no lease at all, per job (filled when asked for with
+      ``by_job=True``, else empty).
     """
 
     running: int
@@ -227,6 +235,7 @@ class JobRunHealth:
     leased: int
     failed: int
     oldest_due_age_s: float
+    due_by_job: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -242,7 +251,24 @@ class DriveError:
 
 @dataclass(slots=True)
 class JobDriveReport:
-    """What one call of ``run_due_jobs`` did, counted per pass outcome."""
+    """What one call of ``run_due_jobs`` did.
+
+    ``attempted`` counts RUNS; every other number counts PASSES (with
+    ``max_passes > 1`` one run can have several), so ``advanced + completed +
+    retrying + failed + superseded`` may exceed ``attempted``.
+
+    * ``attempted``: runs claimed (leased) by this call, each counted once.
+    * ``advanced``: passes that committed and left the run ``running``.
+    * ``completed``: passes that committed ``done=True`` (the run is ``done``).
+    * ``retrying``: passes that failed and scheduled a retry after a backoff.
+    * ``failed``: passes that failed and ended the run ``failed`` (attempts
+      spent, or a handler mistake), plus runs failed without a pass because
+      their leases kept expiring (``max_takeovers``).
+    * ``superseded``: passes that stopped because the run was no longer theirs
+      (lease taken over, or cancelled or released by an operator).
+    * ``errors``: one entry per ``retrying`` or ``failed`` pass: the run id and
+      the error text stored as its ``last_error``.
+    """
 
     attempted: int = 0
     advanced: int = 0

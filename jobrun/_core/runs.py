@@ -7,7 +7,7 @@ from typing import Any
 from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
-from jobrun._core.names import require_name
+from jobrun._core.names import require_name, require_text
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import (
@@ -111,6 +111,8 @@ async def job_runs(
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")
+        if value is not None:
+            require_text(value, f"{argument} filter")
     run_filter = RunFilter(
         module_id=module_id,
         job=job,
@@ -125,5 +127,6 @@ async def get_job_run(store: JobRunStore, run_id: str) -> JobRun | None:
     """One run by id, whatever its status; ``None`` when there is none."""
     if not isinstance(run_id, str):
         raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
+    require_text(run_id, "run_id")
     row = await store.get(run_id)
     return None if row is None else job_run_of(row)

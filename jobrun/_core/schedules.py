@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from croniter import croniter
-
 from jobrun._core.names import require_name
 from jobrun._core.port import DEFAULT_MAX_PAYLOAD_BYTES
 from jobrun._core.queue_safety import encode_queue_safe
@@ -46,11 +44,15 @@ class Schedule:
 
     def next_slot(self, now: datetime) -> datetime:
         """The first slot strictly after ``now``."""
+        from croniter import croniter  # only hosts with schedules pay its import
+
         found: datetime = croniter(self.cron, now, ret_type=datetime).get_next()
         return found
 
     def due_slots(self, after: datetime, now: datetime) -> list[datetime]:
         """Slots in ``(after, now]``, oldest first, the newest ``MAX_CATCH_UP_SLOTS`` at most."""
+        from croniter import croniter  # only hosts with schedules pay its import
+
         walk = croniter(self.cron, now + _JUST_AFTER, ret_type=datetime)
         found: list[datetime] = []
         while len(found) < MAX_CATCH_UP_SLOTS:
@@ -91,6 +93,8 @@ def make_schedule(
     require_name(job, "job")
     if not isinstance(cron, str):
         raise TypeError(f"cron must be a str, got {type(cron).__name__}")
+    from croniter import croniter  # only hosts with schedules pay its import
+
     if not croniter.is_valid(cron):
         raise JobValidationError(
             f"cron {cron!r} is not a cron expression croniter reads "

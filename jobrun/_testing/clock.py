@@ -49,9 +49,11 @@ class FakeClock:
         return self._now
 
     def now(self) -> datetime:
+        """The fake wall time (UTC), as calling the clock returns it."""
         return self._now
 
     def monotonic(self) -> float:
+        """Seconds the clock has been advanced since it was made."""
         return self._elapsed_ns / 1e9
 
     def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:

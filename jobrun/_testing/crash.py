@@ -51,6 +51,7 @@ class CrashingStore:
             raise SimulatedCrash("the process is dead")
 
     async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        """Record the step, then die if it was the planned last one."""
         self._alive()
         written: bool = await self.inner.record_step(run_id, row, recorded_at, token)
         if written:
@@ -61,16 +62,19 @@ class CrashingStore:
         return written
 
     async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        """Record a failed pass, unless the process is already dead."""
         self._alive()
         result: bool = await self.inner.patch(run_id, patch, token)
         return result
 
     async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        """Commit the pass, unless the process is already dead."""
         self._alive()
         result: bool = await self.inner.commit_pass(run_id, patch, token)
         return result
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+        """Renew the lease, unless the process is already dead (then it lapses)."""
         self._alive()
         result: bool = await self.inner.extend_lease(run_id, token, expires_at)
         return result

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-from alembic import command
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
@@ -78,6 +77,9 @@ def migrate_on_connection(
             text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_MIGRATION_LOCK}
         )
     with _host_proxies_kept(), _search_path(connection, schema):
+        # Imported here, so that `import jobrun` does not import Alembic.
+        from alembic import command
+
         command.upgrade(alembic_config(connection, schema), revision)
 
 

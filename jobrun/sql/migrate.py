@@ -1,4 +1,8 @@
-"""Running jobrun's Alembic revisions on a host's engine."""
+"""Running jobrun's Alembic revisions on a host's engine.
+
+Alembic is imported only by the functions that migrate: importing jobrun, and
+the schema check every store makes once, stay as cheap as SQLAlchemy itself.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import text
+from sqlalchemy import column, inspect, select, table, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from jobrun.sql.schema import VERSION_TABLE
-from jobrun.sql.tenancy import checked_schema, enter_schema, version_options
+from jobrun.sql.tenancy import checked_schema, enter_schema
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 def migrations_directory() -> Path:
@@ -53,6 +57,8 @@ def alembic_ini() -> str:
 def alembic_config(connection: Connection | None = None, schema: str | None = None) -> Config:
     """An Alembic config for jobrun's revisions, optionally bound to a live connection
     (and, on Postgres, to a tenant's schema, which the connection must be in)."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_directory()))
     config.set_main_option("version_table", VERSION_TABLE)
@@ -63,12 +69,25 @@ def alembic_config(connection: Connection | None = None, schema: str | None = No
 
 
 def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def current_revision(connection: Connection, schema: str | None = None) -> str | None:
-    context = MigrationContext.configure(connection, opts=version_options(schema))
-    return context.get_current_revision()
+    """The revision recorded in jobrun's version table (in ``schema`` if given).
+
+    ``None`` when there is none. Read with plain SQL, as Alembic's
+    ``MigrationContext`` reads it, so that the check every store makes does not
+    import Alembic (which costs about as much as SQLAlchemy itself).
+    """
+    if not inspect(connection).has_table(VERSION_TABLE, schema=schema):
+        return None
+    versions = table(VERSION_TABLE, column("version_num"), schema=schema)
+    found = list(connection.execute(select(versions.c.version_num)).scalars())
+    if len(found) > 1:
+        raise RuntimeError(f"{VERSION_TABLE} records several heads: {found}")
+    return found[0] if found else None
 
 
 # Alembic keeps the migration in progress in module globals (``alembic.context``,
@@ -130,6 +149,8 @@ async def upgrade(
     schema = checked_schema(engine, schema)
     async with _alembic_turn(), engine.begin() as connection:
         await _take_turns(connection, schema)
+        from alembic import command
+
         await connection.run_sync(
             lambda sync: command.upgrade(alembic_config(sync, schema), revision)
         )
@@ -142,6 +163,8 @@ async def downgrade(
     schema = checked_schema(engine, schema)
     async with _alembic_turn(), engine.begin() as connection:
         await _take_turns(connection, schema)
+        from alembic import command
+
         await connection.run_sync(
             lambda sync: command.downgrade(alembic_config(sync, schema), revision)
         )

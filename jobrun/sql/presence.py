@@ -22,7 +22,7 @@ import asyncio
 import secrets
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, case, column, event, func, literal, select, text
+from sqlalchemy import BigInteger, case, column, event, func, literal, null, select, text
 from sqlalchemy.exc import MissingGreenlet
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
@@ -49,7 +49,7 @@ def presence_held() -> Any:
         BigInteger
     )
     return case(
-        (key.is_(None), literal(None, Boolean)),
+        (key.is_(None), null()),
         else_=key.in_(select(_HELD_KEYS.c.key)),
     )
 

@@ -83,6 +83,22 @@ Index(
     postgresql_where=LEASED_ONLY,
 )
 
+# The console's runs page (issue 14), newest first under any filter, with a million
+# finished runs kept: each index ends in id, so a page reads one id-ordered range
+# and stops at its limit, "started since" is an id range (RunQuery), and a count
+# per status seeks instead of scanning. Within one job, by status; across jobs, by
+# status. A page without a status reads each status's range and merges them.
+# They cost a start one index entry each, and a finish (status changes) a move
+# each; pass commits change none of these columns.
+Index(
+    "_substrat_job_runs_job_status",
+    job_runs.c.module_id,
+    job_runs.c.job,
+    job_runs.c.status,
+    job_runs.c.id,
+)
+Index("_substrat_job_runs_status", job_runs.c.status, job_runs.c.id)
+
 job_schedules = Table(
     "_substrat_job_schedules",
     metadata,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from jobrun._core.browse import COUNT_CAP
+from jobrun._core.progress import span
 from jobrun.ui.databases import Database
 from jobrun.ui.security import CSRF_FIELD, Guard
 
@@ -23,24 +24,6 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-
-
-def span(seconds: float | timedelta | None) -> str:
-    """A rough human duration: ``45s``, ``12m03s``, ``3h05m``, ``2d04h``."""
-    if seconds is None:
-        return ""
-    whole = int(seconds.total_seconds() if isinstance(seconds, timedelta) else seconds)
-    sign, whole = ("-", -whole) if whole < 0 else ("", whole)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{sign}{days}d{hours:02d}h"
-    if hours:
-        return f"{sign}{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{sign}{minutes}m{secs:02d}s"
-    return f"{sign}{secs}s"
 
 
 def instant(moment: datetime | None) -> str:

@@ -1,4 +1,5 @@
-"""Flow control: run priorities, the per-job concurrency count, schedule slots.
+"""Flow control: run priorities, the per-job concurrency count, schedule slots;
+the console's indexes (newest first by job and status, and by status).
 
 Revision ID: 0003
 Revises: 0002
@@ -39,6 +40,9 @@ def upgrade() -> None:
         sqlite_where=LEASED_ONLY,
         postgresql_where=LEASED_ONLY,
     )
+    # The console's runs page: id-ordered ranges per job and status, and per status.
+    op.create_index("_substrat_job_runs_job_status", RUNS, ["module_id", "job", "status", "id"])
+    op.create_index("_substrat_job_runs_status", RUNS, ["status", "id"])
     op.create_table(
         "_substrat_job_schedules",
         sa.Column("module_id", sa.Text(), nullable=False),
@@ -53,6 +57,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("_substrat_job_schedules")
+    op.drop_index("_substrat_job_runs_status", table_name=RUNS)
+    op.drop_index("_substrat_job_runs_job_status", table_name=RUNS)
     op.drop_index("_substrat_job_runs_leased", table_name=RUNS)
     op.drop_index("_substrat_job_runs_claim_order", table_name=RUNS)
     op.create_index("_substrat_job_runs_due_at", RUNS, ["status", sa.text(DUE_AT), "id"])

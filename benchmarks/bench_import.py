@@ -1,0 +1,139 @@
+"""What it costs to start: ``import jobrun`` and the CLI, next to SQLAlchemy's own import.
+
+Run on demand from the repository root (not part of the test suite)::
+
+    .venv/bin/python benchmarks/bench_import.py            # 15 rounds
+    .venv/bin/python benchmarks/bench_import.py --rounds 5 --json
+    # the same cases for another checkout too (e.g. `git archive main | tar -x -C /tmp/base`)
+    .venv/bin/python benchmarks/bench_import.py --baseline-tree /tmp/base
+
+Each case is a fresh interpreter (``subprocess``), timed from spawn to exit.
+The cases run interleaved, one sample of each per round and in a rotated order
+each round, so a noisy neighbour spreads over all of them alike; medians and
+minimums are reported, and ratios are only taken between numbers of this run.
+The goal: ``import jobrun`` costs about what ``import sqlalchemy.ext.asyncio``
+costs, and a CLI command that does not migrate does not import Alembic.
+Self-contained on purpose (no shared benchmark helpers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _cases(url: str) -> dict[str, list[str]]:
+    python = sys.executable
+    return {
+        "python -c pass": [python, "-c", "pass"],
+        "import sqlalchemy.ext.asyncio": [python, "-c", "import sqlalchemy.ext.asyncio"],
+        "import jobrun": [python, "-c", "import jobrun"],
+        "jobrun --help": [python, "-m", "jobrun", "--help"],
+        "jobrun health": [python, "-m", "jobrun", "health", "--url", url, "--json"],
+        "jobrun runs": [python, "-m", "jobrun", "runs", "--url", url],
+        "jobrun start": [python, "-m", "jobrun", "start", "--url", url, "bench", "start"],
+        "jobrun db current (Alembic)": [python, "-m", "jobrun", "db", "current", "--url", url],
+    }
+
+
+Case = tuple[list[str], dict[str, str]]
+
+
+def _with_baseline(cases: dict[str, list[str]], tree: str | None) -> dict[str, Case]:
+    """Every case as is, and every jobrun case again with ``tree`` first on the path."""
+    made: dict[str, Case] = {name: (command, {}) for name, command in cases.items()}
+    if tree is not None:
+        baseline = {"PYTHONPATH": str(Path(tree).resolve())}
+        for name, command in cases.items():
+            if "jobrun" in name:
+                made[f"{name} [baseline]"] = (command, baseline)
+    return made
+
+
+def _run(case: Case, cwd: str, *, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    command, extra = case
+    # Run away from any checkout: the working directory comes first on sys.path.
+    return subprocess.run(
+        command,
+        check=True,
+        capture_output=capture,
+        stdout=None if capture else subprocess.DEVNULL,
+        stderr=None if capture else subprocess.DEVNULL,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **extra},
+    )
+
+
+def _time_ms(case: Case, cwd: str) -> float:
+    began = time.perf_counter()
+    _run(case, cwd)
+    return (time.perf_counter() - began) * 1000
+
+
+def _imports_alembic(case: Case, cwd: str) -> bool:
+    """Whether the command imports Alembic at all (``-X importtime`` lists every module)."""
+    command, extra = case
+    done = _run(([command[0], "-X", "importtime", *command[1:]], extra), cwd, capture=True)
+    modules = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    return "alembic" in modules
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--baseline-tree", metavar="DIR", help="another checkout to time the same cases on"
+    )
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        url = f"sqlite+aiosqlite:///{Path(directory) / 'bench.db'}"
+        python = sys.executable
+        _run(([python, "-m", "jobrun", "db", "upgrade", "--url", url], {}), directory)
+        cases = _with_baseline(_cases(url), options.baseline_tree)
+        names = list(cases)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for round_number in range(options.rounds):
+            shift = round_number % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(_time_ms(cases[name], directory))
+        alembic = {name: _imports_alembic(cases[name], directory) for name in names}
+    base = statistics.median(samples["import sqlalchemy.ext.asyncio"])
+    rows = [
+        {
+            "case": name,
+            "median_ms": round(statistics.median(samples[name]), 1),
+            "min_ms": round(min(samples[name]), 1),
+            "vs_sqlalchemy_import": round(statistics.median(samples[name]) / base, 2),
+            "imports_alembic": alembic[name],
+        }
+        for name in names
+    ]
+    report = {
+        "command": " ".join(sys.argv),
+        "rounds": options.rounds,
+        "load_average": os.getloadavg(),
+        "results": rows,
+    }
+    if options.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{options.rounds} rounds, load average {report['load_average'][0]:.1f}")
+    print(f"{'case':43} {'median ms':>10} {'min ms':>8} {'x sqla':>7}  alembic")
+    for row in rows:
+        print(
+            f"{row['case']:43} {row['median_ms']:>10} {row['min_ms']:>8} "
+            f"{row['vs_sqlalchemy_import']:>7}  {'yes' if row['imports_alembic'] else 'no'}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""A new step against the floors: the raw driver's durable one-row upsert, and SQLAlchemy's.
+
+Per dialect, interleaved in one process, each sample N operations, ms per operation:
+
+* raw driver: a one-row ``INSERT ... ON CONFLICT DO UPDATE`` into a table shaped
+  like the step ledger, on one driver connection in autocommit (aiosqlite with
+  WAL and ``synchronous=NORMAL``; asyncpg), so durable when it returns;
+* raw driver + fence: jobrun's own step statement (the upsert guarded by the
+  ``EXISTS`` on the held run, ``FOR SHARE`` on Postgres) on the same connection;
+  and on Postgres the same without ``FOR SHARE``, to price the lock;
+* SQLAlchemy floor: the raw upsert inside ``engine.begin()``;
+* jobrun step: ``await p.step(name, fn)`` with a trivial body, timed inside the
+  handler over N new steps (the pass's claim and commit are outside the timing).
+
+``--dbos`` adds DBOS Transact (the ``bench`` extra) in a child process per dialect:
+a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from harness import (
+    backends,
+    driver_dsn,
+    fresh_engine,
+    interleave,
+    options,
+    profiled,
+    save,
+    table,
+    timed_ms,
+)
+from sqlalchemy import text
+
+import jobrun
+
+SCRATCH = (
+    "CREATE TABLE IF NOT EXISTS bench_upsert (run_id TEXT NOT NULL, step TEXT NOT NULL, "
+    "result TEXT, attempts INTEGER NOT NULL, last_error TEXT, recorded_at TEXT NOT NULL, "
+    "PRIMARY KEY (run_id, step))"
+)
+UPSERT = (
+    "INSERT INTO bench_upsert (run_id, step, result, attempts, last_error, recorded_at) "
+    "VALUES ({0}) ON CONFLICT (run_id, step) DO UPDATE SET result = excluded.result, "
+    "attempts = excluded.attempts, last_error = excluded.last_error, "
+    "recorded_at = excluded.recorded_at"
+)
+FENCED = (
+    "INSERT INTO _substrat_job_steps (run_id, step, result, attempts, last_error, recorded_at) "
+    "SELECT {p1}, {p2}, '1', 1, NULL, '2026-01-01T00:00:00.000Z' WHERE EXISTS (SELECT 1 FROM "
+    "_substrat_job_runs WHERE id = {p1} AND status = 'running' AND lease_owner = {p3}{lock}) "
+    "ON CONFLICT (run_id, step) DO UPDATE SET result = excluded.result"
+)
+
+
+class Raw:
+    """One driver connection in autocommit, and the statements the floors send."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.connection: Any = None
+
+    async def open(self, engine: Any) -> None:
+        if self.backend == "sqlite":
+            import aiosqlite
+
+            self.connection = await aiosqlite.connect(driver_dsn(engine), isolation_level=None)
+            for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 30000"):
+                await self.connection.execute(f"PRAGMA {pragma}")
+        else:
+            import asyncpg
+
+            self.connection = await asyncpg.connect(driver_dsn(engine))
+        await self.execute(SCRATCH, [])
+
+    async def execute(self, sql: str, values: list[Any]) -> None:
+        if self.backend == "sqlite":
+            await self.connection.execute_fetchall(sql, values)
+        else:
+            await self.connection.execute(sql, *values)
+
+    def marks(self, count: int) -> str:
+        if self.backend == "sqlite":
+            return ", ".join("?" * count)
+        return ", ".join(f"${n}" for n in range(1, count + 1))
+
+    def fenced(self, lock: bool) -> str:
+        if self.backend == "sqlite":
+            return FENCED.format(p1="?1", p2="?2", p3="?3", lock="")
+        return FENCED.format(p1="$1", p2="$2", p3="$3", lock=" FOR SHARE" if lock else "")
+
+
+def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str]) -> dict[str, Any]:
+    upsert = UPSERT.format(raw.marks(6))
+    row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
+
+    async def raw_upsert() -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            row[1] = uuid.uuid4().hex
+            await raw.execute(upsert, row)
+        return timed_ms(started, n)
+
+    def fenced(lock: bool) -> Any:
+        sql = raw.fenced(lock)
+
+        async def sample() -> float:
+            started = time.perf_counter()
+            for _ in range(n):
+                await raw.execute(sql, [held[0], uuid.uuid4().hex, held[1]])
+            return timed_ms(started, n)
+
+        return sample
+
+    async def sqlalchemy_floor() -> float:
+        statement = text(UPSERT.format(", ".join(f":v{i}" for i in range(6))))
+        started = time.perf_counter()
+        for _ in range(n):
+            row[1] = uuid.uuid4().hex
+            async with engine.begin() as connection:
+                await connection.execute(statement, {f"v{i}": row[i] for i in range(6)})
+        return timed_ms(started, n)
+
+    chosen = {"raw driver": raw_upsert, "raw driver + fence": fenced(True)}
+    if backend == "postgres":
+        chosen["raw driver + fence, no FOR SHARE"] = fenced(False)
+    chosen["SQLAlchemy floor"] = sqlalchemy_floor
+    return chosen
+
+
+def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
+    """A pass of ``n`` new trivial steps; returns ms per step, timed inside the handler."""
+    timing: list[float] = []
+    registry = jobrun.JobRegistry()
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        started = time.perf_counter()
+        for index in range(n):
+            await p.step(f"s{index}", lambda index=index: index)
+        timing.append(timed_ms(started, n))
+        return jobrun.PassResult(done=True)
+
+    registry.register("bench", "steps", handler)
+
+    async def sample() -> float:
+        await jobrun.start_job_run(store, module_id="bench", job="steps", instance=uuid.uuid4().hex)
+        report = await jobrun.run_due_jobs(store, registry, limit=1)
+        assert report.completed == 1, report
+        return timing.pop()
+
+    return sample
+
+
+async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]:
+    """A running run leased to a token, for the fenced raw statements."""
+    run = await jobrun.start_job_run(store, module_id="bench", job="held", instance="h")
+    async with engine.begin() as connection:
+        await connection.execute(
+            text("UPDATE _substrat_job_runs SET lease_owner = 'tok' WHERE id = :id"), {"id": run.id}
+        )
+    return run.id, "tok"
+
+
+async def measure(backend: str, args: Any) -> dict[str, Any]:
+    engine = await fresh_engine(backend, args)
+    raw = Raw(backend)
+    await raw.open(engine)
+    store = jobrun.SqlJobRunStore(engine)
+    n = 20 if args.quick else args.n
+    chosen = variants(backend, engine, raw, n, await held_run(store, engine))
+    chosen["jobrun step"] = step_runner(store, n)
+    medians = await interleave(chosen, args.rounds or (2 if args.quick else 9))
+    if args.profile:
+        runner = step_runner(store, n * 10)
+        medians["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)  # type: ignore[assignment]
+    await raw.connection.close()
+    await engine.dispose()
+    return medians
+
+
+def dbos_child(backend: str, args: Any) -> dict[str, Any]:
+    """DBOS runs one global instance per process: each dialect in its own child."""
+    command = [sys.executable, __file__.replace("bench_step", "bench_dbos"), backend]
+    command += ["--n", str(20 if args.quick else args.n), "--postgres-url", args.postgres_url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+async def scenario(args: Any) -> None:
+    results: dict[str, Any] = {}
+    for backend in backends(args):
+        results[backend] = await measure(backend, args)
+        if args.dbos and importlib.util.find_spec("dbos") is not None:
+            results[backend]["dbos"] = dbos_child(backend, args)
+    rows = []
+    names = [name for name in results[backends(args)[0]] if name not in ("profile", "dbos")]
+    for name in names + ["raw driver + fence, no FOR SHARE"] * (not args.sqlite_only):
+        if name in [row[0] for row in rows]:
+            continue
+        cells = [name]
+        for backend in backends(args):
+            value = results[backend].get(name)
+            raw = results[backend]["raw driver"]
+            cells.append("–" if value is None else f"{value:.3f} ({value / raw:.2f}x)")
+        rows.append(cells)
+    for backend in backends(args):
+        dbos = results[backend].get("dbos")
+        if dbos and "dbos_ms_per_step" in dbos:
+            print(
+                f"{backend}: DBOS {dbos['dbos_ms_per_step']:.3f} ms/step, jobrun in the same "
+                f"child {dbos['jobrun_ms_per_step']:.3f} ({dbos['dbos_over_jobrun']:.1f}x)"
+            )
+    table("ms per durable one-row write (ratio to the raw driver)", ["", *backends(args)], rows)
+    save(args, "step", results)
+
+
+if __name__ == "__main__":
+    asyncio.run(scenario(options(__doc__ or "", n=200, dbos=False)))

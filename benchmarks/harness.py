@@ -1,0 +1,171 @@
+"""What every benchmark shares: options, databases, interleaved timing, profiles, results.
+
+A scenario file builds its variants (async callables that return one sample,
+in milliseconds or per-second rates) and hands them to :func:`interleave`, which
+takes one sample of each in turn, flipping the order every round, so that a
+noisy neighbour spreads over all variants alike; medians are reported and ratios
+are only taken within one run. Results go to ``benchmarks/results/`` (ignored by
+git) as JSON with the command line, the machine and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from sqlalchemy import make_url  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
+
+import jobrun  # noqa: E402
+
+DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/jobrun_bench"
+Sample = Callable[[], Awaitable[float]]
+
+
+def options(description: str, **extra: Any) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="smoke sizes (seconds)")
+    parser.add_argument("--sqlite-only", action="store_true")
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile summary")
+    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    for name, default in extra.items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+    return parser.parse_args()
+
+
+def backends(args: argparse.Namespace) -> list[str]:
+    return ["sqlite"] if args.sqlite_only else ["sqlite", "postgres"]
+
+
+async def fresh_engine(
+    backend: str, args: argparse.Namespace, **engine_options: Any
+) -> AsyncEngine:
+    """A migrated, empty jobrun database (a temp SQLite file; the bench Postgres database)."""
+    if backend == "sqlite":
+        path = Path(tempfile.mkdtemp(prefix="jobrun-bench-")) / "bench.db"
+        engine = create_async_engine(f"sqlite+aiosqlite:///{path}", **engine_options)
+    else:
+        await _create_database(args.postgres_url)
+        engine = create_async_engine(args.postgres_url, **engine_options)
+    await jobrun.upgrade(engine)
+    async with engine.begin() as connection:
+        await connection.exec_driver_sql("DELETE FROM _substrat_job_steps")
+        await connection.exec_driver_sql("DELETE FROM _substrat_job_runs")
+    return engine
+
+
+def driver_dsn(engine: AsyncEngine) -> str:
+    """The plain DSN (asyncpg) or file path (aiosqlite) behind ``engine``."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        return str(url.database)
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _create_database(url: str) -> None:
+    import asyncpg
+
+    target = make_url(url)
+    admin = await asyncpg.connect(driver_dsn(create_async_engine(target.set(database="postgres"))))
+    try:
+        exists = await admin.fetchval(
+            "SELECT 1 FROM pg_database WHERE datname = $1", target.database
+        )
+        if not exists:
+            await admin.execute(f'CREATE DATABASE "{target.database}"')
+    finally:
+        await admin.close()
+
+
+async def interleave(variants: dict[str, Sample], rounds: int) -> dict[str, float]:
+    """Median of ``rounds`` samples per variant, one of each per round, order flipped."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for name in names:
+        await variants[name]()  # warm-up: connections, prepared statements, caches
+    for round_number in range(rounds):
+        for name in names if round_number % 2 == 0 else reversed(names):
+            samples[name].append(await variants[name]())
+    return {name: round(statistics.median(values), 4) for name, values in samples.items()}
+
+
+def timed_ms(started: float, count: int = 1) -> float:
+    return (time.perf_counter() - started) * 1000 / count
+
+
+async def profiled(label: str, run: Callable[[], Awaitable[Any]], top: int = 18) -> str:
+    """Run once under cProfile; return (and print) the top functions by own time."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        await run()
+    finally:
+        profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()]
+    summary = "\n".join(lines[:6] + lines[-top - 1 :])
+    print(f"\n--- profile: {label} (own time) ---\n{summary}")
+    return summary
+
+
+def machine() -> dict[str, Any]:
+    import aiosqlite
+    import asyncpg
+    import sqlalchemy
+
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "sqlalchemy": sqlalchemy.__version__,
+        "aiosqlite": aiosqlite.__version__,
+        "asyncpg": asyncpg.__version__,
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    lines = [f"\n{title}", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def save(args: argparse.Namespace, name: str, results: dict[str, Any]) -> Path:
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    path = args.out_dir / f"{name}-{stamp}{'-quick' if args.quick else ''}.json"
+    meta = {"command": " ".join(sys.argv), "machine": machine()}
+    path.write_text(json.dumps({"meta": meta, **results}, indent=2, default=str))
+    print(f"\nresults: {path}")
+    return path
+
+
+def main(
+    scenario: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace
+) -> None:
+    asyncio.run(scenario(args))

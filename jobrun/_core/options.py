@@ -1,0 +1,127 @@
+"""How a drive runs: one frozen, validated set of options for the driver, the worker and the CLI.
+
+Every value is judged here, once, when the options are made; the driver, the
+worker and ``jobrun worker`` hand the object on and never check it again. A bad
+value is a :class:`jobrun.JobValidationError` whose entry names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TypedDict
+
+from jobrun._core.clock import Clock, ClockLike
+from jobrun._core.observe import PassObserver
+from jobrun._core.passes import OpenScope
+from jobrun._system import system_random
+from jobrun.errors import JobValidationError
+
+JOB_DRIVE_LIMIT = 50
+
+
+def refuse(field: str, problem: str) -> JobValidationError:
+    """The error for one bad option: ``field`` and what is wrong with it."""
+    return JobValidationError(f"{field} {problem}", [{"path": field, "message": problem}])
+
+
+def checked_int(value: object, field: str) -> int:
+    """``value`` if it is an ``int`` (a ``bool`` is not one here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise refuse(field, f"must be an int, got {type(value).__name__} {value!r}")
+    return value
+
+
+def checked_count(value: object, field: str) -> int:
+    """``value`` if it is an ``int`` of at least 1."""
+    count = checked_int(value, field)
+    if count < 1:
+        raise refuse(field, f"must be at least 1, got {count!r}")
+    return count
+
+
+def checked_seconds(value: object, field: str) -> float:
+    """``value`` as a float if it is a finite, positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise refuse(field, f"must be a number of seconds, got {type(value).__name__} {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise refuse(field, f"must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _checked_callable(value: object, field: str, what: str) -> None:
+    if value is not None and not callable(value):
+        raise refuse(field, f"must be {what}, got {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriveOptions:
+    """How :func:`jobrun.run_due_jobs` drives, checked once when made.
+
+    * ``limit``: runs one call claims at most (an ``int``, at least 1).
+    * ``max_passes``: passes a claimed run gets before it goes back in line (an
+      ``int``; below 1 counts as 1).
+    * ``pass_timeout_s``: seconds a pass may take before it fails and is retried
+      (``None``: no budget).
+    * ``open_scope``: ``open_scope(run)`` gives what ``await p.scope()`` returns,
+      sync or async (default: the store's engine).
+    * ``driver_name``: how leases name this driver (default: host and process).
+    * ``observer``: hears each pass and step (default: ``jobrun.LOG_PASSES``).
+    * ``clock``: the time runs are judged by (default: the system clock, aligned
+      to the database's).
+    * ``random``: the source of retry jitter, returning floats in [0, 1).
+
+    :func:`jobrun.run_due_jobs` and :func:`jobrun.run_worker` take one as
+    ``options=`` or build one from the same names given as keywords. A bad
+    value raises :class:`jobrun.JobValidationError` naming the field; nothing
+    has been read or written by then.
+    """
+
+    limit: int = JOB_DRIVE_LIMIT
+    max_passes: int = 1
+    pass_timeout_s: float | None = None
+    open_scope: OpenScope | None = None
+    driver_name: str | None = None
+    observer: PassObserver | None = None
+    clock: ClockLike | None = None
+    random: Callable[[], float] = system_random
+
+    def __post_init__(self) -> None:
+        checked_count(self.limit, "limit")
+        # The contract's rule: fewer than one pass per claim means one.
+        object.__setattr__(self, "max_passes", max(1, checked_int(self.max_passes, "max_passes")))
+        if self.pass_timeout_s is not None:
+            seconds = checked_seconds(self.pass_timeout_s, "pass_timeout_s")
+            object.__setattr__(self, "pass_timeout_s", seconds)
+        _checked_callable(self.open_scope, "open_scope", "callable with the run")
+        if self.driver_name is not None and not isinstance(self.driver_name, str):
+            raise refuse("driver_name", f"must be a str, got {type(self.driver_name).__name__}")
+        if self.observer is not None and not callable(getattr(self.observer, "pass_started", None)):
+            raise refuse("observer", f"must be a PassObserver, got {type(self.observer).__name__}")
+        if not (self.clock is None or isinstance(self.clock, Clock) or callable(self.clock)):
+            wanted = "a Clock or a callable returning a datetime"
+            raise refuse("clock", f"must be {wanted}, got {type(self.clock).__name__}")
+        _checked_callable(self.random, "random", "callable returning a float")
+
+
+class DriveKeywords(TypedDict, total=False):
+    """The fields of :class:`DriveOptions`, as keyword arguments of the drivers."""
+
+    limit: int
+    max_passes: int
+    pass_timeout_s: float | None
+    open_scope: OpenScope | None
+    driver_name: str | None
+    observer: PassObserver | None
+    clock: ClockLike | None
+    random: Callable[[], float]
+
+
+def drive_options(options: DriveOptions | None, keywords: DriveKeywords) -> DriveOptions:
+    """``options`` (default: the defaults) with the fields given as keywords replaced."""
+    if options is None:
+        return DriveOptions(**keywords)
+    if not isinstance(options, DriveOptions):
+        raise refuse("options", f"must be a DriveOptions, got {type(options).__name__}")
+    return replace(options, **keywords) if keywords else options

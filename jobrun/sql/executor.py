@@ -1,0 +1,350 @@
+"""How the store's statements reach the database: compiled once, sent straight to the driver.
+
+Every store operation goes through one executor, chosen when the store is built
+from the engine's dialect; there is no other path. Statements are SQLAlchemy Core
+constructs compiled once per store (:class:`Compiler`) into the driver's own SQL
+text; at run time only the parameter list is built and the driver is called
+(aiosqlite's ``execute_fetchall``, asyncpg's ``fetch``, which keeps a prepared
+statement per connection and SQL text). SQLAlchemy's statement events therefore
+never fire for these statements; :data:`StatementHook` is jobrun's own hook for
+counting, tracing and fault injection, called around every statement sent,
+``BEGIN`` and ``COMMIT`` included.
+
+* SQLite: one connection per engine, checked out of the host's pool once (so its
+  connect and checkout events run), detached from the pool's count and kept for
+  the engine's life, in driver autocommit; operations take turns on it. A write
+  is one hop to aiosqlite's thread and is committed when it returns. A
+  transaction is ``BEGIN IMMEDIATE``, its statements and ``COMMIT``; if anything
+  interrupts it (an error, a
+  cancellation) ``ROLLBACK`` is queued behind whatever the thread is still doing
+  before the next operation gets its turn, so no transaction is ever left open.
+  ``AsyncEngine.dispose()`` closes the connection.
+* Postgres: a connection from the host's pool per operation (its size, pre-ping
+  and checkout events apply), used through its asyncpg connection; a lone
+  statement runs outside any transaction, so it is one round trip and durable on
+  return. A connection that saw an error or a cancellation is invalidated rather
+  than handed back, whatever state the server left it in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Dialect as SqlDialect
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import SingletonThreadPool, StaticPool
+from sqlalchemy.sql.expression import ClauseElement
+from sqlalchemy.util import await_only
+
+StatementHook = Callable[[str, str, Sequence[Any]], AbstractAsyncContextManager[None]]
+"""Called as ``async with hook(operation, sql, parameters):`` around every statement sent.
+
+``operation`` is the store method (``"record_step"``, ``"commit_pass"``, ...);
+``sql`` the statement's text as sent (``BEGIN IMMEDIATE``, ``COMMIT`` and
+``ROLLBACK`` are statements too) and ``parameters`` its positional values.
+Whatever the hook raises on entry stops the statement; on exit it sees the
+statement's error, if any.
+"""
+
+Row = Sequence[Any]
+
+
+class Prepared:
+    """One statement compiled for one dialect: its SQL text and how to order its values."""
+
+    __slots__ = ("_order", "sql")
+
+    def __init__(self, sql: str, order: tuple[tuple[str, bool, Any], ...]) -> None:
+        self.sql = sql
+        # (name, taken from the caller's values?, else this fixed value)
+        self._order = order
+
+    def arguments(self, values: Mapping[str, Any]) -> list[Any]:
+        return [values[name] if given else fixed for name, given, fixed in self._order]
+
+
+class Compiler:
+    """Compiles Core statements for one engine's dialect, in one place.
+
+    ``schema_translate_map`` (if any) is rendered into the SQL text here, so a
+    store on a non-default schema costs nothing more per statement.
+    """
+
+    def __init__(
+        self, dialect: SqlDialect, schema_translate_map: Mapping[str | None, str] | None = None
+    ) -> None:
+        self._dialect = dialect
+        self._schema_translate_map = dict(schema_translate_map or {})
+
+    def __call__(self, statement: ClauseElement, *, with_values: bool = False) -> Prepared:
+        """Compile ``statement``; ``with_values`` for the operator's one-off statements,
+        whose IN lists of values are rendered into this compilation."""
+        compiled: Any = statement.compile(
+            dialect=self._dialect,
+            schema_translate_map=self._schema_translate_map or None,
+            render_schema_translate=bool(self._schema_translate_map),
+            compile_kwargs={"render_postcompile": True} if with_values else {},
+        )
+        if compiled.post_compile_params and not with_values:
+            # An IN list of values would be rendered per call: spell its parameters out.
+            raise TypeError(f"jobrun statements are compiled once: {compiled.string}")
+        if compiled._bind_processors:
+            # Every column is TEXT or INTEGER: the drivers take Python values as they are.
+            raise TypeError(f"jobrun statements need no bind processing: {compiled.string}")
+        fixed = compiled.construct_params(_check=False)
+        order = tuple(
+            (name, name in compiled.binds and compiled.binds[name].required, fixed.get(name))
+            for name in (compiled.positiontup or ())
+        )
+        return Prepared(compiled.string, order)
+
+
+class _Executor:
+    """What both executors share: the hook around each statement."""
+
+    errors: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
+
+    def __init__(self, hook: StatementHook | None) -> None:
+        self._hook = hook
+
+    async def _send(self, driver: Any, operation: str, sql: str, arguments: list[Any]) -> list[Row]:
+        if self._hook is None:
+            return await self._driver_fetch(driver, sql, arguments)
+        async with self._hook(operation, sql, arguments):
+            return await self._driver_fetch(driver, sql, arguments)
+
+    async def _driver_fetch(self, driver: Any, sql: str, arguments: list[Any]) -> list[Row]:
+        raise NotImplementedError
+
+
+class Session:
+    """Statements inside one transaction (``Executor.transaction``)."""
+
+    def __init__(self, executor: _Executor, driver: Any, operation: str) -> None:
+        self._executor = executor
+        self._driver = driver
+        self._operation = operation
+
+    async def fetch(self, statement: Prepared, values: Mapping[str, Any]) -> list[Row]:
+        return await self._executor._send(
+            self._driver, self._operation, statement.sql, statement.arguments(values)
+        )
+
+
+# --- SQLite --------------------------------------------------------------------------------
+
+
+def _driver_autocommit(connection: Any) -> None:
+    connection.connection.dbapi_connection.isolation_level = None
+
+
+class _SqliteConnection:
+    """The one aiosqlite connection jobrun uses on an engine, and whose turn it is."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._connection: AsyncConnection | None = None
+        self.driver: Any = None
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def lock(self) -> asyncio.Lock:
+        """Whose turn it is, per event loop (an asyncio lock belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            lock = self._locks[loop] = asyncio.Lock()
+        return lock
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[Any]:
+        async with self.lock():
+            if self.driver is None:
+                await self._open()
+            yield self.driver
+
+    async def _open(self) -> None:
+        connection = await self._engine.connect()
+        try:
+            raw = await connection.get_raw_connection()
+            driver: Any = raw.driver_connection
+            # Driver-level autocommit, set once while the connection is idle: a lone
+            # statement commits itself; transactions say BEGIN and COMMIT.
+            if driver.in_transaction:
+                await driver.rollback()
+            # Set through SQLAlchemy's adapter, which does it on aiosqlite's own thread:
+            # aiosqlite's setter touches the sqlite3 object from this one, which a
+            # connection made with check_same_thread (an in-memory database) refuses.
+            await connection.run_sync(_driver_autocommit)
+            if not isinstance(self._engine.sync_engine.pool, StaticPool | SingletonThreadPool):
+                # Out of the pool's count, so the host keeps every connection it sized
+                # the pool for. (A pool of one shared connection keeps it: that
+                # connection is the database, in memory.)
+                raw.detach()
+        except BaseException:
+            await connection.invalidate()
+            await connection.close()
+            raise
+        self._connection, self.driver = connection, driver
+
+    def close(self) -> None:
+        """Close the connection; called from ``Engine.dispose`` (inside SQLAlchemy's greenlet)."""
+        connection, driver = self._connection, self.driver
+        self._connection = self.driver = None
+        if connection is None:
+            return
+        # Not handed back (detached, or its pool is being disposed): closed for good.
+        connection.sync_connection.invalidate()  # type: ignore[union-attr]
+        await_only(driver.close())
+
+
+_sqlite_connections: weakref.WeakKeyDictionary[Engine, _SqliteConnection] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _sqlite_connection_of(engine: AsyncEngine) -> _SqliteConnection:
+    sync_engine = engine.sync_engine
+    found = _sqlite_connections.get(sync_engine)
+    if found is None:
+        found = _sqlite_connections[sync_engine] = _SqliteConnection(engine)
+        closer = weakref.ref(found)
+
+        def on_dispose(_engine: Engine) -> None:
+            alive = closer()
+            if alive is not None:
+                alive.close()
+
+        event.listen(sync_engine, "engine_disposed", on_dispose)
+    return found
+
+
+class SqliteExecutor(_Executor):
+    errors = (SQLAlchemyError, OSError, sqlite3.Error)
+
+    def __init__(self, engine: AsyncEngine, hook: StatementHook | None) -> None:
+        super().__init__(hook)
+        self._connection = _sqlite_connection_of(engine)
+
+    async def fetch(
+        self, operation: str, statement: Prepared, values: Mapping[str, Any]
+    ) -> list[Row]:
+        """One statement on its own: committed when it returns (writes return their rows)."""
+        connection = self._connection
+        # The step path: a plain lock, no context-manager layers (a few µs each).
+        async with connection.lock():
+            driver = connection.driver
+            if driver is None:
+                await connection._open()
+                driver = connection.driver
+            return await self._send(driver, operation, statement.sql, statement.arguments(values))
+
+    @asynccontextmanager
+    async def transaction(self, operation: str) -> AsyncIterator[Session]:
+        async with self._connection.turn() as driver:
+            try:
+                # IMMEDIATE: the write lock (waiting out the busy timeout) before any read.
+                await self._send(driver, operation, "BEGIN IMMEDIATE", [])
+                yield Session(self, driver, operation)
+                await self._send(driver, operation, "COMMIT", [])
+            except BaseException:
+                # Queued now, so it runs right after whatever the thread is still doing
+                # and before the next turn's first statement; awaited under a shield so
+                # that a second cancellation cannot release the turn before it is sent.
+                rollback = asyncio.ensure_future(self._rollback(driver, operation))
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(rollback)
+                raise
+
+    async def _rollback(self, driver: Any, operation: str) -> None:
+        with contextlib.suppress(sqlite3.Error):  # nothing open (BEGIN itself failed)
+            await self._send(driver, operation, "ROLLBACK", [])
+
+    def is_unique_violation(self, error: BaseException) -> bool:
+        return isinstance(error, sqlite3.IntegrityError)
+
+    async def _driver_fetch(self, driver: Any, sql: str, arguments: list[Any]) -> list[Row]:
+        try:
+            return list(await driver.execute_fetchall(sql, arguments))
+        except ValueError as error:
+            # aiosqlite's word for a connection that was closed under it.
+            raise sqlite3.OperationalError(str(error)) from error
+
+
+# --- Postgres ------------------------------------------------------------------------------
+
+
+class PostgresExecutor(_Executor):
+    def __init__(self, engine: AsyncEngine, hook: StatementHook | None) -> None:
+        super().__init__(hook)
+        import asyncpg  # type: ignore[import-untyped]
+
+        self._engine = engine
+        self._unique_violation = asyncpg.UniqueViolationError
+        self.errors = (
+            SQLAlchemyError,
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError,
+        )
+
+    @asynccontextmanager
+    async def _checkout(self) -> AsyncIterator[Any]:
+        connection = await self._engine.connect()
+        try:
+            raw = await connection.get_raw_connection()
+            yield raw.driver_connection
+        except BaseException:
+            # A cancelled or failed statement may leave the server mid-query or
+            # mid-transaction: this connection never goes back to the pool.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(connection.invalidate())
+            await asyncio.shield(connection.close())
+            raise
+        await connection.close()
+
+    async def fetch(
+        self, operation: str, statement: Prepared, values: Mapping[str, Any]
+    ) -> list[Row]:
+        """One statement outside any transaction: one round trip, durable on return."""
+        async with self._checkout() as driver:
+            return await self._send(driver, operation, statement.sql, statement.arguments(values))
+
+    @asynccontextmanager
+    async def transaction(self, operation: str) -> AsyncIterator[Session]:
+        async with self._checkout() as driver:
+            await self._send(driver, operation, "BEGIN", [])
+            yield Session(self, driver, operation)
+            await self._send(driver, operation, "COMMIT", [])
+            # On any error the checkout invalidates the connection, which ends the transaction.
+
+    def is_unique_violation(self, error: BaseException) -> bool:
+        return isinstance(error, self._unique_violation)
+
+    async def _driver_fetch(self, driver: Any, sql: str, arguments: list[Any]) -> list[Row]:
+        return list(await driver.fetch(sql, *arguments))
+
+
+Executor = SqliteExecutor | PostgresExecutor
+
+
+def executor_for(engine: AsyncEngine, hook: StatementHook | None) -> Executor:
+    name, driver = engine.dialect.name, engine.dialect.driver
+    if (name, driver) == ("sqlite", "aiosqlite"):
+        return SqliteExecutor(engine, hook)
+    if (name, driver) == ("postgresql", "asyncpg"):
+        return PostgresExecutor(engine, hook)
+    raise ValueError(
+        f"jobrun supports sqlite+aiosqlite and postgresql+asyncpg, not {name}+{driver}"
+    )

@@ -1,0 +1,412 @@
+"""Every statement the SQL store sends, as SQLAlchemy Core, compiled once per store.
+
+Values are bound parameters, never part of the statement, so each statement is
+compiled once (``Compiler``) and only its parameter list is built per call.
+Statements whose shape depends on the call (how many jobs a claim asks for, which
+filters a listing uses, how many ids a prune batch deletes) are compiled once per
+shape and kept (``Shapes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from sqlalchemy import (
+    Text,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.sql.expression import ClauseElement
+
+from jobrun._core.records import JobRunStatus, RunPatch, RunRow
+from jobrun.sql.executor import Compiler, Prepared
+from jobrun.sql.presence import presence_held
+from jobrun.sql.schema import DUE_AT, LEASED_ONLY, LIVE_ONLY, job_runs, job_steps
+
+RUNNING = JobRunStatus.RUNNING.value
+FAILED = JobRunStatus.FAILED.value
+RUN_COLUMNS = tuple(column.name for column in job_runs.c)
+# Statements return whole runs in table order, which is RunRow's field order.
+assert tuple(RunRow.__dataclass_fields__) == RUN_COLUMNS
+PATCH_COLUMNS = tuple(RunPatch.__dataclass_fields__)
+STEP_COLUMNS = ("run_id", "step", "result", "attempts", "last_error", "recorded_at")
+_KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
+_NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
+
+
+def _fence() -> Any:
+    """``this run, still running, still held by this token``, as bound parameters."""
+    return and_(
+        job_runs.c.id == bindparam("fence_id"),
+        job_runs.c.status == RUNNING,
+        job_runs.c.lease_owner == bindparam("fence_token"),
+    )
+
+
+def dialect_insert(is_postgres: bool, table: Any) -> Any:
+    """The dialect's INSERT construct, which knows ``ON CONFLICT``."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return (postgresql if is_postgres else sqlite).insert(table)
+
+
+def _record_step(is_postgres: bool) -> Any:
+    held = select(literal(1)).where(_fence())
+    if is_postgres:
+        # Lock the run row for the statement: a claim that would take the run over
+        # (an UPDATE of that row) waits until this write commits, so the check and
+        # the write cannot come apart. SQLite's writer holds the database's write
+        # lock for the whole statement.
+        held = held.with_for_update(read=True)
+    values = select(
+        *(bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in STEP_COLUMNS)
+    ).where(exists(held))
+    upsert = dialect_insert(is_postgres, job_steps).from_select(list(STEP_COLUMNS), values)
+    return upsert.on_conflict_do_update(
+        index_elements=[job_steps.c.run_id, job_steps.c.step],
+        set_={name: upsert.excluded[name] for name in STEP_COLUMNS[2:]},
+    ).returning(literal(1))
+
+
+def start_insert(is_postgres: bool) -> Any:
+    """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
+    insert = (
+        dialect_insert(is_postgres, job_runs)
+        .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
+        .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
+        .returning(job_runs.c.id)
+    )
+    if not is_postgres:
+        return insert
+    # Wake listening workers now rather than at their next poll.
+    added = insert.cte("added")
+    channel = bindparam("notify_channel", type_=Text)
+    payload = bindparam("notify_payload", type_=Text)
+    return select(func.pg_notify(channel, payload)).select_from(added)
+
+
+class Statements:
+    """The store's fixed statements, compiled for one dialect."""
+
+    def __init__(self, compile_: Compiler, is_postgres: bool) -> None:
+        runs = job_runs.c
+        by_id = runs.id == bindparam("run_id")
+        patch = (
+            update(job_runs)
+            .where(_fence())
+            .values({name: bindparam(f"new_{name}") for name in PATCH_COLUMNS})
+            .returning(runs.id)
+        )
+        self.get = compile_(select(job_runs).where(by_id))
+        self.steps = compile_(
+            select(
+                job_steps.c.step, job_steps.c.result, job_steps.c.attempts, job_steps.c.last_error
+            ).where(job_steps.c.run_id == bindparam("run_id"))
+        )
+        self.patch = compile_(patch)
+        self.drop_ledger = compile_(
+            delete(job_steps).where(job_steps.c.run_id == bindparam("fence_id"))
+        )
+        # Postgres: the pass commit in one statement, atomic by itself; the ledger
+        # is dropped only if the fenced write applied.
+        written = patch.cte("written")
+        dropped = (
+            delete(job_steps)
+            .where(job_steps.c.run_id.in_(select(written.c.id)))
+            .cte("dropped_ledger")
+        )
+        self.commit_in_one = compile_(select(written.c.id).add_cte(dropped))
+        self.record_step = compile_(_record_step(is_postgres))
+        self.extend_lease = compile_(
+            update(job_runs)
+            .where(_fence())
+            .values(next_attempt_at=bindparam("expires_at"))
+            .returning(runs.id)
+        )
+        self.start = compile_(start_insert(is_postgres))
+        self.live = compile_(
+            select(job_runs).where(
+                runs.module_id == bindparam("row_module_id"),
+                runs.job == bindparam("row_job"),
+                runs.instance == bindparam("row_instance"),
+                runs.status == RUNNING,
+            )
+        )
+        self._operator(compile_, by_id)
+
+    def _operator(self, compile_: Compiler, by_id: Any) -> None:
+        runs = job_runs.c
+        at: Any = bindparam("at")
+        self.cancel = compile_(
+            update(job_runs)
+            .where(by_id, runs.status == RUNNING)
+            .values(
+                status=FAILED,
+                last_error=bindparam("reason"),
+                updated_at=at,
+                ended_at=at,
+                next_attempt_at=None,
+                **_NO_LEASE,
+            )
+            .returning(runs.id)
+        )
+        revived: dict[str, Any] = {
+            "status": RUNNING,
+            "attempts": 0,
+            "lease_takeovers": 0,
+            "updated_at": at,
+            "ended_at": None,
+            "next_attempt_at": None,
+            **_NO_LEASE,
+        }
+        revive = update(job_runs).where(by_id, runs.status == FAILED).returning(runs.id)
+        self.revive = compile_(revive.values(revived))
+        # The operator's repair of unreadable counters, in the same write.
+        self.revive_counters = compile_(
+            revive.values(revived | {"counters": bindparam("counters")})
+        )
+        # Failed steps get their attempts back; completed ones keep their memo.
+        self.refill = compile_(
+            update(job_steps)
+            .where(job_steps.c.run_id == bindparam("run_id"), job_steps.c.result.is_(None))
+            .values(attempts=0)
+        )
+        self.release = compile_(
+            update(job_runs)
+            .where(by_id, runs.status == RUNNING, runs.lease_owner.is_not(None))
+            .values(next_attempt_at=None, **_NO_LEASE)
+            .returning(runs.id)
+        )
+        now_at = bindparam("now_at", type_=Text)
+        live = runs.status == RUNNING
+        # Due includes the stranded: a lease that expired is due since its expiry.
+        waiting = and_(live, now_at >= DUE_AT)
+        # The running range of the claim-order index (status leads it).
+        self.due_by_job = compile_(
+            select(runs.module_id, runs.job, func.count())
+            .where(live, now_at >= DUE_AT, runs.lease_owner.is_(None))
+            .group_by(runs.module_id, runs.job)
+        )
+        # Finished runs are kept forever; every filter here leads with status so
+        # the history is never scanned (done runs are not counted at all).
+        self.health = compile_(
+            select(
+                func.count().filter(live),
+                func.count().filter(waiting),
+                func.count().filter(and_(live, runs.lease_owner.is_not(None), now_at < DUE_AT)),
+                func.count().filter(runs.status == FAILED),
+                func.min(DUE_AT).filter(waiting),
+            ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
+        )
+
+
+class Shapes:
+    """Statements compiled once per shape, on first use."""
+
+    def __init__(self, compile_: Compiler) -> None:
+        self._compile = compile_
+        self._known: dict[Hashable, Prepared] = {}
+
+    def get(self, shape: Hashable, build: Callable[[], ClauseElement]) -> Prepared:
+        found = self._known.get(shape)
+        if found is None:
+            found = self._known[shape] = self._compile(build())
+        return found
+
+
+def _in_flight(index: int) -> Any:
+    """How many runs of limited job ``index`` hold a lease that has not expired (a
+    separate alias: the count must not correlate with the claim's candidate row)."""
+    leased = job_runs.alias("leased")
+    return (
+        select(func.count())
+        .select_from(leased)
+        .where(
+            # Spelled as the partial index's predicate, so both engines use it.
+            LEASED_ONLY,
+            leased.c.module_id == bindparam(f"limited_module_{index}"),
+            leased.c.job == bindparam(f"limited_job_{index}"),
+            leased.c.status == RUNNING,
+            leased.c.next_attempt_at > bindparam("now_at", type_=Text),
+        )
+        .scalar_subquery()
+    )
+
+
+def limit_locks(count: int) -> Any:
+    """Postgres: the advisory locks ``lock_{i}`` that order limited claims."""
+    return select(*(func.pg_advisory_xact_lock(bindparam(f"lock_{i}")) for i in range(count)))
+
+
+def _due_candidate(pairs: list[Any], skipped: int, limited: int) -> Any:
+    """The first due run in claim order, among the requested jobs under their limits."""
+    runs = job_runs.c
+    candidate = (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            bindparam("now_at", type_=Text) >= DUE_AT,
+            tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+        )
+        .order_by(runs.priority.desc(), DUE_AT, runs.id)
+        .limit(1)
+        # Postgres: concurrent claimers pass over each other's rows instead of
+        # queueing on them. SQLite renders nothing here: its single write
+        # statement holds the database's write lock from before its read.
+        .with_for_update(skip_locked=True)
+    )
+    for index in range(limited):
+        # Uncorrelated, so evaluated once per claim, not once per candidate row.
+        candidate = candidate.where(
+            or_(
+                runs.module_id != bindparam(f"limited_module_{index}"),
+                runs.job != bindparam(f"limited_job_{index}"),
+                _in_flight(index) < bindparam(f"limited_most_{index}", type_=runs.attempts.type),
+            )
+        )
+    if skipped:
+        candidate = candidate.where(
+            runs.id.not_in([bindparam(f"skip_{i}") for i in range(skipped)])
+        )
+    return candidate.scalar_subquery()
+
+
+def _dead(dead: int) -> list[Any]:
+    return [bindparam(f"dead_{i}") for i in range(dead)]
+
+
+def _orphan_candidate(pairs: list[Any], dead: int) -> Any:
+    """A run whose holder was proven dead (``dead_{i}``), due or not (see
+    ``jobrun._core.holders``). Taking it over adds no pass in flight, so per-job
+    limits do not apply."""
+    runs = job_runs.c
+    return (
+        select(runs.id)
+        .where(
+            runs.status == RUNNING,
+            runs.lease_owner.in_(_dead(dead)),
+            # Unexpired (once expired it is simply due): the due index's range.
+            bindparam("now_at", type_=Text) < DUE_AT,
+            tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+        )
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+
+
+def _takeover_reason(dead: int) -> Any:
+    """``last_error`` after the claim: why the run was taken over, if its pass had begun."""
+    runs = job_runs.c
+    began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
+    reasons = [
+        (
+            began,
+            literal("the lease of driver ", Text)
+            + runs.lease_driver
+            + literal(" expired during a pass; the run was taken over", Text),
+        )
+    ]
+    if dead:
+        died = runs.lease_owner.in_(_dead(dead))
+        death = literal(" died during a pass; the run was taken over at once", Text)
+        reasons.insert(
+            0, (and_(began, died), literal("the driver ", Text) + runs.lease_driver + death)
+        )
+    return case(*reasons, else_=runs.last_error)
+
+
+def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int, dead: int) -> Any:
+    """The claim for ``jobs`` (module_id, job) pairs (``module_{i}``, ``job_{i}``), their
+    expiries (``expires_{i}``, or ``expires_0`` for all), ``skipped`` ids (``skip_{i}``),
+    ``limited`` jobs under a concurrency limit (``limited_*_{i}``, ``limited_most_{i}``)
+    and ``dead`` proven-dead lease owners (``dead_{i}``), whose runs come first."""
+    runs = job_runs.c
+    pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
+    chosen: Any = _due_candidate(pairs, skipped, limited)
+    if dead:
+        chosen = func.coalesce(_orphan_candidate(pairs, dead), chosen)
+    expiry: Any = bindparam("expires_0")
+    if not one_expiry:
+        expiry = case(
+            *(
+                (and_(runs.module_id == module, runs.job == job), bindparam(f"expires_{i}"))
+                for i, (module, job) in enumerate(pairs)
+            ),
+        )
+    # The previous lease is still on the row only when it expired or its holder
+    # died: a takeover.
+    taken_over = runs.lease_owner.is_not(None)
+    began = and_(taken_over, runs.lease_began_at.is_not(None))
+    return (
+        update(job_runs)
+        .where(runs.id == chosen)
+        .values(
+            lease_owner=bindparam("token"),
+            lease_driver=bindparam("driver"),
+            lease_began_at=bindparam("now_at"),
+            next_attempt_at=expiry,
+            lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
+            attempts=runs.attempts + case((began, 1), else_=0),
+            last_error=_takeover_reason(dead),
+        )
+        .returning(*job_runs.c)
+    )
+
+
+def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
+    """Runs held under an unexpired lease at ``now_at``, of ``jobs`` pairs (``module_{i}``,
+    ``job_{i}``; ``None``: every job), with whether each holder's presence is held
+    (Postgres, see ``jobrun.sql.presence``; NULL elsewhere)."""
+    runs = job_runs.c
+    held = presence_held() if with_presence else null()
+    query = select(
+        runs.id,
+        runs.module_id,
+        runs.job,
+        runs.lease_owner,
+        runs.lease_driver,
+        runs.lease_began_at,
+        held,
+    ).where(
+        runs.status == RUNNING,
+        runs.lease_owner.is_not(None),
+        # Not expired: a held lease's expiry is its due instant (the index's range).
+        bindparam("now_at", type_=Text) < DUE_AT,
+    )
+    if jobs is not None:
+        pairs = [tuple_(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
+        query = query.where(tuple_(runs.module_id, runs.job).in_(pairs))
+    return query
+
+
+LIST_FILTERS = ("module_id", "job", "instance", "status")
+
+
+def list_statement(filters: tuple[str, ...]) -> Any:
+    """The operator listing for the named equality filters (``filter_<name>``) and ``limit``."""
+    conditions = [job_runs.c[name] == bindparam(f"filter_{name}") for name in filters]
+    return (
+        select(job_runs)
+        .where(and_(True, *conditions))
+        .order_by(job_runs.c.id.desc())
+        .limit(bindparam("limit", type_=job_runs.c.attempts.type))
+    )
+
+
+def prune_ledgers(ids: int) -> Any:
+    """One prune batch's ledgers: the runs ``id_{i}`` just deleted."""
+    id_params: list[Any] = [bindparam(f"id_{i}") for i in range(ids)]
+    return delete(job_steps).where(job_steps.c.run_id.in_(id_params))

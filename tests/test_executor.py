@@ -1,0 +1,238 @@
+"""The SQL store's one execution path: its statement hook, its transactions under
+faults and cancellation, and the host's engine configuration.
+
+Every test here runs the store exactly as users build it (``statement_hook`` is
+a constructor option, not a different path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+import jobrun
+from jobrun.testing import FakeClock
+from tests.support import SQL_BACKENDS, drive, logged_store, row_of
+
+MODULE = "executor"
+JOB = "walk"
+IMMEDIATE = jobrun.RetryPolicy(max_attempts=50, base_delay_ms=0)
+
+
+class Injected(Exception):
+    """The fault a hook raises on purpose."""
+
+
+def two_steps() -> jobrun.JobRegistry:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("a", lambda: "A")
+        await p.step("b", lambda: "B")
+        return jobrun.PassResult(cursor=(p.cursor or 0) + 1)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    return registry
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_the_hook_sees_every_statement_of_a_pass(
+    engine: AsyncEngine, backend: str, clock: FakeClock
+) -> None:
+    store, log = logged_store(engine)
+    await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    log.seen.clear()
+    assert (await drive(store, two_steps(), clock, limit=1)).advanced == 1
+    operations = [operation for operation, _, _ in log.seen]
+    commit = ["commit_pass"] if backend == "postgres" else ["commit_pass"] * 4
+    # The driver's first claim on a store begins with the scan for runs stranded by a
+    # dead holder (jobrun._core.stranded; then at most once a second).
+    assert operations == ["held_leases", "claim", "steps", "record_step", "record_step", *commit]
+    if backend == "sqlite":
+        # BEGIN, the fenced write, the ledger drop, COMMIT: one transaction.
+        kinds = [sql.split()[0] for operation, sql, _ in log.seen if operation == "commit_pass"]
+        assert kinds == ["BEGIN", "UPDATE", "DELETE", "COMMIT"]
+    steps = [parameters for operation, _, parameters in log.seen if operation == "record_step"]
+    assert [[value for value in parameters if value in ("a", "b")] for parameters in steps] == [
+        ["a"],
+        ["b"],
+    ]
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("where", ["after-write", "before-last"])
+async def test_a_pass_commit_interrupted_inside_moves_cursor_and_ledger_together(
+    engine: AsyncEngine, backend: str, clock: FakeClock, where: str
+) -> None:
+    """A fault after the commit's fenced write, or before its last statement: the cursor
+    and the ledger drop are one transaction, so both happened or neither did."""
+    store, log = logged_store(engine)
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    commit_statements: list[str] = []
+    raised: list[str] = []
+
+    async def before(operation: str, sql: str) -> None:
+        if operation == "commit_pass":
+            commit_statements.append(sql)
+            if where == "before-last" and sql.startswith(("COMMIT", "WITH")):
+                raised.append(sql)
+                raise Injected(sql)
+
+    async def after(operation: str, sql: str) -> None:
+        if (
+            where == "after-write"
+            and operation == "commit_pass"
+            and sql.startswith(("UPDATE", "WITH"))
+            and not raised
+        ):
+            raised.append(sql)
+            raise Injected(sql)
+
+    log.before, log.after = before, after
+    # The pass engine may record the failed commit as a failed pass, or let it escape.
+    with contextlib.suppress(Injected, jobrun.StoreError):
+        await drive(store, two_steps(), clock, limit=1)
+    log.before = log.after = None
+    assert len(raised) == 1
+    row = await row_of(store, run.id)
+    ledger = await store.steps(run.id)
+    if backend == "postgres" and where == "after-write":
+        # One statement: it was committed whole before the hook saw it end.
+        assert (row.cursor, ledger) == ("1", {})
+    else:
+        assert row.cursor is None
+        assert sorted(ledger) == ["a", "b"], "the cursor stayed but the ledger went"
+    if backend == "sqlite":
+        # Nothing left open: another connection takes the write lock at once.
+        assert_write_lock_free(engine)
+
+
+def assert_write_lock_free(engine: AsyncEngine) -> None:
+    database = make_url(str(engine.url)).database
+    assert database is not None
+    other = sqlite3.connect(database, timeout=0, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+async def test_sqlite_a_transaction_cancelled_mid_statement_is_rolled_back(
+    sqlite_url: str, clock: FakeClock
+) -> None:
+    engine = create_async_engine(sqlite_url)
+    database = make_url(sqlite_url).database
+    assert database is not None
+    try:
+        store, log = logged_store(engine, sqlite_busy_timeout_ms=10_000)
+        run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+        await drive(store, two_steps(), clock, max_passes=1)
+        holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+        sent = asyncio.Event()
+
+        async def before(operation: str, sql: str) -> None:
+            if operation == "resume" and sql.startswith("BEGIN"):
+                sent.set()
+
+        log.before = before
+        await jobrun.cancel_job_run(store, run.id, "stop", clock=clock)
+        holder.execute("BEGIN IMMEDIATE")
+        # The store's BEGIN IMMEDIATE now waits in aiosqlite's thread for the lock.
+        task = asyncio.create_task(jobrun.resume_job_run(store, run.id, clock=clock))
+        await asyncio.wait_for(sent.wait(), 10)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        holder.execute("ROLLBACK")
+        holder.close()
+        # The next operation waits behind the cancelled one and the rollback it left queued.
+        assert (await row_of(store, run.id)).status == "failed"
+        assert [sql.split()[0] for op, sql, _ in log.seen if op == "resume"][-1] == "ROLLBACK"
+        assert_write_lock_free(engine)
+        assert await jobrun.resume_job_run(store, run.id, clock=clock)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_postgres_a_step_write_cancelled_mid_statement_leaves_nothing_open(
+    engine: AsyncEngine, clock: FakeClock
+) -> None:
+    store, log = logged_store(engine)
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    dsn = make_url(str(engine.url)).set(drivername="postgresql").render_as_string(False)
+    admin = await asyncpg.connect(dsn)
+    sent = asyncio.Event()
+    locker = admin.transaction()
+
+    async def before(operation: str, _sql: str) -> None:
+        if operation == "record_step" and not sent.is_set():
+            # Hold the run row: the step write's fence (FOR SHARE) waits on it.
+            await locker.start()
+            await admin.execute("SELECT 1 FROM _substrat_job_runs WHERE id = $1 FOR UPDATE", run.id)
+            sent.set()
+
+    log.before = before
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("a", lambda: "A")
+        return jobrun.PassResult(cursor=1)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    try:
+        task = asyncio.create_task(drive(store, registry, clock))
+        await asyncio.wait_for(sent.wait(), 10)
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.sleep(0.1)
+        # Released before awaiting the task: its lease hand-back needs the row too.
+        await locker.rollback()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        open_transactions = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+        )
+        assert open_transactions == 0
+        assert await store.steps(run.id) == {}, "the cancelled step write was applied"
+    finally:
+        await admin.close()
+    # The pool hands out healthy connections; the run goes on.
+    assert (await row_of(store, run.id)).lease_owner is None
+    assert (await drive(store, registry, clock)).advanced == 1
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_the_host_engine_configuration_applies_to_the_store(
+    engine: AsyncEngine, clock: FakeClock
+) -> None:
+    """The store takes its connections from the host's pool: the host's events run."""
+    checkouts: list[Any] = []
+    event.listen(engine.sync_engine, "checkout", lambda *args: checkouts.append(args[0]))
+    store = jobrun.SqlJobRunStore(engine)
+    await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    assert (await drive(store, two_steps(), clock)).advanced == 1
+    assert checkouts, "the store bypassed the host's pool"
+
+
+async def test_disposing_the_engine_closes_the_store_connection(
+    sqlite_url: str, tmp_path: Path, clock: FakeClock
+) -> None:
+    engine = create_async_engine(sqlite_url)
+    store = jobrun.SqlJobRunStore(engine)
+    await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    await engine.dispose()
+    # After dispose the store opens a fresh connection on first use.
+    assert len(await jobrun.job_runs(store)) == 1
+    await engine.dispose()
