@@ -141,6 +141,9 @@ class CountingStore:
 @pytest.mark.parametrize("ending", ["advance", "done", "raise", "superseded"])
 async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     """Whatever way a pass ends, its renewal task is gone when ``run_due_jobs`` returns."""
+    # Renewals wait on the pass's clock: without autojump this one never moves, no
+    # renewal comes, and each pass would end by the 10 s wait below instead of ``ending``.
+    clock.autojump = True
     for instance in ("x", "y"):
         await start(store, clock, module_id=M, job=J, instance=instance)
     registry = jobrun.JobRegistry()
@@ -163,6 +166,9 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     report = await jobrun.run_due_jobs(counting, registry, clock=clock, max_passes=max_passes)
     left = {task for task in asyncio.all_tasks() - before if not task.done()}
     assert report.attempted == 2
+    # Every pass ended the way this case says (not by the 10 s wait failing it).
+    outcome = {"advance": "advanced", "done": "completed", "raise": "retrying"}.get(ending, ending)
+    assert getattr(report, outcome) >= 2, report
     assert left == set(), f"tasks outlived run_due_jobs: {left}"
     # Belt and braces: nothing renews later either (a leftover renewer sleeps 25 ms).
     sent = counting.renewals

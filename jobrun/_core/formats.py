@@ -57,8 +57,6 @@ class OverCapError(ValueError):
         # ``size`` is what was encoded when the cap was passed: a lower bound, since
         # encoding stops there rather than expanding a huge value in full.
         super().__init__(f"at least {size} bytes of JSON, over the {max_bytes}-byte cap")
-        self.max_bytes = max_bytes
-        self.size = size
 
 
 def encode_json_within(value: Any, max_bytes: int) -> str:
