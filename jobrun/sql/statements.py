@@ -189,6 +189,10 @@ class Statements:
             .values(next_attempt_at=None, **_NO_LEASE)
             .returning(runs.id)
         )
+        self._operator_reads(compile_)
+
+    def _operator_reads(self, compile_: Compiler) -> None:
+        runs = job_runs.c
         now_at = bindparam("now_at", type_=Text)
         live = runs.status == RUNNING
         # Due includes the stranded: a lease that expired is due since its expiry.
