@@ -29,6 +29,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+# Run as a script from anywhere: the checkout comes first on the path, so the imports
+# below must follow this (hence their noqa: E402).
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Run as a script from anywhere: the checkout and this folder come first on the path,
+# so the imports below must follow this (hence their noqa: E402).
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT, ROOT / "benchmarks"):
     if str(path) not in sys.path:

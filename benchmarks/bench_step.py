@@ -180,6 +180,7 @@ async def measure(backend: str, args: Any) -> dict[str, Any]:
     medians = await interleave(chosen, args.rounds or (2 if args.quick else 9))
     if args.profile:
         runner = step_runner(store, n * 10)
+        # The table holds timings; the profile rides along as text (hence the ignore).
         medians["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)  # type: ignore[assignment]
     await raw.connection.close()
     await engine.dispose()

@@ -105,6 +105,7 @@ async def scenario(args: Any) -> None:
             variants = {"driver floor": floor, "jobrun": jobrun_sample(store, concurrency, steps)}
             medians = await interleave(variants, args.rounds or (1 if args.quick else 5))
             if args.profile and concurrency == (1 if backend == "sqlite" else 64):
+                # The table holds timings; the profile rides along as text (hence the ignore).
                 medians["profile"] = await profiled(  # type: ignore[assignment]
                     f"{backend}, {concurrency} in flight", variants["jobrun"]
                 )

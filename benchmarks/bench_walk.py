@@ -43,6 +43,7 @@ async def walk(store: jobrun.SqlJobRunStore, objects: int, page: int) -> dict[st
     )
     before = rss_mb()
     started = time.perf_counter()
+    # The run was just started: it exists (hence the ignore of the Optional).
     while (await jobrun.get_job_run(store, run.id)).status == "running":  # type: ignore[union-attr]
         await jobrun.run_due_jobs(store, registry, limit=1, max_passes=1_000_000)
     elapsed = time.perf_counter() - started

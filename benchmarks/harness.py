@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# Run as a script from anywhere: the checkout comes first on the path, so the imports
+# below must follow this (hence their noqa: E402).
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
