@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun.testing import FakeClock, MemoryJobRunStore
-from tests.support import SQL_BACKENDS
+from tests.support import CRASH_SEED, SQL_BACKENDS
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL")
 IN_CI = bool(os.environ.get("CI"))
@@ -47,8 +47,13 @@ hypothesis_settings.load_profile(
 
 def pytest_report_header(config: pytest.Config) -> str:
     profile = hypothesis_settings.get_current_profile_name()
-    crash_seed = os.environ.get("JOBRUN_CRASH_SEED") or ("fixed (CI)" if IN_CI else "drawn per run")
-    return f"jobrun: hypothesis profile {profile!r}; kill -9 suite seed {crash_seed}"
+    crash_seed = f"{CRASH_SEED} ({'fixed under CI' if IN_CI else 'drawn this session'})"
+    if os.environ.get("JOBRUN_CRASH_SEED"):
+        crash_seed = f"{CRASH_SEED} (JOBRUN_CRASH_SEED)"
+    return (
+        f"jobrun: hypothesis profile {profile!r}; kill -9 suite seed {crash_seed}; "
+        "race and fault suites: seeds fixed in code"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

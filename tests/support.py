@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import random
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -33,6 +35,14 @@ SQL_BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
+
+# The kill -9 suite's schedule: JOBRUN_CRASH_SEED if set, else fixed under CI (so CI
+# replays one schedule), else drawn once per session. The report header shows it.
+CI_CRASH_SEED = 20261201
+CRASH_SEED = int(
+    os.environ.get("JOBRUN_CRASH_SEED")
+    or (CI_CRASH_SEED if os.environ.get("CI") else random.SystemRandom().randrange(2**32))
+)
 
 
 def fixed_random() -> float:

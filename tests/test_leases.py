@@ -962,6 +962,7 @@ class _SlowClaimReply:
         row = await self.inner.claim(request)
         if row is not None:
             self.claimed.set()
+        # sleep: the reply's delay: the cancel lands while it is on its way
         await asyncio.sleep(0.05)
         return row
 

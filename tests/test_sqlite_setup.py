@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,13 @@ from jobrun.sql.executor import _sqlite_connections
 BUSY_TIMEOUT_MS = 4321  # distinct from the driver's default (5000) and jobrun's (30000)
 KEY = {"module_id": "@test/jobs", "job": "walk"}
 
-# Another process takes SQLite's write lock, says so, holds it, then commits.
+# Another process takes SQLite's write lock, says so, holds it until told, then commits.
 HOLD_LOCK = """
-import sqlite3, sys, time
+import sqlite3, sys
 connection = sqlite3.connect(sys.argv[1], isolation_level=None)
 connection.execute("BEGIN IMMEDIATE")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()
 connection.execute("COMMIT")
 connection.close()
 """
@@ -83,9 +82,11 @@ async def test_every_new_connection_is_set_up_too(sqlite_url: str) -> None:
 
 
 async def _start_while_another_process_holds_the_lock(
-    sqlite_url: str, busy_timeout_ms: int, hold_seconds: float
-) -> float:
-    """Start a run while another process holds the write lock; return how long it took."""
+    sqlite_url: str, busy_timeout_ms: int, look_s: float
+) -> bool:
+    """Start a run while another process holds the write lock, which it lets go once the
+    start has ended or ``look_s`` seconds have passed; say whether the start was still
+    waiting then. The start's own outcome (a run, or the store's error) propagates."""
     path = make_url(sqlite_url).database
     assert path is not None
     engine = create_async_engine(sqlite_url)
@@ -98,31 +99,33 @@ async def _start_while_another_process_holds_the_lock(
             "-c",
             HOLD_LOCK,
             path,
-            str(hold_seconds),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
         try:
+            assert holder.stdin is not None
             assert holder.stdout is not None
             line = await asyncio.wait_for(holder.stdout.readline(), timeout=30)
             assert line == b"locked\n"
-            began = time.monotonic()
-            try:
-                await jobrun.start_job_run(store, **KEY)
-            finally:
-                waited = time.monotonic() - began
+            starting = asyncio.create_task(jobrun.start_job_run(store, **KEY))
+            # A look, not a pass condition: load only makes the start wait longer.
+            ended, _ = await asyncio.wait({starting}, timeout=look_s)
+            holder.stdin.write(b"release\n")
+            await holder.stdin.drain()
+            await starting
         finally:
+            if holder.returncode is None and holder.stdin is not None:
+                holder.stdin.close()
             assert await asyncio.wait_for(holder.wait(), timeout=30) == 0
-        return waited
+        return not ended
     finally:
         await engine.dispose()
 
 
 async def test_a_writer_in_another_process_makes_jobrun_wait_not_fail(sqlite_url: str) -> None:
-    hold = 0.5
-    waited = await _start_while_another_process_holds_the_lock(sqlite_url, 10_000, hold)
-    # It did meet the lock (so it waited), and got through once the lock was let go.
-    assert waited >= hold / 2
-    assert waited < 10
+    # Half a second into a 10 s busy timeout the start still waits for the lock, and
+    # gets through once the lock is let go.
+    assert await _start_while_another_process_holds_the_lock(sqlite_url, 10_000, look_s=0.5)
     engine = create_async_engine(sqlite_url)
     try:
         runs = await jobrun.job_runs(jobrun.SqlJobRunStore(engine), **KEY)
@@ -132,9 +135,10 @@ async def test_a_writer_in_another_process_makes_jobrun_wait_not_fail(sqlite_url
 
 
 async def test_the_configured_timeout_is_the_one_that_applies(sqlite_url: str) -> None:
-    # The same lock with a timeout far shorter than the hold: the store gives up.
+    # The same lock, held until the start ends (60 s only bounds a hang), with a 50 ms
+    # timeout: the store gives up.
     with pytest.raises(jobrun.StoreError, match="database is locked"):
-        await _start_while_another_process_holds_the_lock(sqlite_url, 50, hold_seconds=1.0)
+        await _start_while_another_process_holds_the_lock(sqlite_url, 50, look_s=60)
 
 
 async def test_a_read_only_file_not_in_wal_mode_can_still_be_read(tmp_path: Path) -> None:
