@@ -82,7 +82,7 @@ async def test_every_new_connection_is_set_up_too(sqlite_url: str) -> None:
 
 
 async def _start_while_another_process_holds_the_lock(
-    sqlite_url: str, busy_timeout_ms: int, look_s: float
+    sqlite_url: str, busy_timeout_ms: int, look_s: float, *, set_up_first: bool = True
 ) -> bool:
     """Start a run while another process holds the write lock, which it lets go once the
     start has ended or ``look_s`` seconds have passed; say whether the start was still
@@ -92,8 +92,9 @@ async def _start_while_another_process_holds_the_lock(
     engine = create_async_engine(sqlite_url)
     try:
         store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=busy_timeout_ms)
-        # Set up (WAL, schema check) before the other process arrives.
-        assert await jobrun.get_job_run(store, "0" * 26) is None
+        if set_up_first:
+            # Set up (WAL, schema check) before the other process arrives.
+            assert await jobrun.get_job_run(store, "0" * 26) is None
         holder = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -132,6 +133,29 @@ async def test_a_writer_in_another_process_makes_jobrun_wait_not_fail(sqlite_url
         assert len(runs) == 1
     finally:
         await engine.dispose()
+
+
+async def test_a_first_connection_that_meets_a_writer_while_switching_to_wal_waits(
+    sqlite_url: str,
+) -> None:
+    # The migrated file is still in rollback-journal mode: the store's first connection
+    # switches it to WAL. SQLite refuses that switch at once, busy timeout or not, while
+    # another connection holds the write lock; the store waits for the lock instead.
+    path = make_url(sqlite_url).database
+    assert path is not None
+    assert _journal_mode(path) == "delete"
+    assert await _start_while_another_process_holds_the_lock(
+        sqlite_url, 10_000, look_s=0.5, set_up_first=False
+    )
+    assert _journal_mode(path) == "wal"
+
+
+def _journal_mode(path: str) -> str:
+    connection = sqlite3.connect(path)
+    try:
+        return str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+    finally:
+        connection.close()
 
 
 async def test_the_configured_timeout_is_the_one_that_applies(sqlite_url: str) -> None:
