@@ -193,9 +193,17 @@ async def test_a_swallowing_handler_runs_at_most_the_step_in_flight_after_losing
     assert report.superseded == 1
     if lose is _take_over:
         await asyncio.wait_for(rival_holds.wait(), 10)
-    for task in asyncio.all_tasks():
-        if task is not asyncio.current_task() and "run_due_jobs" in repr(task.get_coro()):
-            task.cancel()
+    rivals = [
+        task
+        for task in asyncio.all_tasks()
+        if task is not asyncio.current_task() and "run_due_jobs" in repr(task.get_coro())
+    ]
+    for task in rivals:
+        task.cancel()
+    # Awaited: a cancelled driver still hands its lease back, and that write must end
+    # before the store's engine is disposed and the loop closed (under load it once
+    # had not, and aiosqlite's thread then found the loop closed).
+    await asyncio.gather(*rivals, return_exceptions=True)
 
 
 async def test_cancelling_a_run_stuck_in_a_hung_step_frees_the_driver_within_a_renewal(
