@@ -39,8 +39,8 @@ from jobrun._core.holders import HolderIdentity, local_identity
 from jobrun._core.records import ClaimRequest
 from jobrun._system import system_clock
 from jobrun.testing import FakeClock
+from tests.processes.test_many_drivers import Fleet
 from tests.support import row_of
-from tests.test_many_drivers import Fleet
 
 CHILD = Path(__file__).with_name("recovery_child.py")
 MODULE, JOB = "recover", "walk"
