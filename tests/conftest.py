@@ -46,6 +46,16 @@ hypothesis_settings.load_profile(
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    return _randomness()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    # Under CI the seeds close the report too: ``-q`` drops the header.
+    if IN_CI:
+        terminalreporter.write_line(_randomness())
+
+
+def _randomness() -> str:
     profile = hypothesis_settings.get_current_profile_name()
     crash_seed = f"{CRASH_SEED} ({'fixed under CI' if IN_CI else 'drawn this session'})"
     if os.environ.get("JOBRUN_CRASH_SEED"):
