@@ -567,18 +567,19 @@ async def test_prune_blocked_behind_a_resume_deletes_nothing_and_counts_nothing(
                 jobrun.prune_job_runs(store, older_than=timedelta(0), statuses=("failed",))
             )
             async with engine.connect() as watcher:
-                for _ in range(500):
-                    waiting = await watcher.scalar(
-                        text(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                            "'Lock' AND query LIKE 'DELETE FROM _substrat_job_runs%'"
-                        )
+                # Until prune's delete waits on the row; 60 s only bounds a hang (a count
+                # of polls was once too few on a loaded machine).
+                deadline = time.monotonic() + 60
+                while not await watcher.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                        "'Lock' AND query LIKE 'DELETE FROM _substrat_job_runs%'"
                     )
-                    if waiting:
-                        break
-                    # sleep: a poll interval; the loop count only bounds a hang
+                ):
+                    assert not pruning.done(), f"prune ended without waiting: {pruning}"
+                    assert time.monotonic() < deadline, "prune never waited on the resumed row"
+                    # sleep: a poll interval; the deadline only bounds a hang
                     await asyncio.sleep(0.02)
-                assert waiting, "prune never waited on the resumed row"
             await resumer.commit()
         assert await asyncio.wait_for(pruning, 30) == 0, "prune counted a deletion it did not make"
         row = await store.get(run_id)
