@@ -680,3 +680,53 @@ def test_the_successor_of_a_prefix_is_the_least_string_above_its_range(
     prefix: str, successor: str | None
 ) -> None:
     assert _prefix_successor(prefix) == successor
+
+
+async def test_a_run_id_that_cannot_be_stored_is_named_as_the_run_id() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.cancel_job_run(MemoryJobRunStore(), "R\x00", "why")
+    assert [error["path"] for error in caught.value.errors] == ["run_id"]
+    assert str(caught.value).startswith("run_id 'R\\x00' contains a NUL")
+
+
+async def test_a_step_result_that_cannot_be_stored_is_a_mistake_about_that_step() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    caught: list[jobrun.HandlerMistakeError] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        try:
+            await p.step("load", lambda: {1, 2})
+        except jobrun.HandlerMistakeError as error:
+            caught.append(error)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    [error] = caught
+    assert error.errors == [
+        {"path": "step.load", "message": "not JSON (Object of type set is not JSON serializable)"}
+    ]
+    assert str(error).endswith("the body ran once and is not run again until the run is resumed"), (
+        "the text says what happens next"
+    )
+
+
+async def test_a_step_call_refused_before_it_runs_is_a_mistake_about_the_step() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    paths: list[list[str]] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name, retry in (("", None), ("s", cast(Any, 3))):
+            try:
+                p.step(name, lambda: 1, retry=retry)
+            except jobrun.HandlerMistakeError as error:
+                paths.append([entry["path"] for entry in error.errors])
+        return jobrun.PassResult(done=True)
+
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert paths == [["step"], ["step"]]
