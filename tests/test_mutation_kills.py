@@ -576,17 +576,37 @@ async def test_a_run_held_by_a_dead_holder_is_due_and_taken_over_at_once(
     store: Any, clock: FakeClock
 ) -> None:
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
-    assert await claim_as(store, clock, "DEAD-TOKEN", driver=_dead_driver(), lease_ms=60_000)
+    dead = _dead_driver()
+    assert await claim_as(store, clock, "DEAD-TOKEN", driver=dead, lease_ms=60_000)
     health = await jobrun.job_run_health(store, clock=clock)
     assert (health.due, health.leased) == (1, 0), "a provably dead holder's run waits"
     registry = jobrun.JobRegistry()
-    registry.register("m", "j", _done, lease_ms=60_000)
+    told: list[str | None] = []
+
+    @registry.job("m", "j", lease_ms=60_000)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        record = await jobrun.get_job_run(store, p.run.id)
+        assert record is not None
+        told.append(record.last_error)
+        return jobrun.PassResult(done=True)
+
     # The lease has 60 s left: only the proof of death lets this driver take the run.
     report = await jobrun.run_due_jobs(store, registry, clock=clock)
     assert (report.attempted, report.completed) == (1, 1)
+    assert told == [f"the driver {dead} died during a pass; the run was taken over at once"]
     record = await jobrun.get_job_run(store, run.id)
     assert record is not None
     assert record.status == "done"
+
+
+async def test_a_dead_holder_of_a_cancelled_run_leaves_nothing_due(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    assert await claim_as(store, clock, "DEAD-TOKEN", driver=_dead_driver(), lease_ms=60_000)
+    await jobrun.cancel_job_run(store, run.id, "stop", clock=clock)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.leased, health.failed) == (0, 0, 0, 1)
 
 
 async def test_a_backing_off_run_does_not_count_against_the_limit(
