@@ -752,3 +752,41 @@ async def test_a_step_call_refused_before_it_runs_is_a_mistake_about_the_step() 
 
     await jobrun.run_due_jobs(store, registry, clock=clock)
     assert paths == [["step"], ["step"]]
+
+
+# --- the driver: a report counts every outcome, a claim leases each job for its own time ----------
+
+
+async def test_a_report_counts_each_failed_run(store: Any, clock: FakeClock) -> None:
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j", retry=jobrun.RetryPolicy(max_attempts=1))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        raise RuntimeError(p.run.instance)
+
+    for instance in ("a", "b"):
+        await jobrun.start_job_run(store, module_id="m", job="j", instance=instance, clock=clock)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.failed) == (2, 2)
+    assert sorted(error.error for error in report.errors) == ["RuntimeError: a", "RuntimeError: b"]
+
+
+async def test_each_job_is_leased_for_its_own_lease_time(store: Any, clock: FakeClock) -> None:
+    registry = jobrun.JobRegistry()
+    expiries: dict[str, Any] = {}
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        record = await jobrun.get_job_run(store, p.run.id)
+        assert record is not None
+        expiries[p.run.job] = record.lease_expires_at
+        return jobrun.PassResult(done=True)
+
+    registry.register("m", "short", handler, lease_ms=1_000)
+    registry.register("m", "long", handler, lease_ms=90_000)
+    for job in ("short", "long"):
+        await jobrun.start_job_run(store, module_id="m", job=job, clock=clock)
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).completed == 2
+    assert expiries == {
+        "short": clock() + timedelta(seconds=1),
+        "long": clock() + timedelta(seconds=90),
+    }
