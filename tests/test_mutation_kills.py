@@ -25,7 +25,7 @@ from jobrun._core.browse import RunQuery
 from jobrun._core.formats import MalformedColumnError, decode_json
 from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
 from jobrun._core.lease import Lease, LeaseKeeper
-from jobrun._core.observe import PassEnd
+from jobrun._core.observe import PassEnd, PassStart
 from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
 from jobrun._core.records import ClaimRequest, HeldLease, RunFilter, StepRow
 from jobrun._system import SYSTEM_CLOCK
@@ -470,12 +470,14 @@ def test_the_keep_cursor_marker_reads_as_its_name() -> None:
 
 
 class _Ends:
-    """An observer that keeps every pass's end."""
+    """An observer that keeps every pass's start and end."""
 
     def __init__(self) -> None:
+        self.starts: list[PassStart] = []
         self.ends: list[PassEnd] = []
 
-    def pass_started(self, start: object) -> _Ends:
+    def pass_started(self, start: PassStart) -> _Ends:
+        self.starts.append(start)
         return self
 
     def step_started(self, name: str) -> None:
@@ -790,3 +792,27 @@ async def test_each_job_is_leased_for_its_own_lease_time(store: Any, clock: Fake
         "short": clock() + timedelta(seconds=1),
         "long": clock() + timedelta(seconds=90),
     }
+
+
+async def test_only_the_first_pass_after_a_takeover_is_told_it_took_over(
+    store: Any, clock: FakeClock
+) -> None:
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    assert await claim_as(store, clock, "GONE", lease_ms=1000)
+    clock.advance(seconds=2)
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        return jobrun.PassResult(cursor=(p.cursor or 0) + 1)
+
+    observer = _Ends()
+    report = await jobrun.run_due_jobs(
+        store, registry, clock=clock, observer=observer, max_passes=3
+    )
+    assert report.advanced == 3
+    assert [(start.number, start.taken_over) for start in observer.starts] == [
+        (1, True),
+        (2, False),
+        (3, False),
+    ]
