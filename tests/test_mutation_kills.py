@@ -816,3 +816,28 @@ async def test_only_the_first_pass_after_a_takeover_is_told_it_took_over(
         (2, False),
         (3, False),
     ]
+
+
+# --- drive options and registration: a bad value is named with its type ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("keywords", "text"),
+    [
+        ({"observer": 5}, "observer must be a PassObserver, got int"),
+        ({"clock": 5}, "clock must be a Clock or a callable returning a datetime, got int"),
+        ({"options": 5}, "options must be a DriveOptions, got int"),
+    ],
+    ids=["observer", "clock", "options"],
+)
+async def test_a_bad_drive_option_is_named_with_its_type(
+    keywords: dict[str, Any], text: str
+) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.run_due_jobs(MemoryJobRunStore(), jobrun.JobRegistry(), **keywords)
+    assert str(caught.value) == text
+
+
+def test_a_max_concurrent_of_the_wrong_type_is_named_with_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^max_concurrent must be an int or None, got str$"):
+        jobrun.JobRegistry().register("m", "j", _done, max_concurrent=cast(Any, "2"))
