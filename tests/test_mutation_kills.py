@@ -841,3 +841,16 @@ async def test_a_bad_drive_option_is_named_with_its_type(
 def test_a_max_concurrent_of_the_wrong_type_is_named_with_its_type() -> None:
     with pytest.raises(TypeError, match=r"^max_concurrent must be an int or None, got str$"):
         jobrun.JobRegistry().register("m", "j", _done, max_concurrent=cast(Any, "2"))
+
+
+def test_a_registered_job_keeps_its_limit_and_its_retention() -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", _done, max_concurrent=3, keep_for=timedelta(hours=1))
+    registered = registry.get("m", "j")
+    assert registered is not None
+    assert (registered.max_concurrent, registered.keep_for) == (3, timedelta(hours=1))
+
+
+def test_a_keep_for_of_the_wrong_type_is_named_with_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^keep_for must be a timedelta or None, got int$"):
+        jobrun.JobRegistry().register("m", "j", _done, keep_for=cast(Any, 5))
