@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -650,36 +651,48 @@ class _RefusingHook:
 _NOW = "2026-01-01T00:00:00.000Z"
 _LATER = "2026-01-01T00:01:00.000Z"
 
-STORE_OPERATIONS: dict[str, Any] = {
-    "get": lambda store: store.get("R"),
-    "claim": lambda store: store.claim(ClaimRequest(_NOW, "T", "d", {("m", "j"): _LATER})),
-    "held_leases": lambda store: store.held_leases(_NOW, None),
-    "list": lambda store: store.list(RunFilter()),
-    "steps": lambda store: store.steps("R"),
-    "record_step": lambda store: store.record_step("R", StepRow("s", "1", 1, None), _NOW, "T"),
-    "extend_lease": lambda store: store.extend_lease("R", "T", _LATER),
-    "cancel": lambda store: store.cancel("R", "why", _NOW),
-    "resume": lambda store: store.resume("R", _NOW),
-    "release": lambda store: store.release("R"),
-    "health": lambda store: store.health(_NOW),
-    "due_by_job": lambda store: store.due_by_job(_NOW),
-    "prune": lambda store: store.prune(_NOW, ("done",), 10),
-    "schedule_rows": lambda store: store.schedule_rows(),
-    "find": lambda store: store.find(RunQuery()),
-    "count": lambda store: store.count(RunQuery(), 10),
-    "job_loads": lambda store: store.job_loads(_NOW, _NOW),
+_CLAIM = ClaimRequest(_NOW, "T", "d", {("m", "j"): _LATER})
+
+# By the operation the hook and the error must name: a call to the store that sends it.
+STORE_OPERATIONS: dict[str, tuple[str, Any]] = {
+    "get": ("get", lambda store: store.get("R")),
+    "claim": ("claim", lambda store: store.claim(_CLAIM)),
+    # Postgres orders a limited job's claims with a lock, in a transaction of its own.
+    "claim-limited": (
+        "claim",
+        lambda store: store.claim(replace(_CLAIM, max_concurrent={("m", "j"): 1})),
+    ),
+    "held_leases": ("held_leases", lambda store: store.held_leases(_NOW, None)),
+    "list": ("list", lambda store: store.list(RunFilter())),
+    "steps": ("steps", lambda store: store.steps("R")),
+    "record_step": (
+        "record_step",
+        lambda store: store.record_step("R", StepRow("s", "1", 1, None), _NOW, "T"),
+    ),
+    "extend_lease": ("extend_lease", lambda store: store.extend_lease("R", "T", _LATER)),
+    "cancel": ("cancel", lambda store: store.cancel("R", "why", _NOW)),
+    "resume": ("resume", lambda store: store.resume("R", _NOW)),
+    "release": ("release", lambda store: store.release("R")),
+    "health": ("health", lambda store: store.health(_NOW)),
+    "due_by_job": ("due_by_job", lambda store: store.due_by_job(_NOW)),
+    "prune": ("prune", lambda store: store.prune(_NOW, ("done",), 10)),
+    "schedule_rows": ("schedule_rows", lambda store: store.schedule_rows()),
+    "find": ("find", lambda store: store.find(RunQuery())),
+    "count": ("count", lambda store: store.count(RunQuery(), 10)),
+    "job_loads": ("job_loads", lambda store: store.job_loads(_NOW, _NOW)),
 }
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
-@pytest.mark.parametrize("operation", sorted(STORE_OPERATIONS))
+@pytest.mark.parametrize("call", sorted(STORE_OPERATIONS))
 async def test_a_failed_store_operation_is_named_to_the_hook_and_in_the_error(
-    engine: AsyncEngine, backend: str, operation: str
+    engine: AsyncEngine, backend: str, call: str
 ) -> None:
+    operation, send = STORE_OPERATIONS[call]
     hook = _RefusingHook()
     store = jobrun.SqlJobRunStore(engine, statement_hook=hook)
     with pytest.raises(jobrun.StoreError) as caught:
-        await STORE_OPERATIONS[operation](store)
+        await send(store)
     assert caught.value.operation == operation
     assert str(caught.value) == f"{operation} failed: OSError: connection lost (injected)"
     # A transaction's failed BEGIN is followed by its ROLLBACK, under the same name.
