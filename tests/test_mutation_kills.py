@@ -581,8 +581,10 @@ async def test_a_run_held_by_a_dead_holder_is_due_and_taken_over_at_once(
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     dead = _dead_driver()
     assert await claim_as(store, clock, "DEAD-TOKEN", driver=dead, lease_ms=60_000)
+    clock.advance(seconds=30)
     health = await jobrun.job_run_health(store, clock=clock)
     assert (health.due, health.leased) == (1, 0), "a provably dead holder's run waits"
+    assert health.oldest_due_age_s == 30.0, "since its pass began"
     registry = jobrun.JobRegistry()
     told: list[str | None] = []
 
