@@ -22,7 +22,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Fail a running run now. A pass in flight stops at its next step.",
     ),
     "db": (
-        _OPERATOR_MODULE,
+        "jobrun._cli.schema_commands",
         "Create, migrate and check jobrun's tables (Alembic revisions shipped with jobrun).",
     ),
     "health": (
