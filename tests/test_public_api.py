@@ -133,10 +133,10 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         getattr(jobrun, "SqlJobStore")  # noqa: B009  (the misspelt name is the point)
 
 
-def test_import_jobrun_loads_neither_sqlalchemy_nor_alembic() -> None:
+def test_import_jobrun_and_its_testing_kit_load_neither_sqlalchemy_nor_alembic() -> None:
     # A fresh interpreter: this one imported both long ago. The SQL layer loads on first use.
     probe = (
-        "import sys, jobrun\n"
+        "import sys, jobrun, jobrun.testing\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'}))\n"
         "jobrun.SqlJobRunStore\n"
         "print('sqlalchemy' in sys.modules)\n"
