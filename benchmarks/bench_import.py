@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -73,10 +74,16 @@ def _run(case: Case, cwd: str, *, capture: bool = False) -> subprocess.Completed
     )
 
 
-def _time_ms(case: Case, cwd: str) -> float:
-    began = time.perf_counter()
+def _time_ms(case: Case, cwd: str) -> tuple[float, float]:
+    """Wall time, and the child's CPU time (user + system), which a loaded machine inflates less."""
+    began, used = time.perf_counter(), _children_cpu_s()
     _run(case, cwd)
-    return (time.perf_counter() - began) * 1000
+    return (time.perf_counter() - began) * 1000, (_children_cpu_s() - used) * 1000
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _heavy_imports(case: Case, cwd: str) -> str:
@@ -102,13 +109,17 @@ def main() -> None:
         cases = _with_baseline(_cases(url), options.baseline_tree)
         names = list(cases)
         samples: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
         for round_number in range(options.rounds):
             shift = round_number % len(names)
             for name in names[shift:] + names[:shift]:
-                samples[name].append(_time_ms(cases[name], directory))
+                wall_ms, cpu_ms = _time_ms(cases[name], directory)
+                samples[name].append(wall_ms)
+                cpu[name].append(cpu_ms)
         heavy = {name: _heavy_imports(cases[name], directory) for name in names}
     base = statistics.median(samples["import sqlalchemy.ext.asyncio"])
     bare = statistics.median(samples["python -c pass"])
+    base_cpu = statistics.median(cpu["import sqlalchemy.ext.asyncio"])
     rows = [
         {
             "case": name,
@@ -116,6 +127,8 @@ def main() -> None:
             "min_ms": round(min(samples[name]), 1),
             "vs_sqlalchemy_import": round(statistics.median(samples[name]) / base, 2),
             "vs_bare_python": round(statistics.median(samples[name]) / bare, 1),
+            "cpu_median_ms": round(statistics.median(cpu[name]), 1),
+            "cpu_vs_sqlalchemy_import": round(statistics.median(cpu[name]) / base_cpu, 2),
             "imports": heavy[name],
         }
         for name in names
@@ -130,11 +143,15 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     print(f"{options.rounds} rounds, load average {report['load_average'][0]:.1f}")
-    print(f"{'case':43} {'median ms':>10} {'min ms':>8} {'x sqla':>7} {'x pass':>7}  imports")
+    print(
+        f"{'case':43} {'median ms':>10} {'min ms':>8} {'x sqla':>7} {'x pass':>7} "
+        f"{'cpu ms':>7} {'cpu x sqla':>10}  imports"
+    )
     for row in rows:
         print(
             f"{row['case']:43} {row['median_ms']:>10} {row['min_ms']:>8} "
-            f"{row['vs_sqlalchemy_import']:>7} {row['vs_bare_python']:>7}  {row['imports']}"
+            f"{row['vs_sqlalchemy_import']:>7} {row['vs_bare_python']:>7} "
+            f"{row['cpu_median_ms']:>7} {row['cpu_vs_sqlalchemy_import']:>10}  {row['imports']}"
         )
 
 
