@@ -6,11 +6,16 @@ Per dialect, interleaved in one process, each sample N operations, ms per operat
   like the step ledger, on one driver connection in autocommit (aiosqlite with
   WAL and ``synchronous=NORMAL``; asyncpg), so durable when it returns;
 * raw driver + fence: jobrun's own step statement (the upsert guarded by the
-  ``EXISTS`` on the held run, ``FOR SHARE`` on Postgres) on the same connection;
+  ``EXISTS`` on the held run, ``FOR SHARE`` on Postgres) on a connection alike;
   and on Postgres the same without ``FOR SHARE``, to price the lock;
 * SQLAlchemy floor: the raw upsert inside ``engine.begin()``;
 * jobrun step: ``await p.step(name, fn)`` with a trivial body, timed inside the
   handler over N new steps (the pass's claim and commit are outside the timing).
+
+On SQLite each variant writes its own database file (all configured alike), so
+each pays the WAL checkpoints its own commits cause; the harness collects garbage
+before every sample, so no variant pays for another's. Both were needed for
+stable ratios: see the README.
 
 ``--dbos`` adds DBOS Transact (the ``bench`` extra) in a child process per dialect:
 a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
@@ -98,7 +103,28 @@ class Raw:
         return FENCED.format(p1="$1", p2="$2", p3="$3", lock=" FOR SHARE" if lock else "")
 
 
-def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str]) -> dict[str, Any]:
+async def variants(
+    backend: str, args: Any, engines: list[Any], n: int
+) -> tuple[dict[str, Any], Any]:
+    """The floors, each on its own database (``own_engine``) when that is a SQLite file."""
+
+    async def own_engine() -> Any:
+        # SQLite: a file per variant, so each pays the WAL checkpoints of its own
+        # commits (a checkpoint runs in whichever commit crosses the threshold, and
+        # would otherwise land on the variant that happens to come next).
+        if backend == "sqlite":
+            engines.append(await fresh_engine(backend, args))
+        return engines[-1]
+
+    raw = Raw(backend)
+    await raw.open(await own_engine())
+    fence_engine = await own_engine()
+    held = await held_run(jobrun.SqlJobRunStore(fence_engine), fence_engine)
+    fence_raw = Raw(backend)
+    await fence_raw.open(fence_engine)
+    floor_engine = await own_engine()
+    async with floor_engine.begin() as connection:
+        await connection.execute(text(SCRATCH))
     upsert = UPSERT.format(raw.marks(6))
     row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
 
@@ -110,12 +136,12 @@ def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str])
         return timed_ms(started, n)
 
     def fenced(lock: bool) -> Any:
-        sql = raw.fenced(lock)
+        sql = fence_raw.fenced(lock)
 
         async def sample() -> float:
             started = time.perf_counter()
             for _ in range(n):
-                await raw.execute(sql, [held[0], uuid.uuid4().hex, held[1]])
+                await fence_raw.execute(sql, [held[0], uuid.uuid4().hex, held[1]])
             return timed_ms(started, n)
 
         return sample
@@ -125,7 +151,7 @@ def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str])
         started = time.perf_counter()
         for _ in range(n):
             row[1] = uuid.uuid4().hex
-            async with engine.begin() as connection:
+            async with floor_engine.begin() as connection:
                 await connection.execute(statement, {f"v{i}": row[i] for i in range(6)})
         return timed_ms(started, n)
 
@@ -133,7 +159,13 @@ def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str])
     if backend == "postgres":
         chosen["raw driver + fence, no FOR SHARE"] = fenced(False)
     chosen["SQLAlchemy floor"] = sqlalchemy_floor
-    return chosen
+
+    async def close() -> None:
+        await raw.connection.close()
+        await fence_raw.connection.close()
+
+    await own_engine()  # the jobrun step's file
+    return chosen, close
 
 
 def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
@@ -170,20 +202,20 @@ async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]
 
 
 async def measure(backend: str, args: Any) -> dict[str, Any]:
-    engine = await fresh_engine(backend, args)
-    raw = Raw(backend)
-    await raw.open(engine)
-    store = jobrun.SqlJobRunStore(engine)
+    engines = [await fresh_engine(backend, args)]
     n = 20 if args.quick else args.n
-    chosen = variants(backend, engine, raw, n, await held_run(store, engine))
+    chosen, close = await variants(backend, args, engines, n)
+    # Last engine made: the jobrun store's own file on SQLite.
+    store = jobrun.SqlJobRunStore(engines[-1])
     chosen["jobrun step"] = step_runner(store, n)
     medians = await interleave(chosen, args.rounds or (2 if args.quick else 9))
     if args.profile:
         runner = step_runner(store, n * 10)
         # The table holds timings; the profile rides along as text (hence the ignore).
         medians["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)  # type: ignore[assignment]
-    await raw.connection.close()
-    await engine.dispose()
+    await close()
+    for engine in engines:
+        await engine.dispose()
     return medians
 
 
