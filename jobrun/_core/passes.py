@@ -315,7 +315,7 @@ class JobPass:
             raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
         try:
             value = fn()
-            if inspect.isawaitable(value):
+            if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
                 value = await value
         except Exception as error:
             cause = cap_error_text(describe_exception(error))

@@ -157,13 +157,19 @@ class _SqliteConnection:
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        # The last loop's lock, looked up without the weak dictionary (every statement asks).
+        self._last_loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None
+        self._last_lock: asyncio.Lock | None = None
 
     def lock(self) -> asyncio.Lock:
         """Whose turn it is, per event loop (an asyncio lock belongs to one loop)."""
         loop = asyncio.get_running_loop()
+        if self._last_loop() is loop and self._last_lock is not None:
+            return self._last_lock
         lock = self._locks.get(loop)
         if lock is None:
             lock = self._locks[loop] = asyncio.Lock()
+        self._last_loop, self._last_lock = weakref.ref(loop), lock
         return lock
 
     @asynccontextmanager
