@@ -24,8 +24,10 @@ a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -43,7 +45,7 @@ from harness import (
     table,
     timed_ms,
 )
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 import jobrun
 
@@ -103,9 +105,16 @@ class Raw:
         return FENCED.format(p1="$1", p2="$2", p3="$3", lock=" FOR SHARE" if lock else "")
 
 
+def _like_the_floor(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 30000"):
+        cursor.execute(f"PRAGMA {pragma}")
+    cursor.close()
+
+
 async def variants(
     backend: str, args: Any, engines: list[Any], n: int
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], Any, Raw]:
     """The floors, each on its own database (``own_engine``) when that is a SQLite file."""
 
     async def own_engine() -> Any:
@@ -123,6 +132,10 @@ async def variants(
     fence_raw = Raw(backend)
     await fence_raw.open(fence_engine)
     floor_engine = await own_engine()
+    if backend == "sqlite":
+        # Set up like the others (no jobrun store configures this file's connections).
+        await floor_engine.dispose()
+        event.listen(floor_engine.sync_engine, "connect", _like_the_floor)
     async with floor_engine.begin() as connection:
         await connection.execute(text(SCRATCH))
     upsert = UPSERT.format(raw.marks(6))
@@ -165,7 +178,7 @@ async def variants(
         await fence_raw.connection.close()
 
     await own_engine()  # the jobrun step's file
-    return chosen, close
+    return chosen, close, raw
 
 
 def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
@@ -191,6 +204,45 @@ def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
     return sample
 
 
+async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, float]:
+    """Each new step next to one raw upsert (order alternating) inside one pass, timed
+    one by one: both meet the same moment of a noisy machine. Microseconds per
+    operation: wall median and mean, and the event loop thread's own CPU (mean)."""
+    upsert = UPSERT.format(raw.marks(6))
+    row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
+    wall: dict[str, list[float]] = {"raw": [], "jobrun": []}
+    cpu = {"raw": 0.0, "jobrun": 0.0}
+
+    async def one(side: str, operation: Any) -> None:
+        started, used = time.perf_counter(), time.thread_time()
+        await operation
+        wall[side].append((time.perf_counter() - started) * 1e6)
+        cpu[side] += (time.thread_time() - used) * 1e6
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for index in range(n):
+            row[1] = uuid.uuid4().hex
+            pair: list[tuple[str, Any]] = [
+                ("raw", raw.execute(upsert, row)),
+                ("jobrun", p.step(f"s{index}", lambda: 1)),
+            ]
+            for side, operation in pair if index % 2 else reversed(pair):
+                await one(side, operation)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register("bench", "paired", handler)
+    await jobrun.start_job_run(store, module_id="bench", job="paired", instance=uuid.uuid4().hex)
+    gc.collect()
+    assert (await jobrun.run_due_jobs(store, registry, limit=1)).completed == 1
+    found: dict[str, float] = {}
+    for side in ("raw", "jobrun"):
+        found[f"{side} median"] = round(statistics.median(wall[side]), 1)
+        found[f"{side} mean"] = round(statistics.mean(wall[side]), 1)
+        found[f"{side} loop cpu"] = round(cpu[side] / n, 1)
+    return found
+
+
 async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]:
     """A running run leased to a token, for the fenced raw statements."""
     run = await jobrun.start_job_run(store, module_id="bench", job="held", instance="h")
@@ -204,11 +256,13 @@ async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]
 async def measure(backend: str, args: Any) -> dict[str, Any]:
     engines = [await fresh_engine(backend, args)]
     n = 20 if args.quick else args.n
-    chosen, close = await variants(backend, args, engines, n)
+    chosen, close, chosen_raw = await variants(backend, args, engines, n)
     # Last engine made: the jobrun store's own file on SQLite.
     store = jobrun.SqlJobRunStore(engines[-1])
     chosen["jobrun step"] = step_runner(store, n)
     medians = await interleave(chosen, args.rounds or (2 if args.quick else 9))
+    # The table holds timings; the paired figures ride along (hence the ignore).
+    medians["paired"] = await paired(store, chosen_raw, n * 10)  # type: ignore[assignment]
     if args.profile:
         runner = step_runner(store, n * 10)
         # The table holds timings; the profile rides along as text (hence the ignore).
@@ -236,7 +290,8 @@ async def scenario(args: Any) -> None:
         if args.dbos and importlib.util.find_spec("dbos") is not None:
             results[backend]["dbos"] = dbos_child(backend, args)
     rows = []
-    names = [name for name in results[backends(args)[0]] if name not in ("profile", "dbos")]
+    extras = ("profile", "dbos", "paired")
+    names = [name for name in results[backends(args)[0]] if name not in extras]
     for name in names + ["raw driver + fence, no FOR SHARE"] * (not args.sqlite_only):
         if name in [row[0] for row in rows]:
             continue
@@ -254,6 +309,17 @@ async def scenario(args: Any) -> None:
                 f"child {dbos['jobrun_ms_per_step']:.3f} ({dbos['dbos_over_jobrun']:.1f}x)"
             )
     table("ms per durable one-row write (ratio to the raw driver)", ["", *backends(args)], rows)
+    pairs = []
+    for backend in backends(args):
+        found = results[backend]["paired"]
+        for measure_name in ("median", "mean", "loop cpu"):
+            ours, floor = found[f"jobrun {measure_name}"], found[f"raw {measure_name}"]
+            pairs.append([backend, measure_name, floor, ours, f"{ours / floor:.2f}x"])
+    table(
+        "paired inside one pass, µs per operation (each step next to one raw upsert)",
+        ["", "", "raw driver", "jobrun step", "ratio"],
+        pairs,
+    )
     save(args, "step", results)
 
 
