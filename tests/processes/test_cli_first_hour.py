@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from rich.console import Console
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -28,20 +28,13 @@ import jobrun._cli.commands  # registers the commands on the group
 import jobrun._cli.worker  # registers the worker command
 from jobrun._cli.app import LAZY_COMMANDS, cli
 from jobrun._cli.render import runs_table
-from tests.processes.test_cli import start, with_store
-from tests.support import SQL_BACKENDS, log_worker_statements
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes.test_cli import invoke, start, with_store
+from tests.support import REPO, SQL_BACKENDS, log_worker_statements
 
 
 @pytest.fixture(params=SQL_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    # Exceptions other than exits propagate: a traceback is a test failure.
-    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
 
 
 def one_line_failure(result: Result, code: int) -> str:
@@ -105,7 +98,7 @@ def test_non_utf8_arguments_to_the_program_get_one_line(sqlite_url: str) -> None
     not_utf8 = b"walk\xff".decode(errors="surrogateescape")
     done = subprocess.run(
         [sys.executable, "-m", "jobrun", "start", "shop", not_utf8],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False,
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr == "Error: argument 'walk\\xff' is not valid UTF-8 text\n"
@@ -260,7 +253,7 @@ def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alemb
         if not arguments:
             command = [sys.executable, "-c", f"import sys, jobrun; print({heavy}, file=sys.stderr)"]
         done = subprocess.run(
-            command, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+            command, capture_output=True, text=True, cwd=REPO, timeout=60, check=False
         )
         assert done.stderr.strip().splitlines()[-1] == loaded, (arguments, done.stderr)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import re
 import subprocess
 import sys
@@ -316,30 +315,7 @@ def test_run_key_has_the_id_and_the_coalescing_key() -> None:
 # --- job_run_list_limit -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("limit", "clamped"),
-    [
-        (None, 50),
-        (math.nan, 50),
-        (math.inf, 50),
-        (-math.inf, 50),
-        (-1, 1),
-        (0, 1),
-        (0.5, 1),
-        (1, 1),
-        (2.7, 2),
-        (50, 50),
-        (500, 500),
-        (500.9, 500),
-        (501, 500),
-        (1_000_000, 500),
-        (10**100, 500),
-    ],
-)
-def test_job_run_list_limit_clamps(limit: float | None, clamped: int) -> None:
-    result = jobrun.job_run_list_limit(limit)
-    assert result == clamped
-    assert type(result) is int
+# How it clamps numbers: test_job_run_list_limit_clamps in tests/contract/test_operator_read.py.
 
 
 @pytest.mark.parametrize("bad", [True, False, "5", [5]], ids=repr)
