@@ -1178,3 +1178,88 @@ async def test_retention_deletes_in_short_batches(given: dict[str, int], used: i
         store, registry, prune_after=timedelta(days=7), clock=FakeClock(), **given
     )
     assert (deleted, store.batch_sizes) == (0, [used, used])
+
+
+def test_a_step_line_gives_its_duration_and_a_long_error_is_cut_to_one_short_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 0, False))
+    assert watch is not None
+    long_error = "x" * 300 + "\nsecond line"
+    watch.step_ended(jobrun.StepEnd("s", "failed", 2, 0.0012345, long_error))
+    (record,) = [r for r in caplog.records if r.name == "jobrun.step"]
+    assert record.duration_ms == 1.234 or record.duration_ms == 1.235  # type: ignore[attr-defined]
+    assert record.getMessage().endswith(" ms (run r-1): " + "x" * 197 + "...")
+    assert record.error == long_error  # type: ignore[attr-defined]  # the field keeps it whole
+
+
+async def test_a_pass_counts_every_step_it_ran() -> None:
+    store, registry, observer = MemoryJobRunStore(), jobrun.JobRegistry(), _Ends()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name in ("a", "b", "c"):
+            await p.step(name, lambda: 1)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    assert [(end.steps_run, end.memo_hits, end.steps_failed) for end in observer.ends] == [
+        (3, 0, 0)
+    ]
+
+
+class _StepEnds(_Ends):
+    """An observer that keeps every step's end too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[jobrun.StepEnd] = []
+
+    def step_ended(self, end: object) -> None:
+        self.steps.append(cast(jobrun.StepEnd, end))
+
+
+class _FencedStore(MemoryJobRunStore):
+    """A store on which the pass's token no longer holds when a step is recorded."""
+
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["reused name", "lease gone"])
+async def test_a_step_refused_or_cut_off_by_a_lost_lease_is_told_as_such(fenced: bool) -> None:
+    store = _FencedStore() if fenced else MemoryJobRunStore()
+    registry, observer = jobrun.JobRegistry(), _StepEnds()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        if not fenced:
+            await p.step("a", lambda: 1)
+        await p.step("a", lambda: 2)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    last = observer.steps[-1]
+    assert (last.name, last.outcome, last.attempt) == ("a", "lost" if fenced else "error", 0)
+    assert isinstance(last.duration_s, float)
+    assert last.duration_s >= 0
+    run = (await jobrun.job_runs(store))[0]
+    if fenced:
+        assert last.error == f"run {run.id} is no longer held by this pass; it stops here"
+    else:
+        assert str(last.error).startswith("StepReusedError: step 'a' was already called")
+
+
+async def test_retention_counts_the_runs_of_every_job_it_pruned() -> None:
+    clock, store, registry = FakeClock(), MemoryJobRunStore(), jobrun.JobRegistry()
+    for job in ("a", "b"):
+        registry.register("m", job, _done, keep_for=timedelta(hours=1))
+        await jobrun.start_job_run(store, module_id="m", job=job, instance="i", clock=clock)
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    later = clock.now() + timedelta(hours=2)
+    assert await prune_by_retention(store, registry, prune_after=None, clock=lambda: later) == 2
+    assert await jobrun.job_runs(store) == []
