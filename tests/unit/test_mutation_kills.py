@@ -33,7 +33,14 @@ from jobrun._core.observe import PassEnd, PassStart
 from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
 from jobrun._core.port import StoreLimits
 from jobrun._core.progress import Poll, progress_of, span
-from jobrun._core.records import ClaimRequest, HeldLease, RunFilter, RunKey, StepRow
+from jobrun._core.records import (
+    JOB_RUN_LIST_MAX,
+    ClaimRequest,
+    HeldLease,
+    RunFilter,
+    RunKey,
+    StepRow,
+)
 from jobrun._core.retention import RETENTION_BATCH, check_prune_after, prune_by_retention
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
@@ -1263,3 +1270,52 @@ async def test_retention_counts_the_runs_of_every_job_it_pruned() -> None:
     later = clock.now() + timedelta(hours=2)
     assert await prune_by_retention(store, registry, prune_after=None, clock=lambda: later) == 2
     assert await jobrun.job_runs(store) == []
+
+
+def test_a_taken_over_pass_says_so_and_an_error_of_200_characters_is_kept_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 2, True))
+    assert watch is not None
+    watch.step_ended(jobrun.StepEnd("s", "failed", 1, 0.5, "y" * 200))
+    start, step = (r.getMessage() for r in caplog.records)
+    assert start == "pass m/j[i] started (run r-1, pass 1, taken over)"
+    assert step.endswith(" ms (run r-1): " + "y" * 200)
+
+
+async def test_a_scheduled_payload_over_the_stores_cap_is_refused_as_the_payload() -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", _done)
+    registry.schedule("m", "j", "* * * * *", payload={"text": "z" * 100})
+    store = MemoryJobRunStore(limits=StoreLimits(max_payload_bytes=50))
+    clock = FakeClock()
+    assert await jobrun.start_scheduled_runs(store, registry, clock=clock) == []  # first sight
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        await jobrun.start_scheduled_runs(store, registry, now=clock.now() + timedelta(minutes=1))
+    assert [error["path"] for error in refused.value.errors] == ["payload"]
+    assert await jobrun.job_runs(store) == []
+
+
+async def test_a_schedule_seen_for_the_first_time_holds_up_no_other() -> None:
+    before, after = jobrun.JobRegistry(), jobrun.JobRegistry()
+    for registry in (before, after):
+        registry.register("m", "old", _done)
+        registry.register("m", "new", _done)
+    before.schedule("m", "old", "* * * * *")
+    after.schedule("m", "new", "* * * * *")  # added ahead of the one already stored
+    after.schedule("m", "old", "* * * * *")
+    store, clock = MemoryJobRunStore(), FakeClock()
+    assert await jobrun.start_scheduled_runs(store, before, clock=clock) == []
+    started = await jobrun.start_scheduled_runs(
+        store, after, now=clock.now() + timedelta(minutes=1)
+    )
+    assert [run.job for run in started] == ["old"]
+
+
+@pytest.mark.parametrize("limit", [1, JOB_RUN_LIST_MAX])
+def test_a_console_query_takes_any_limit_from_one_to_the_list_maximum(limit: int) -> None:
+    assert RunQuery(limit=limit).limit == limit
+    with pytest.raises(ValueError, match=rf"^limit must be in \[1, {JOB_RUN_LIST_MAX}\], got 0$"):
+        RunQuery(limit=0)
