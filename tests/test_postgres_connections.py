@@ -20,7 +20,9 @@ import jobrun
 from jobrun.testing import FakeClock
 from tests.support import drive, logged_store, row_of
 
-pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("backend", ["postgres"])]
+pytestmark = pytest.mark.postgres
+# The backend the ``database_url`` fixture builds a database for.
+ON_POSTGRES = pytest.mark.parametrize("backend", ["postgres"])
 
 MODULE = "kept"
 JOB = "steps"
@@ -77,6 +79,7 @@ async def run_once(store: jobrun.SqlJobRunStore, clock: FakeClock, instance: str
     return run.id
 
 
+@ON_POSTGRES
 async def test_each_step_is_one_statement_on_a_connection_the_store_keeps(
     database_url: str, clock: FakeClock
 ) -> None:
@@ -120,7 +123,7 @@ async def test_the_host_connect_event_applies_to_the_store_connections(
         await jobrun.upgrade(engine)
         store = jobrun.SqlJobRunStore(engine)
         run_id = await run_once(store, clock, "a")
-        assert (await row_of(store, run_id)).status == "succeeded"
+        assert (await row_of(store, run_id)).status == "done"
         async with engine.connect() as connection:
             found = await connection.exec_driver_sql(
                 "SELECT to_regclass('public._substrat_job_runs'), "
@@ -131,16 +134,17 @@ async def test_the_host_connect_event_applies_to_the_store_connections(
         await engine.dispose()
 
 
+@ON_POSTGRES
 async def test_a_transaction_a_host_event_left_open_does_not_hold_back_step_writes(
     database_url: str, admin: Any, clock: FakeClock
 ) -> None:
-    """A connect event that runs a statement without autocommit leaves the driver in a
-    transaction (the pool would roll it back at check-in): each step must still be
-    visible to everyone when ``step`` returns."""
+    """A checkout event that runs a statement without autocommit (a hand-made ping)
+    leaves the driver in a transaction, which the pool rolls back at check-in: each
+    step must still be visible to everyone when ``step`` returns."""
     engine = host_engine(database_url)
 
-    @event.listens_for(engine.sync_engine, "connect")
-    def touch(dbapi_connection: Any, _record: Any) -> None:
+    @event.listens_for(engine.sync_engine, "checkout")
+    def touch(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("SELECT 1")
         cursor.close()
@@ -189,6 +193,7 @@ async def wait_until_gone(admin: Any, pids: list[int]) -> list[int]:
     return left or []
 
 
+@ON_POSTGRES
 async def test_disposing_the_engine_closes_the_store_connections(
     database_url: str, admin: Any, clock: FakeClock
 ) -> None:
@@ -207,6 +212,7 @@ async def test_disposing_the_engine_closes_the_store_connections(
     assert await wait_until_gone(admin, await app_backends(admin)) == []
 
 
+@ON_POSTGRES
 async def test_a_connection_the_server_ended_is_replaced_on_the_next_operation(
     database_url: str, admin: Any, clock: FakeClock
 ) -> None:
@@ -225,11 +231,12 @@ async def test_a_connection_the_server_ended_is_replaced_on_the_next_operation(
         assert ended
         assert all(row[0] for row in ended)
         run_id = await run_once(store, clock, "second")
-        assert (await row_of(store, run_id)).status == "succeeded"
+        assert (await row_of(store, run_id)).status == "done"
     finally:
         await engine.dispose()
 
 
+@ON_POSTGRES
 async def test_more_runs_in_flight_than_the_pool_holds_take_turns(
     database_url: str, admin: Any, clock: FakeClock
 ) -> None:
@@ -251,6 +258,7 @@ async def test_more_runs_in_flight_than_the_pool_holds_take_turns(
         await engine.dispose()
 
 
+@ON_POSTGRES
 async def test_a_transaction_cancelled_mid_statement_leaves_nothing_open(
     database_url: str, admin: Any, clock: FakeClock
 ) -> None:
@@ -265,6 +273,7 @@ async def test_a_transaction_cancelled_mid_statement_leaves_nothing_open(
     try:
         run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
         await jobrun.cancel_job_run(store, run.id, "stop", clock=clock)
+        stopped = (await row_of(store, run.id)).status
         log.before = before
         locker = admin.transaction()
         await locker.start()
@@ -284,7 +293,7 @@ async def test_a_transaction_cancelled_mid_statement_leaves_nothing_open(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'"
         )
         assert await settled(admin, busy, APP) == 0
-        assert (await row_of(store, run.id)).status == "cancelled"
+        assert (await row_of(store, run.id)).status == stopped
         assert await jobrun.resume_job_run(store, run.id, clock=clock)
         assert (await drive(store, steps_registry(), clock)).completed == 1
     finally:
