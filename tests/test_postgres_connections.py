@@ -298,3 +298,44 @@ async def test_a_transaction_cancelled_mid_statement_leaves_nothing_open(
         assert (await drive(store, steps_registry(), clock)).completed == 1
     finally:
         await engine.dispose()
+
+
+@ON_POSTGRES
+async def test_the_host_gets_a_turn_on_a_full_pool_while_a_pass_runs(
+    database_url: str, clock: FakeClock
+) -> None:
+    """A pool of one: the store keeps its connection between steps, but hands it back
+    now and then while the pool has nothing left to give, so the host's own check-out
+    succeeds long before its timeout and before the pass ends."""
+    engine = host_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=5)
+    stepping, host_done = asyncio.Event(), asyncio.Event()
+    steps_before_host: list[int] = []
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        index = 0
+        # Steps until the host got its connection (bounded, in case it never does).
+        while not host_done.is_set() and index < 20_000:
+            await p.step(f"s{index}", lambda index=index: index)
+            index += 1
+            stepping.set()
+        steps_before_host.append(index)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler)
+
+    async def host() -> None:
+        await asyncio.wait_for(stepping.wait(), 10)
+        async with engine.connect() as connection:
+            await connection.exec_driver_sql("SELECT 1")
+        host_done.set()
+
+    store = jobrun.SqlJobRunStore(engine)
+    try:
+        await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+        passing = asyncio.create_task(drive(store, registry, clock))
+        await host()
+        assert (await passing).completed == 1
+        assert steps_before_host[0] < 20_000
+    finally:
+        await engine.dispose()

@@ -20,14 +20,16 @@ counting, tracing and fault injection, called around every statement sent,
   before the next operation gets its turn, so no transaction is ever left open.
   ``AsyncEngine.dispose()`` closes the connection.
 * Postgres: connections checked out of the host's pool (its connect and checkout
-  events run, its size counts them) and kept by jobrun between operations, shared
-  by every store on the engine, per event loop; at most the pool's size of them,
-  each used by one operation at a time through its asyncpg connection, and
-  checked back in after ``IDLE_RETURN_S`` unused. A lone statement runs outside
-  any transaction, so it is one round trip and durable on return. A connection
-  that saw an error or a cancellation is closed rather than kept, whatever state
-  the server left it in; one the server closed while it was idle is replaced
-  before use. ``AsyncEngine.dispose()`` closes them.
+  events run, its limits count them) and kept by jobrun between operations,
+  shared by every store on the engine, per event loop; at most ``pool_size`` of
+  them, each used by one operation at a time through its asyncpg connection.
+  One goes back to the pool after ``IDLE_RETURN_S`` unused, or, while the pool
+  has nothing left to give, every ``FULL_POOL_TURN_S`` (so the host's waiters get
+  their turn). A lone statement runs outside any transaction, so it is one round
+  trip and durable on return. A connection that saw an error or a cancellation
+  is closed rather than kept, whatever state the server left it in; one the
+  server closed while it was idle is replaced before use.
+  ``AsyncEngine.dispose()`` closes them.
 """
 
 from __future__ import annotations
@@ -291,6 +293,10 @@ class SqliteExecutor(_Executor):
 # A kept connection unused this long goes back to the host's pool (checked in
 # there, so the host's own code can have it again).
 IDLE_RETURN_S = 1.0
+# While the pool has nothing left to give, a kept connection goes back to it after
+# its operation once it has been out this long: the host's own waiters wait for
+# about this much, not for jobrun to fall idle.
+FULL_POOL_TURN_S = 0.1
 # How many connections jobrun keeps on an engine whose pool has no size (NullPool):
 # SQLAlchemy's default pool size.
 _UNSIZED_POOL_KEEPS = 5
@@ -387,9 +393,14 @@ class _PostgresConnections:
             self._out -= 1
             self._in_task(self._close(kept))
             return
-        if self._capacity is not None and self._pool.checkedout() >= self._capacity:
-            # The pool has nothing left to give: checked back in, so whoever waits
-            # for it (the host too) gets it in turn rather than jobrun keeping it.
+        now = self._loop.time()
+        if (
+            now - kept.taken_at >= FULL_POOL_TURN_S
+            and self._capacity is not None
+            and self._pool.checkedout() >= self._capacity
+        ):
+            # The pool has nothing left to give: checked back in now and then, so
+            # whoever waits for it (the host too) gets it in turn.
             self._out -= 1
             self._in_task(self._check_in(kept))
             self._hand_on(None)
@@ -397,7 +408,7 @@ class _PostgresConnections:
         if self._waiters:
             self._hand_on(kept)
             return
-        kept.idle_since = self._loop.time()
+        kept.idle_since = now
         self._idle.append(kept)
         if self._returner is None:
             self._returner = self._loop.call_later(IDLE_RETURN_S, self._return_idle)
@@ -513,7 +524,8 @@ class _PostgresEngineConnections:
         if isinstance(pool, QueuePool):
             overflow = pool._max_overflow
             self.capacity = None if overflow < 0 else pool.size() + overflow
-            # One short of a full pool, so jobrun alone never leaves the host waiting.
+            # One short of a full pool where the pool allows, so that jobrun alone
+            # does not leave the host waiting (nor itself handing connections back).
             self.limit = max(1, min(pool.size(), (self.capacity or pool.size() + 1) - 1))
         self._by_loop: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, _PostgresConnections
