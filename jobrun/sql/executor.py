@@ -48,7 +48,7 @@ from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
+from sqlalchemy.pool import AssertionPool, QueuePool, SingletonThreadPool, StaticPool
 from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
 
@@ -320,8 +320,9 @@ class _PostgresConnections:
     Each is checked out of the host's pool once (its connect and checkout events
     run, its limits count it) and used for one operation at a time; between
     operations it waits here, not in the pool, and goes back to the pool after
-    ``IDLE_RETURN_S`` unused. At most ``limit`` are out at once; further
-    operations wait for one to come free.
+    ``IDLE_RETURN_S`` unused (or every ``FULL_POOL_TURN_S`` while the pool has
+    nothing left to give). At most ``limit`` are out at once; further operations
+    wait for one to come free.
     """
 
     def __init__(self, engine: AsyncEngine, limit: int, capacity: int | None) -> None:
@@ -527,6 +528,8 @@ class _PostgresEngineConnections:
             # One short of a full pool where the pool allows, so that jobrun alone
             # does not leave the host waiting (nor itself handing connections back).
             self.limit = max(1, min(pool.size(), (self.capacity or pool.size() + 1) - 1))
+        elif isinstance(pool, StaticPool | SingletonThreadPool | AssertionPool):
+            self.limit = 1  # one connection in all: never two operations on it at once
         self._by_loop: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, _PostgresConnections
         ] = weakref.WeakKeyDictionary()
