@@ -9,21 +9,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO
 
 
 def run_quick(script: str, tmp_path: Path, *extra: str) -> dict[str, object]:
     completed = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / script),
+            str(REPO / "benchmarks" / script),
             "--quick",
             "--sqlite-only",
             "--out-dir",
             str(tmp_path),
             *extra,
         ],
-        cwd=ROOT / "benchmarks",
+        cwd=REPO / "benchmarks",
         capture_output=True,
         text=True,
         timeout=100,
