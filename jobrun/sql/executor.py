@@ -26,11 +26,17 @@ counting, tracing and fault injection, called around every statement sent,
   behind whatever the thread is still doing before the next operation gets its
   turn, so no transaction is ever left open. ``AsyncEngine.dispose()`` closes
   the connection.
-* Postgres: a connection from the host's pool per operation (its size, pre-ping
-  and checkout events apply), used through its asyncpg connection; a lone
-  statement runs outside any transaction, so it is one round trip and durable on
-  return. A connection that saw an error or a cancellation is invalidated rather
-  than handed back, whatever state the server left it in.
+* Postgres: connections checked out of the host's pool (its connect and checkout
+  events run, its limits count them) and kept by jobrun between operations,
+  shared by every store on the engine, per event loop; at most ``pool_size`` of
+  them, each used by one operation at a time through its asyncpg connection.
+  One goes back to the pool after ``IDLE_RETURN_S`` unused, or, while the pool
+  has nothing left to give, every ``FULL_POOL_TURN_S`` (so the host's waiters get
+  their turn). A lone statement runs outside any transaction, so it is one round
+  trip and durable on return. A connection that saw an error or a cancellation
+  is closed rather than kept, whatever state the server left it in; one the
+  server closed while it was idle is replaced before use.
+  ``AsyncEngine.dispose()`` closes them (:mod:`jobrun.sql.kept_connections`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
+
+from jobrun.sql.kept_connections import PostgresConnections, postgres_connections_of
 
 StatementHook = Callable[[str, str, Sequence[Any]], AbstractAsyncContextManager[None]]
 """Called as ``async with hook(operation, sql, parameters):`` around every statement sent.
@@ -315,7 +323,8 @@ class PostgresExecutor(_Executor):
         super().__init__(hook)
         import asyncpg  # type: ignore[import-untyped]
 
-        self._engine = engine
+        self._engine_connections = postgres_connections_of(engine)
+        self._last: PostgresConnections | None = None
         self._unique_violation = asyncpg.UniqueViolationError
         self.errors = (
             SQLAlchemyError,
@@ -325,35 +334,50 @@ class PostgresExecutor(_Executor):
             asyncpg.exceptions.InternalClientError,
         )
 
+    def _connections(self) -> PostgresConnections:
+        # The last loop's set, remembered: a weak-dictionary look-up per statement costs more.
+        found = self._last
+        if found is None or found.closed or found.loop is not asyncio.get_running_loop():
+            found = self._last = self._engine_connections.of_running_loop()
+        return found
+
     @asynccontextmanager
-    async def _checkout(self) -> AsyncIterator[Any]:
-        connection = await self._engine.connect()
+    async def _kept(self) -> AsyncIterator[Any]:
+        connections = self._connections()
+        kept = await connections.acquire()
         try:
-            raw = await connection.get_raw_connection()
-            yield raw.driver_connection
+            yield kept.driver
         except BaseException:
             # A cancelled or failed statement may leave the server mid-query or
-            # mid-transaction: this connection never goes back to the pool.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(connection.invalidate())
-            await asyncio.shield(connection.close())
+            # mid-transaction: this connection is closed, never used again.
+            await connections.discard(kept)
             raise
-        await connection.close()
+        connections.release(kept)
 
     async def fetch(
         self, operation: str, statement: Prepared, values: Mapping[str, Any]
     ) -> list[Row]:
         """One statement outside any transaction: one round trip, durable on return."""
-        async with self._checkout() as driver:
-            return await self._send(driver, operation, statement.sql, statement.arguments(values))
+        # The step path: no context-manager layers (a few µs each).
+        connections = self._connections()
+        kept = await connections.acquire()
+        try:
+            rows = await self._send(
+                kept.driver, operation, statement.sql, statement.arguments(values)
+            )
+        except BaseException:
+            await connections.discard(kept)
+            raise
+        connections.release(kept)
+        return rows
 
     @asynccontextmanager
     async def transaction(self, operation: str) -> AsyncIterator[Session]:
-        async with self._checkout() as driver:
+        async with self._kept() as driver:
             await self._send(driver, operation, "BEGIN", [])
             yield Session(self, driver, operation)
             await self._send(driver, operation, "COMMIT", [])
-            # On any error the checkout invalidates the connection, which ends the transaction.
+            # On any error the connection is closed, which ends the transaction.
 
     def is_unique_violation(self, error: BaseException) -> bool:
         return isinstance(error, self._unique_violation)
