@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,12 +24,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 from jobrun._core import stranded
 from jobrun._core.browse import RunQuery
+from jobrun._core.clock import as_clock
+from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import MalformedColumnError, decode_json
 from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.observe import PassEnd, PassStart
 from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
-from jobrun._core.records import ClaimRequest, HeldLease, RunFilter, StepRow
+from jobrun._core.port import StoreLimits
+from jobrun._core.progress import Poll, progress_of, span
+from jobrun._core.records import (
+    JOB_RUN_LIST_MAX,
+    ClaimRequest,
+    HeldLease,
+    RunFilter,
+    RunKey,
+    StepRow,
+)
+from jobrun._core.retention import RETENTION_BATCH, check_prune_after, prune_by_retention
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
 from jobrun.sql.store import _prefix_successor
@@ -869,3 +882,440 @@ def test_a_registered_job_keeps_its_limit_and_its_retention() -> None:
 def test_a_keep_for_of_the_wrong_type_is_named_with_its_type() -> None:
     with pytest.raises(TypeError, match=r"^keep_for must be a timedelta or None, got int$"):
         jobrun.JobRegistry().register("m", "j", _done, keep_for=cast(Any, 5))
+
+
+# --- round 3: clocks, store limits, progress, retention ------------------------------------------
+
+
+class _Offsetting:
+    """A store whose clock reads ``offset_s`` ahead of this host's."""
+
+    def __init__(self, offset_s: float) -> None:
+        self.offset_s = offset_s
+
+    async def clock_offset_s(self) -> float:
+        return self.offset_s
+
+
+@pytest.mark.parametrize("offset_s", [1.0, 30.0, -30.0])
+async def test_the_default_clock_follows_a_database_clock_a_second_or_more_away(
+    offset_s: float,
+) -> None:
+    clock = await aligned_clock(_Offsetting(offset_s), None)
+    ahead_s = (clock.now() - SYSTEM_CLOCK.now()).total_seconds()
+    assert abs(ahead_s - offset_s) < 0.5
+    await clock.sleep(0)  # waits are this host's, unchanged
+    with pytest.raises(TimeoutError):
+        async with clock.timeout(0):
+            # A real wait: the deadline of the system clock must cut it short.
+            await clock.sleep(5)
+
+
+async def test_a_database_clock_under_a_second_away_is_taken_as_this_hosts() -> None:
+    assert await aligned_clock(_Offsetting(0.999), None) is SYSTEM_CLOCK
+    assert await aligned_clock(_Offsetting(-0.5), SYSTEM_CLOCK) is SYSTEM_CLOCK
+
+
+async def test_a_clock_passed_in_is_used_as_is_and_the_database_is_not_asked() -> None:
+    fake = FakeClock()
+    assert await aligned_clock(cast(Any, None), fake) is fake
+    wall = aligned_clock(cast(Any, None), lambda: fake.now() + timedelta(hours=1))
+    assert (await wall).now() == fake.now() + timedelta(hours=1)
+
+
+class _RecordingClock:
+    """A base clock that records what it is asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, object]] = []
+
+    def now(self) -> Any:
+        raise AssertionError("the wall time must come from the callable")
+
+    def monotonic(self) -> float:
+        return 42.5
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(("sleep", seconds))
+
+    def timeout(self, seconds: float | None) -> Any:
+        self.asked.append(("timeout", seconds))
+        return contextlib.nullcontext()
+
+
+async def test_a_bare_wall_clock_borrows_everything_but_the_time_from_its_base() -> None:
+    base = _RecordingClock()
+    moment = FakeClock().now()
+    clock = as_clock(lambda: moment, cast(Any, base))
+    assert clock.now() == moment
+    assert clock.monotonic() == 42.5
+    await clock.sleep(3.5)
+    clock.timeout(7.0)
+    assert base.asked == [("sleep", 3.5), ("timeout", 7.0)]
+    with pytest.raises(
+        TypeError, match=r"^clock must be a Clock or a callable returning a datetime, got 5$"
+    ):
+        as_clock(cast(Any, 5), cast(Any, base))
+
+
+@pytest.mark.parametrize(
+    "name", ["max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes", "max_counters_bytes"]
+)
+def test_every_store_limit_is_checked_by_its_own_name(name: str) -> None:
+    assert getattr(StoreLimits(**{name: 1}), name) == 1  # one byte is a limit
+    for bad in (0, -5, "100", True, 1.5):
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive int, got {bad!r}$"):
+            StoreLimits(**{name: bad})
+
+
+def test_progress_needs_a_positive_total_however_small() -> None:
+    assert progress_of({"total": 0.5, "done": 0.25}) == ("done", 0.25, 0.5)
+    assert progress_of({"total": -1, "done": 0}) is None
+    # Ties between other counters go to the later name, so the choice is stable.
+    assert progress_of({"total": 10, "b": 4, "a": 4}) == ("b", 4, 10)
+
+
+def test_a_rate_counts_a_new_counter_from_zero() -> None:
+    before = jobrun.JobRun(
+        id="r", module_id="m", job="j", instance="i", status="running", payload=None,
+        cursor=None, counters={"objects": 4}, attempts=0, last_error=None,
+        started_at=FakeClock().now(), updated_at=FakeClock().now(), next_attempt_at=None,
+        ended_at=None,
+    )  # fmt: skip
+    after = replace(before, counters={"objects": 10, "pages": 3})
+    assert Poll(before, at=10.0).follow(after, at=12.0).rates == {"objects": 3.0, "pages": 1.5}
+    assert Poll(before, at=10.0).follow(after, at=9.0).rates == {}  # time ran back: no rate
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, ""),
+        (0, "0s"),
+        (45.9, "45s"),
+        (-45, "-45s"),
+        (59, "59s"),
+        (60, "1m00s"),
+        (723, "12m03s"),
+        (3599, "59m59s"),
+        (3600, "1h00m"),
+        (11100, "3h05m"),
+        (86399, "23h59m"),
+        (timedelta(days=2, hours=4, minutes=59), "2d04h"),
+        (-timedelta(hours=3, minutes=5), "-3h05m"),
+    ],
+)
+def test_a_span_is_the_two_largest_units(seconds: float | timedelta | None, text: str) -> None:
+    assert span(seconds) == text
+
+
+def test_a_retention_is_a_positive_timedelta_or_none() -> None:
+    assert check_prune_after(None) is None
+    assert check_prune_after(timedelta(seconds=1)) == timedelta(seconds=1)
+    with pytest.raises(ValueError, match=r"^prune_after must be positive, got 0:00:00$"):
+        check_prune_after(timedelta(0))
+    with pytest.raises(ValueError, match="prune_after must be positive"):
+        check_prune_after(timedelta(seconds=-1))
+    with pytest.raises(TypeError, match=r"^prune_after must be a timedelta or None, got int$"):
+        check_prune_after(7)
+
+
+# --- round 3: the log lines of a pass --------------------------------------------------------
+
+
+async def test_debug_lines_name_the_run_the_pass_and_each_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    store, registry = MemoryJobRunStore(), jobrun.JobRegistry()
+
+    @registry.job("m", "j", retry=jobrun.RetryPolicy(max_attempts=1, base_delay_ms=0))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("a", lambda: 1)
+        await p.step("b", _refuse)
+        return jobrun.PassResult(done=True)
+
+    run = await jobrun.start_job_run(store, module_id="m", job="j", instance="i-1")
+    await jobrun.run_due_jobs(store, registry, driver_name="d-1")
+    lines = [(r.name, r.levelno, r.getMessage(), r.__dict__) for r in caplog.records]
+    start = [line for line in lines if line[0] == "jobrun.pass" and line[1] == logging.DEBUG]
+    assert [message for _, _, message, _ in start] == [
+        f"pass m/j[i-1] started (run {run.id}, pass 1)"
+    ]
+    fields = start[0][3]
+    assert (fields["run_id"], fields["module_id"], fields["job"], fields["instance"]) == (
+        run.id,
+        "m",
+        "j",
+        "i-1",
+    )
+    assert (fields["pass_number"], fields["driver"], fields["taken_over"]) == (1, "d-1", False)
+    steps = [
+        fields for name, _, _, fields in lines if name == "jobrun.step" and "outcome" in fields
+    ]
+    assert [(f["step"], f["outcome"], f["attempt"], f["error"]) for f in steps] == [
+        ("a", "ran", 1, None),
+        ("b", "failed", 1, "step 'b' failed: RuntimeError: no"),
+    ]
+    assert all(f["instance"] == "i-1" and f["driver"] == "d-1" for f in steps)
+    ended = [
+        message for name, _, message, _ in lines if name == "jobrun.step" and " in " in message
+    ]
+    assert ended[1].startswith("step 'b' failed in ")
+    assert ended[1].endswith(f" ms (run {run.id}): step 'b' failed: RuntimeError: no")
+    started = [m for name, _, m, f in lines if name == "jobrun.step" and "outcome" not in f]
+    assert started == [f"step 'a' started (run {run.id})", f"step 'b' started (run {run.id})"]
+
+
+def _refuse() -> None:
+    raise RuntimeError("no")
+
+
+class _BrokenEverywhere:
+    """An observer whose every hook raises."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def pass_started(self, start: PassStart) -> _BrokenEverywhere:
+        self.passes += 1
+        if self.passes == 2:
+            raise RuntimeError("observer bug")
+        return self
+
+    def step_started(self, name: str) -> None:
+        raise RuntimeError("observer bug")
+
+    def step_ended(self, end: jobrun.StepEnd) -> None:
+        raise RuntimeError("observer bug")
+
+    def pass_ended(self, end: PassEnd) -> None:
+        raise RuntimeError("observer bug")
+
+
+async def test_a_failing_observer_is_logged_by_hook_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="jobrun")
+    store, registry = MemoryJobRunStore(), jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step(f"s{p.cursor}", lambda: 1)
+        return jobrun.PassResult(cursor=1, done=p.cursor == 1)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    observer = _BrokenEverywhere()
+    for _ in range(2):
+        await jobrun.run_due_jobs(store, registry, observer=cast(Any, observer))
+    warnings = [r for r in caplog.records if "observer failed" in r.getMessage()]
+    assert [r.getMessage() for r in warnings] == [
+        f"a pass observer failed in {hook}; carrying on"
+        for hook in ("step_started", "step_ended", "pass_ended", "pass_started")
+    ]
+    assert all(r.exc_info is not None and r.exc_info[0] is RuntimeError for r in warnings)
+
+
+def test_a_pass_line_gives_its_duration_to_the_microsecond(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 0, False))
+    assert watch is not None
+    watch.pass_ended(PassEnd(run, 1, "completed", 0.0012345, 0, 0, 0))
+    (record,) = [r for r in caplog.records if r.name == "jobrun.pass"]
+    assert record.duration_ms == 1.234 or record.duration_ms == 1.235  # type: ignore[attr-defined]
+
+
+# --- round 3: schedules ----------------------------------------------------------------------
+
+
+def test_bad_schedules_are_refused_with_what_was_wrong() -> None:
+    registry = jobrun.JobRegistry()
+    with pytest.raises(TypeError, match=r"^cron must be a str, got int$"):
+        registry.schedule("m", "j", cast(Any, 5))
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.schedule("m", "j", "61 * * * *")
+    assert str(refused.value) == (
+        "cron '61 * * * *' is not a cron expression croniter reads "
+        "(five fields, or six with seconds last)"
+    )
+    assert refused.value.errors == [{"path": "cron", "message": "not a valid cron expression"}]
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.schedule("m", "j", "* * * * *", catch_up="some")
+    assert str(refused.value) == "catch_up must be one of latest, all, none, got 'some'"
+    assert refused.value.errors == [{"path": "catch_up", "message": "'some' is not a policy"}]
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.schedule("m", "j", "* * * * *", payload={"x": float("nan")})
+    assert refused.value.errors[0]["path"].startswith("payload")
+    assert registry.schedules() == []
+
+
+def test_a_schedule_keeps_its_priority_and_its_next_slot_is_strictly_after() -> None:
+    registry = jobrun.JobRegistry()
+    registry.schedule("m", "j", "*/5 * * * *", priority=7)
+    (schedule,) = registry.schedules()
+    assert schedule.priority == 7
+    ten = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
+    assert schedule.next_slot(ten + timedelta(minutes=2)) == ten + timedelta(minutes=5)
+    assert schedule.next_slot(ten + timedelta(minutes=5)) == ten + timedelta(minutes=10)
+
+
+class _PruneRecorder(MemoryJobRunStore):
+    """A memory store that writes down the batch size of each prune."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_sizes: list[int] = []
+
+    async def prune(
+        self, ended_before: str, statuses: tuple[str, ...], batch_size: int, **kw: Any
+    ) -> int:
+        self.batch_sizes.append(batch_size)
+        return await super().prune(ended_before, statuses, batch_size, **kw)
+
+
+@pytest.mark.parametrize(("given", "used"), [({}, RETENTION_BATCH), ({"batch_size": 7}, 7)])
+async def test_retention_deletes_in_short_batches(given: dict[str, int], used: int) -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "kept", _done, keep_for=timedelta(days=1))
+    store = _PruneRecorder()
+    deleted = await prune_by_retention(
+        store, registry, prune_after=timedelta(days=7), clock=FakeClock(), **given
+    )
+    assert (deleted, store.batch_sizes) == (0, [used, used])
+
+
+def test_a_step_line_gives_its_duration_and_a_long_error_is_cut_to_one_short_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 0, False))
+    assert watch is not None
+    long_error = "x" * 300 + "\nsecond line"
+    watch.step_ended(jobrun.StepEnd("s", "failed", 2, 0.0012345, long_error))
+    (record,) = [r for r in caplog.records if r.name == "jobrun.step"]
+    assert record.duration_ms == 1.234 or record.duration_ms == 1.235  # type: ignore[attr-defined]
+    assert record.getMessage().endswith(" ms (run r-1): " + "x" * 197 + "...")
+    assert record.error == long_error  # type: ignore[attr-defined]  # the field keeps it whole
+
+
+async def test_a_pass_counts_every_step_it_ran() -> None:
+    store, registry, observer = MemoryJobRunStore(), jobrun.JobRegistry(), _Ends()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name in ("a", "b", "c"):
+            await p.step(name, lambda: 1)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    assert [(end.steps_run, end.memo_hits, end.steps_failed) for end in observer.ends] == [
+        (3, 0, 0)
+    ]
+
+
+class _StepEnds(_Ends):
+    """An observer that keeps every step's end too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[jobrun.StepEnd] = []
+
+    def step_ended(self, end: object) -> None:
+        self.steps.append(cast(jobrun.StepEnd, end))
+
+
+class _FencedStore(MemoryJobRunStore):
+    """A store on which the pass's token no longer holds when a step is recorded."""
+
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["reused name", "lease gone"])
+async def test_a_step_refused_or_cut_off_by_a_lost_lease_is_told_as_such(fenced: bool) -> None:
+    store = _FencedStore() if fenced else MemoryJobRunStore()
+    registry, observer = jobrun.JobRegistry(), _StepEnds()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        if not fenced:
+            await p.step("a", lambda: 1)
+        await p.step("a", lambda: 2)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    last = observer.steps[-1]
+    assert (last.name, last.outcome, last.attempt) == ("a", "lost" if fenced else "error", 0)
+    assert isinstance(last.duration_s, float)
+    assert last.duration_s >= 0
+    run = (await jobrun.job_runs(store))[0]
+    if fenced:
+        assert last.error == f"run {run.id} is no longer held by this pass; it stops here"
+    else:
+        assert str(last.error).startswith("StepReusedError: step 'a' was already called")
+
+
+async def test_retention_counts_the_runs_of_every_job_it_pruned() -> None:
+    clock, store, registry = FakeClock(), MemoryJobRunStore(), jobrun.JobRegistry()
+    for job in ("a", "b"):
+        registry.register("m", job, _done, keep_for=timedelta(hours=1))
+        await jobrun.start_job_run(store, module_id="m", job=job, instance="i", clock=clock)
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    later = clock.now() + timedelta(hours=2)
+    assert await prune_by_retention(store, registry, prune_after=None, clock=lambda: later) == 2
+    assert await jobrun.job_runs(store) == []
+
+
+def test_a_taken_over_pass_says_so_and_an_error_of_200_characters_is_kept_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 2, True))
+    assert watch is not None
+    watch.step_ended(jobrun.StepEnd("s", "failed", 1, 0.5, "y" * 200))
+    start, step = (r.getMessage() for r in caplog.records)
+    assert start == "pass m/j[i] started (run r-1, pass 1, taken over)"
+    assert step.endswith(" ms (run r-1): " + "y" * 200)
+
+
+async def test_a_scheduled_payload_over_the_stores_cap_is_refused_as_the_payload() -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", _done)
+    registry.schedule("m", "j", "* * * * *", payload={"text": "z" * 100})
+    store = MemoryJobRunStore(limits=StoreLimits(max_payload_bytes=50))
+    clock = FakeClock()
+    assert await jobrun.start_scheduled_runs(store, registry, clock=clock) == []  # first sight
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        await jobrun.start_scheduled_runs(store, registry, now=clock.now() + timedelta(minutes=1))
+    assert [error["path"] for error in refused.value.errors] == ["payload"]
+    assert await jobrun.job_runs(store) == []
+
+
+async def test_a_schedule_seen_for_the_first_time_holds_up_no_other() -> None:
+    before, after = jobrun.JobRegistry(), jobrun.JobRegistry()
+    for registry in (before, after):
+        registry.register("m", "old", _done)
+        registry.register("m", "new", _done)
+    before.schedule("m", "old", "* * * * *")
+    after.schedule("m", "new", "* * * * *")  # added ahead of the one already stored
+    after.schedule("m", "old", "* * * * *")
+    store, clock = MemoryJobRunStore(), FakeClock()
+    assert await jobrun.start_scheduled_runs(store, before, clock=clock) == []
+    started = await jobrun.start_scheduled_runs(
+        store, after, now=clock.now() + timedelta(minutes=1)
+    )
+    assert [run.job for run in started] == ["old"]
+
+
+@pytest.mark.parametrize("limit", [1, JOB_RUN_LIST_MAX])
+def test_a_console_query_takes_any_limit_from_one_to_the_list_maximum(limit: int) -> None:
+    assert RunQuery(limit=limit).limit == limit
+    with pytest.raises(ValueError, match=rf"^limit must be in \[1, {JOB_RUN_LIST_MAX}\], got 0$"):
+        RunQuery(limit=0)
