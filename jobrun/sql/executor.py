@@ -49,7 +49,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from sqlalchemy import event
 from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -58,7 +57,11 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
 
-from jobrun.sql.kept_connections import PostgresConnections, postgres_connections_of
+from jobrun.sql.kept_connections import (
+    PostgresConnections,
+    one_per_engine,
+    postgres_connections_of,
+)
 
 StatementHook = Callable[[str, str, Sequence[Any]], AbstractAsyncContextManager[None]]
 """Called as ``async with hook(operation, sql, parameters):`` around every statement sent.
@@ -235,19 +238,7 @@ _sqlite_connections: weakref.WeakKeyDictionary[Engine, _SqliteConnection] = (
 
 
 def _sqlite_connection_of(engine: AsyncEngine) -> _SqliteConnection:
-    sync_engine = engine.sync_engine
-    found = _sqlite_connections.get(sync_engine)
-    if found is None:
-        found = _sqlite_connections[sync_engine] = _SqliteConnection(engine)
-        closer = weakref.ref(found)
-
-        def on_dispose(_engine: Engine) -> None:
-            alive = closer()
-            if alive is not None:
-                alive.close()
-
-        event.listen(sync_engine, "engine_disposed", on_dispose)
-    return found
+    return one_per_engine(_sqlite_connections, engine, _SqliteConnection)
 
 
 class SqliteExecutor(_Executor):

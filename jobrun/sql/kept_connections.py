@@ -14,8 +14,8 @@ import asyncio
 import collections
 import contextlib
 import weakref
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -281,16 +281,24 @@ class _PostgresEngineConnections:
             connections.close()
 
 
-_postgres_connections: weakref.WeakKeyDictionary[Engine, _PostgresEngineConnections] = (
-    weakref.WeakKeyDictionary()
-)
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
-def postgres_connections_of(engine: AsyncEngine) -> _PostgresEngineConnections:
+Kept = TypeVar("Kept", bound=_Closable)
+
+
+def one_per_engine(
+    registry: weakref.WeakKeyDictionary[Engine, Kept],
+    engine: AsyncEngine,
+    make: Callable[[AsyncEngine], Kept],
+) -> Kept:
+    """The connections jobrun keeps on ``engine`` (made on first use), closed by ``dispose()``."""
     sync_engine = engine.sync_engine
-    found = _postgres_connections.get(sync_engine)
+    found = registry.get(sync_engine)
     if found is None:
-        found = _postgres_connections[sync_engine] = _PostgresEngineConnections(engine)
+        found = registry[sync_engine] = make(engine)
+        # Weakly: the listener must not keep the connections alive after the engine.
         closer = weakref.ref(found)
 
         def on_dispose(_engine: Engine) -> None:
@@ -300,3 +308,12 @@ def postgres_connections_of(engine: AsyncEngine) -> _PostgresEngineConnections:
 
         event.listen(sync_engine, "engine_disposed", on_dispose)
     return found
+
+
+_postgres_connections: weakref.WeakKeyDictionary[Engine, _PostgresEngineConnections] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def postgres_connections_of(engine: AsyncEngine) -> _PostgresEngineConnections:
+    return one_per_engine(_postgres_connections, engine, _PostgresEngineConnections)
