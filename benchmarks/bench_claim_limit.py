@@ -41,6 +41,7 @@ from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
 import jobrun  # noqa: E402
 from jobrun._core.formats import format_instant  # noqa: E402
 from jobrun._core.records import ClaimRequest  # noqa: E402
+from jobrun._core.transitions import release_transition  # noqa: E402
 
 KEY = ("bench", "limited")
 VARIANTS = {"unlimited": None, "limited": 1000, "at limit": 2}
@@ -76,11 +77,11 @@ async def measure(url: str, queued: int, rounds: int) -> dict[str, float]:
             names = list(VARIANTS) if number % 2 == 0 else list(reversed(VARIANTS))
             for name in names:
                 began = time.perf_counter()
-                row = await store.claim(request(f"t{number}-{name}", VARIANTS[name]))
+                claimed = await store.claim(request(f"t{number}-{name}", VARIANTS[name]))
                 samples[name].append(time.perf_counter() - began)
-                assert (row is None) == (name == "at limit"), name
-                if row is not None:
-                    await store.release(row.id)
+                assert (claimed is None) == (name == "at limit"), name
+                if claimed is not None:
+                    await store.release(claimed.row.id, release_transition())
         return {name: statistics.median(values) * 1e6 for name, values in samples.items()}
     finally:
         await engine.dispose()

@@ -15,6 +15,7 @@ import pytest
 
 import jobrun
 from jobrun._core.records import RunRow
+from jobrun._core.transitions import Claimed
 from jobrun.testing import FakeClock
 from tests.support import fixed_random, hand_made_row, put_rows, set_columns
 
@@ -36,10 +37,10 @@ class SpyStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def claim(self, request: Any) -> RunRow | None:
-        row = await self.inner.claim(request)
-        self.claims.append(None if row is None else row.id)
-        return row
+    async def claim(self, request: Any) -> Claimed | None:
+        claimed = await self.inner.claim(request)
+        self.claims.append(None if claimed is None else claimed.row.id)
+        return claimed
 
     async def start_or_join(self, row: RunRow) -> Any:
         self.writes.append("start_or_join")

@@ -18,8 +18,9 @@ async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out(s
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     claimed = await store.claim(_claim_request(clock, "OLD-TOKEN"))
     assert claimed is not None
-    assert claimed.id == run.id
-    assert claimed.lease_owner == "OLD-TOKEN"
+    assert claimed.row.id == run.id
+    assert claimed.row.lease_owner == "OLD-TOKEN"
+    assert not claimed.taken_over
     # While the lease holds, nobody else can claim the run.
     assert await store.claim(_claim_request(clock, "OTHER")) is None
     assert await store.record_step(run.id, StepRow("a", "1", 1, None), "t", "OLD-TOKEN")
@@ -106,7 +107,7 @@ async def test_prune_and_release(store, clock):
     live = await jobrun.start_job_run(store, module_id="m", job="j", instance="x", clock=clock)
     claimed = await store.claim(_claim_request(clock, "T"))
     assert claimed is not None
-    assert claimed.id == live.id
+    assert claimed.row.id == live.id
     assert await jobrun.release_job_lease(store, live.id)
     assert not await jobrun.release_job_lease(store, live.id)
     clock.advance(seconds=10)
