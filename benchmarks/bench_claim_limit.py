@@ -10,9 +10,11 @@ leased by other drivers. Each sample is one ``store.claim`` (timed), then a
 ``store.release`` of what it took (not timed), so every sample sees the same
 table. Variants, interleaved round by round so noise spreads over all alike:
 
-* ``unlimited``: the job has no limit (the claim is one UPDATE, as before);
+* ``unlimited``: the job has no limit (the claim is a read, then the core's
+  decision as a fenced UPDATE);
 * ``limited``: ``max_concurrent=1000``, never reached (SQLite: the count in the
-  same statement; Postgres: a transaction with an advisory lock, then the UPDATE);
+  read and again in the fenced UPDATE; Postgres: a transaction with an advisory
+  lock, then the read and the UPDATE);
 * ``at limit``: ``max_concurrent=2`` with two leased: the claim finds nothing.
 
 Medians in microseconds, and each variant's ratio to ``unlimited``.
