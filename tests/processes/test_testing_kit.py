@@ -21,7 +21,7 @@ from jobrun.testing import (
     drive_until_idle,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_advancing_wakes_sleepers_in_deadline_order() -> None:

@@ -1,6 +1,6 @@
 """Many drivers on one database, as real OS processes (Postgres, and SQLite: one file).
 
-Each driver is ``tests/drivers_child.py`` in its own Python process with its own
+Each driver is ``tests/processes/drivers_child.py`` in its own Python process with its own
 engine. Every step body of the job writes a row to a sink table that has no
 unique key, so a step that ran twice is counted twice. The tests:
 
@@ -23,7 +23,7 @@ issue (2,000 runs of 5 passes each) is::
 
     JOBRUN_DRIVER_RUNS=2000 JOBRUN_DRIVER_PASSES=5 \\
     JOBRUN_TEST_POSTGRES_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \\
-    .venv/bin/pytest tests/test_many_drivers.py -s --timeout 900
+    .venv/bin/pytest tests/processes/test_many_drivers.py -s --timeout 900
 
 (``-s`` shows the figures each test prints: throughput, per-driver shares,
 takeover latency.)

@@ -1,4 +1,4 @@
-"""One driver process for ``tests/test_recovery.py`` (not a test module).
+"""One driver process for ``tests/processes/test_recovery.py`` (not a test module).
 
 It registers ``("recover", "walk")`` with the library's default lease and calls
 ``run_due_jobs`` in a loop. Each pass ``n`` runs the steps ``one`` and ``two``;

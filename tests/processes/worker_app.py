@@ -1,4 +1,4 @@
-"""A small job registry for the worker tests (``--app tests.worker_app:registry``).
+"""A small job registry for the worker tests (``--app tests.processes.worker_app:registry``).
 
 * ``demo/pages``: ``payload["pages"]`` passes, one step each, then done.
 * ``demo/slow``: one pass whose step sleeps ``payload["sleep_s"]`` seconds, then done.

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 
-DEMO = Path(__file__).resolve().parents[1] / "examples" / "walk_demo.py"
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "walk_demo.py"
 RUN_ID = r"[0-9A-HJKMNP-TV-Z]{26}"
 
 

@@ -36,7 +36,7 @@ from jobrun.sql.schema import job_runs as runs_table
 from tests.support import SQL_BACKENDS
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ONCE = jobrun.RetryPolicy(max_attempts=1, base_delay_ms=0)
 
 registry = jobrun.JobRegistry()

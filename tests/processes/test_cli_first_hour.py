@@ -26,10 +26,10 @@ import jobrun._cli.commands  # registers the commands on the group
 import jobrun._cli.worker  # registers the worker command
 from jobrun._cli.app import cli
 from jobrun._cli.render import runs_table
+from tests.processes.test_cli import start, with_store
 from tests.support import SQL_BACKENDS, log_worker_statements
-from tests.test_cli import start, with_store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=SQL_BACKENDS)
@@ -112,7 +112,9 @@ def test_non_utf8_arguments_to_the_program_get_one_line(sqlite_url: str) -> None
 def test_the_worker_reads_the_url_from_the_environment(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     env = {"JOBRUN_DATABASE_URL": f"sqlite+aiosqlite:///{missing}"}
-    line = one_line_failure(invoke("worker", "--app", "tests.test_cli:registry", env=env), 1)
+    line = one_line_failure(
+        invoke("worker", "--app", "tests.processes.test_cli:registry", env=env), 1
+    )
     # It got past "Missing option '--url'": the URL came from the environment.
     assert line == (
         f"Error: no SQLite database at {missing}: create it with "
@@ -178,14 +180,16 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
         {"module_id": "shop", "job": "forgotten", "due": 1},
         {"module_id": "shop", "job": "walk", "due": 2},
     ]
-    marked = invoke("health", "--url", database_url, "--app", "tests.test_cli:registry")
+    marked = invoke("health", "--url", database_url, "--app", "tests.processes.test_cli:registry")
     assert marked.exit_code == 0, marked.output
     assert "due shop/forgotten  1  (not registered by --app: nothing will run these)" in (
         marked.output
     )
     [walk_line] = [line for line in marked.output.splitlines() if "due shop/walk" in line]
     assert walk_line.split() == ["due", "shop/walk", "2"]
-    as_json = invoke("health", "--url", database_url, "--app", "tests.test_cli:registry", "--json")
+    as_json = invoke(
+        "health", "--url", database_url, "--app", "tests.processes.test_cli:registry", "--json"
+    )
     assert [job["registered"] for job in json.loads(as_json.stdout)["due_by_job"]] == [
         False,
         True,

@@ -1,4 +1,4 @@
-"""One driver process for ``tests/test_many_drivers.py`` (not a test module).
+"""One driver process for ``tests/processes/test_many_drivers.py`` (not a test module).
 
 It builds its own engine and store, registers the job ``("fleet", "walk")`` and
 calls ``run_due_jobs`` in a loop until no running run is left (or ``--once``

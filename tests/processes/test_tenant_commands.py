@@ -168,7 +168,7 @@ def test_prune_and_health_count_their_own_schema_only(tenants_url: str) -> None:
 
 @pytest.mark.postgres
 def test_schedules_reads_its_own_schema(tenants_url: str) -> None:
-    app = ("--app", "tests.schedule_app:registry")
+    app = ("--app", "tests.processes.schedule_app:registry")
     listed = cli_json("schedules", "--url", tenants_url, "--schema", "tenant_a", *app)
     assert ("clock", "every2s") in {(state["module_id"], state["job"]) for state in listed}
     code, output = jobrun_cli("schedules", "--url", tenants_url, *app)
@@ -240,12 +240,12 @@ STORE_COMMANDS = [
     ("release", "01J0Z5K8QW3V2N8XG7S0R4M6TB"),
     ("prune", "--older-than", "1d"),
     ("health",),
-    ("schedules", "--app", "tests.schedule_app:registry"),
+    ("schedules", "--app", "tests.processes.schedule_app:registry"),
     ("db", "upgrade"),
     ("db", "current"),
     ("db", "check"),
     ("ui", "--read-only"),
-    ("worker", "--app", "tests.worker_app:registry"),
+    ("worker", "--app", "tests.processes.worker_app:registry"),
 ]
 
 

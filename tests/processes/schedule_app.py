@@ -1,4 +1,6 @@
-"""A registry for the schedule and retention worker tests (``--app tests.schedule_app:registry``).
+"""A registry for the schedule and retention worker tests.
+
+Used as ``--app tests.processes.schedule_app:registry``.
 
 * ``clock/every2s``: scheduled every two seconds; each run is done in one pass.
 * ``clock/limited``: at most two runs leased at once; a pass sleeps ``payload["sleep_s"]``.

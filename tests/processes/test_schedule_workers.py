@@ -28,12 +28,12 @@ from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.records import RunRow
 from jobrun._core.retention import prune_by_retention
 from jobrun.sql.schema import job_schedules
-from tests import schedule_app
+from tests.processes import schedule_app
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JOBRUN = Path(sys.executable).parent / "jobrun"
-APP = "tests.schedule_app:registry"
+APP = "tests.processes.schedule_app:registry"
 WORKERS = 3
 WATCH_S = 10.0
 

@@ -12,8 +12,8 @@ import pytest
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.ids import first_id_at
+from tests.migrations.test_migration_0002 import _plan
 from tests.support import SQL_BACKENDS, StatementLog, hand_made_row, logged_store, put_rows
-from tests.test_migration_0002 import _plan
 
 NOW = "2026-01-01T12:00:00.000Z"
 

@@ -14,8 +14,8 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
+from tests.migrations.test_migration_0002 import _plan
 from tests.support import SQL_BACKENDS, hand_made_row, logged_store, revision_of
-from tests.test_migration_0002 import _plan
 
 RUNS = "_substrat_job_runs"
 CLAIM_ORDER = "_substrat_job_runs_claim_order"

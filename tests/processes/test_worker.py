@@ -2,7 +2,7 @@
 Postgres NOTIFY, and stopping on signals as a real ``jobrun worker`` process.
 
 The in-process tests call :func:`jobrun.run_worker` with a ``stop`` event; the process
-tests run ``.venv/bin/jobrun worker --app tests.worker_app:registry`` from the repository
+tests run ``.venv/bin/jobrun worker --app tests.processes.worker_app:registry`` from the repository
 root with the root on ``PYTHONPATH``.
 """
 
@@ -30,12 +30,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun.worker
 from jobrun.sql.schema import job_runs
-from tests import worker_app
+from tests.processes import worker_app
 from tests.support import log_worker_statements
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JOBRUN = Path(sys.executable).parent / "jobrun"
-APP = "tests.worker_app:registry"
+APP = "tests.processes.worker_app:registry"
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -448,10 +448,14 @@ def test_the_command_refuses_a_bad_app_and_an_unknown_database(tmp_path: Path):
     result = runner.invoke(cli, ["worker", "--app", "tests.no_such_module:x", "--url", url])
     assert result.exit_code == 2
     assert "cannot import" in result.output
-    result = runner.invoke(cli, ["worker", "--app", "tests.worker_app:nothing", "--url", url])
+    result = runner.invoke(
+        cli, ["worker", "--app", "tests.processes.worker_app:nothing", "--url", url]
+    )
     assert result.exit_code == 2
     assert "has no attribute" in result.output
-    result = runner.invoke(cli, ["worker", "--app", "tests.worker_app:asyncio", "--url", url])
+    result = runner.invoke(
+        cli, ["worker", "--app", "tests.processes.worker_app:asyncio", "--url", url]
+    )
     assert result.exit_code == 2
     assert "not a jobrun.JobRegistry" in result.output
     result = runner.invoke(cli, ["worker", "--app", APP, "--url", url])

@@ -38,8 +38,8 @@ from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.holders import HolderIdentity, local_identity
 from jobrun._core.records import ClaimRequest
 from jobrun._system import system_clock
+from tests.processes.test_many_drivers import Fleet
 from tests.support import row_of
-from tests.test_many_drivers import Fleet
 
 CHILD = Path(__file__).with_name("recovery_child.py")
 MODULE, JOB = "recover", "walk"

@@ -6,7 +6,7 @@ body appends a line to an fsync'ed log before its effect, and every kill appends
 one right before ``os.kill``, so the parent can tell afterwards exactly which
 executions happened and how each one ended.
 
-Usage: ``python tests/crash_child.py '<json config>'`` (the parent builds the config).
+Usage: ``python tests/processes/crash_child.py '<json config>'`` (the parent builds the config).
 
 Exit codes: 0 the run is done; 3 the run ended in another state; -9 (SIGKILL) as planned.
 """

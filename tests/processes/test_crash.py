@@ -26,7 +26,7 @@ Environment:
   (``CI`` set) the seed is fixed, so CI replays the same schedule every run.
 * ``JOBRUN_CRASH_KILLS`` sets the number of kills per backend (default 50, for CI).
   By hand, for a longer soak: ``JOBRUN_CRASH_KILLS=1000 .venv/bin/pytest
-  tests/test_crash.py -m slow -s --timeout 0`` (the walk grows with the kills).
+  tests/processes/test_crash.py -m slow -s --timeout 0`` (the walk grows with the kills).
 """
 
 from __future__ import annotations
