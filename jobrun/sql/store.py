@@ -291,9 +291,9 @@ class SqlJobRunStore:
         limited: builtins.list[tuple[tuple[str, str], int]],
     ) -> Claimed | None:
         """Read the run the claim would get, let the core decide its new state, and
-        write that fenced on what was read; a run that changed in between is passed
-        over and the next one read. Each miss is another writer's success on that
-        run, so this ends."""
+        write that fenced on what was read. A run that changed in between (or whose
+        job reached its limit) is passed over and the next one read: each miss
+        leaves one run fewer to read, so this ends."""
         missed: builtins.list[str] = []
         while True:
             read, values = self._claim_read(request, limited, missed)
