@@ -26,30 +26,9 @@ from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun._core.transitions import Claimed
 from jobrun.testing import FakeClock
-from tests.support import fixed_random, row_of, set_columns
+from tests.support import claim_as, fixed_random, row_of, set_columns, snapshot
 
 M, J = "m", "j"
-
-
-async def claim_as(
-    store: Any,
-    clock: Callable[[], datetime],
-    token: str,
-    *,
-    driver: str = "dead-host:1",
-    lease_ms: int = 1000,
-    job: tuple[str, str] = (M, J),
-) -> RunRow | None:
-    """Claim like a driver that then dies before writing anything else."""
-    now_at = format_instant(clock())
-    claimed = await store.claim(
-        ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
-    )
-    return None if claimed is None else claimed.row
-
-
-async def snapshot(store: Any, run_id: str) -> tuple[RunRow | None, dict[str, StepRow]]:
-    return await store.get(run_id), await store.steps(run_id)
 
 
 def assert_unleased(row: RunRow) -> None:

@@ -27,13 +27,9 @@ import jobrun
 from jobrun._core.formats import format_instant
 from jobrun._core.records import RunPatch, RunRow, StepRow
 from jobrun.sql.schema import job_runs
-from tests.support import SQL_BACKENDS, claim_as, row_of, start
+from tests.support import SQL_BACKENDS, RecordingStore, claim_as, row_of, snapshot, start
 
 M, J = "m", "j"
-
-
-async def snapshot(store: Any, run_id: str) -> tuple[RunRow | None, dict[str, StepRow]]:
-    return await store.get(run_id), await store.steps(run_id)
 
 
 def finishing_patch(at: str) -> RunPatch:
@@ -124,25 +120,6 @@ async def test_a_pass_that_lost_its_lease_before_committing_leaves_the_new_ledge
 # --- (b) the renewer ends with its pass ---------------------------------------------------------
 
 
-class CountingStore:
-    """A store that counts lease renewals, tells ``renewed`` of each, and passes the rest on."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.renewals = 0
-        self.renewed = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        self.renewals += 1
-        try:
-            return bool(await self._inner.extend_lease(run_id, token, expires_at))
-        finally:
-            self.renewed.set()
-
-
 @pytest.mark.parametrize("max_passes", [1, 3])
 @pytest.mark.parametrize("ending", ["advance", "done", "raise", "superseded"])
 async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
@@ -153,7 +130,13 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     for instance in ("x", "y"):
         await start(store, clock, module_id=M, job=J, instance=instance)
     registry = jobrun.JobRegistry()
-    counting = CountingStore(store)
+    counting = RecordingStore(store)
+    renewed = asyncio.Event()
+
+    async def tell_renewed(*_: Any) -> None:
+        renewed.set()
+
+    counting.after["extend_lease"] = tell_renewed
 
     # The shortest lease: renewals every 25 ms of real time, so the renewer is running.
     @registry.job(M, J, lease_ms=100)
@@ -162,8 +145,8 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
         if ending == "superseded":
             assert await jobrun.release_job_lease(store, p.run.id)
         # Wait for a renewal (or the renewer finding the lease gone) to be sure it ran.
-        await asyncio.wait_for(counting.renewed.wait(), 10)
-        counting.renewed.clear()
+        await asyncio.wait_for(renewed.wait(), 10)
+        renewed.clear()
         if ending == "raise":
             raise RuntimeError("handler broke")
         return jobrun.PassResult(cursor=(p.cursor or 0) + 1, done=ending == "done")
@@ -177,9 +160,9 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     assert getattr(report, outcome) >= 2, report
     assert left == set(), f"tasks outlived run_due_jobs: {left}"
     # Belt and braces: nothing renews later either (a leftover renewer sleeps 25 ms).
-    sent = counting.renewals
+    sent = counting.count("extend_lease")
     await asyncio.sleep(0.1)
-    assert counting.renewals == sent, "a renewal was sent after run_due_jobs returned"
+    assert counting.count("extend_lease") == sent, "a renewal was sent after run_due_jobs returned"
 
 
 # --- (c) the worker's stop reaches run_due_jobs -------------------------------------------------

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,22 +37,12 @@ from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.holders import HolderIdentity, local_identity
 from jobrun._core.records import ClaimRequest
 from jobrun._system import system_clock
-from tests.processes.test_many_drivers import Fleet
-from tests.support import row_of
+from tests.support import Fleet, row_of
 
 CHILD = Path(__file__).with_name("recovery_child.py")
 MODULE, JOB = "recover", "walk"
 SQLITE = pytest.param("sqlite", id="sqlite")
 POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
-
-
-@pytest.fixture
-def fleet(database_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    created = Fleet(database_url, tmp_path)
-    try:
-        yield created
-    finally:
-        created.stop_all()
 
 
 async def start_one(engine: AsyncEngine) -> str:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -31,10 +29,8 @@ import jobrun
 import jobrun.worker
 from jobrun.sql.schema import job_runs
 from tests.processes import worker_app
-from tests.support import log_worker_statements
+from tests.support import log_worker_statements, spawn_worker
 
-ROOT = Path(__file__).resolve().parents[2]
-JOBRUN = Path(sys.executable).parent / "jobrun"
 APP = "tests.processes.worker_app:registry"
 
 
@@ -114,6 +110,18 @@ class Worker:
 # --- draining -------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def two_databases(
+    database_url: str,
+    sqlite_template: Path,
+    tmp_path: Path,
+    engines: Callable[[str], AsyncEngine],
+) -> tuple[str, str, AsyncEngine, AsyncEngine]:
+    """A fresh SQLite file and the ``database_url`` database: both URLs, then an engine on each."""
+    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
+    return first_url, database_url, engines(first_url), engines(database_url)
+
+
 # The second database is the ``database_url`` fixture: another SQLite file, or Postgres.
 SECOND = pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
@@ -122,14 +130,9 @@ SECOND = pytest.mark.parametrize(
 
 @SECOND
 async def test_the_worker_drains_two_databases(
-    database_url: str,
-    sqlite_template: Path,
-    tmp_path: Path,
-    engines: Callable[[str], AsyncEngine],
+    two_databases: tuple[str, str, AsyncEngine, AsyncEngine],
 ):
-    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
-    second_url = database_url
-    first, other = engines(first_url), engines(second_url)
+    first_url, _, first, other = two_databases
     await start_pages(first, 4)
     await start_pages(other, 4)
     worker = Worker([first_url, other], concurrency=2)
@@ -345,15 +348,7 @@ def free_port() -> int:
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [str(JOBRUN), "worker", "--app", APP, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_worker(APP, *args)
 
 
 async def lease_held(engine: AsyncEngine, run_id: str) -> bool:
@@ -366,14 +361,9 @@ async def lease_held(engine: AsyncEngine, run_id: str) -> bool:
 
 @SECOND
 async def test_the_command_drains_two_databases_and_stops_on_sigterm(
-    database_url: str,
-    sqlite_template: Path,
-    tmp_path: Path,
-    engines: Callable[[str], AsyncEngine],
+    two_databases: tuple[str, str, AsyncEngine, AsyncEngine],
 ):
-    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
-    second_url = database_url
-    first, other = engines(first_url), engines(second_url)
+    first_url, second_url, first, other = two_databases
     await start_pages(first, 3)
     await start_pages(other, 3)
     port = free_port()

@@ -11,21 +11,30 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core import stranded
+from jobrun._core.browse import RunQuery
 from jobrun._core.formats import MalformedColumnError, decode_json
 from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
 from jobrun._core.lease import Lease, LeaseKeeper
-from jobrun._core.records import HeldLease
+from jobrun._core.observe import PassEnd, PassStart
+from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
+from jobrun._core.records import ClaimRequest, HeldLease, RunFilter, StepRow
+from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
+from jobrun.sql.store import _prefix_successor
 from jobrun.testing import FakeClock, MemoryJobRunStore
+from tests.support import SQL_BACKENDS, claim_as
 
 # --- holders: the identity a claim stores, and proof of death -----------------------------------
 
@@ -403,3 +412,461 @@ def test_a_refusal_says_what_a_run_carries() -> None:
         "payload is not queue-safe: payload.blob is a bytes; a run carries ids and "
         "configuration, not bytes, objects or functions"
     )
+
+
+# --- passes: what the handler is told, and what a pass writes -------------------------------------
+
+
+def test_an_error_text_of_exactly_the_cap_is_kept_whole_and_one_byte_more_is_cut() -> None:
+    whole = "x" * MAX_ERROR_TEXT_BYTES
+    assert cap_error_text(whole) == whole
+    # 64 bytes are kept free for the note saying how much was cut.
+    assert cap_error_text(whole + "y") == "x" * (MAX_ERROR_TEXT_BYTES - 64) + (
+        " [... cut, 65 more bytes]"
+    )
+
+
+def _write_counter(p: jobrun.JobPass) -> None:
+    cast(Any, p.counters)["rows"] = 5
+
+
+def _delete_counter(p: jobrun.JobPass) -> None:
+    del cast(Any, p.counters)["rows"]
+
+
+def _count_with_a_bad_name(p: jobrun.JobPass) -> None:
+    p.count(cast(Any, 5))
+
+
+async def test_misusing_p_counters_is_a_mistake_about_the_counters() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    seen: dict[str, Any] = {}
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        p.count("rows", 2)
+        seen["shown"] = repr(p.counters)
+        seen["errors"] = []
+        for misuse in (_write_counter, _delete_counter, _count_with_a_bad_name):
+            with pytest.raises(jobrun.HandlerMistakeError) as caught:
+                misuse(p)
+            seen["errors"].append((caught.value.errors, str(caught.value)))
+        return jobrun.PassResult(done=True)
+
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).completed == 1
+    assert seen["shown"] == "{'rows': 2}"
+    assert [errors for errors, _ in seen["errors"]] == [
+        [{"path": "counters", "message": text}] for _, text in seen["errors"]
+    ]
+    assert ["read-only" in text for _, text in seen["errors"]] == [True, True, False]
+    assert "use a str" in seen["errors"][2][1]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.counters == {"rows": 2}, "a refused write changed nothing"
+
+
+def test_the_keep_cursor_marker_reads_as_its_name() -> None:
+    assert repr(jobrun.KEEP_CURSOR) == "KEEP_CURSOR"
+
+
+class _Ends:
+    """An observer that keeps every pass's start and end."""
+
+    def __init__(self) -> None:
+        self.starts: list[PassStart] = []
+        self.ends: list[PassEnd] = []
+
+    def pass_started(self, start: PassStart) -> _Ends:
+        self.starts.append(start)
+        return self
+
+    def step_started(self, name: str) -> None:
+        return None
+
+    def step_ended(self, end: object) -> None:
+        return None
+
+    def pass_ended(self, end: PassEnd) -> None:
+        self.ends.append(end)
+
+
+async def test_a_failure_the_store_refuses_after_a_cancel_is_heard_as_superseded(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await jobrun.cancel_job_run(store, p.run.id, "stop it", clock=clock)
+        raise RuntimeError("after the cancel")
+
+    observer = _Ends()
+    report = await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
+    assert (report.superseded, report.failed, report.retrying) == (1, 0, 0)
+    assert [(end.outcome, end.error) for end in observer.ends] == [
+        ("superseded", "RuntimeError: after the cancel")
+    ]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.last_error == "cancelled: stop it", "the refused failure wrote nothing"
+
+
+async def test_a_run_failed_for_its_takeovers_is_stamped_when_it_failed(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", _done, lease_ms=1000, max_takeovers=0)
+    assert await claim_as(store, clock, "DEAD-0") is not None
+    clock.advance(seconds=5)
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).failed == 1
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.updated_at == record.ended_at == clock()
+
+
+async def _done(p: jobrun.JobPass) -> jobrun.PassResult:
+    return jobrun.PassResult(done=True)
+
+
+# --- names: a refused name is shown, cut when long ------------------------------------------------
+
+
+async def test_a_long_refused_name_is_shown_cut_after_40_characters() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.start_job_run(MemoryJobRunStore(), module_id="m", job="a" * 600)
+    assert str(caught.value) == (
+        f"job '{'a' * 40}...' is 600 bytes of UTF-8, over the 512-byte limit for names"
+    )
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.start_job_run(MemoryJobRunStore(), module_id="m", job="b" * 39 + "\x00")
+    assert str(caught.value).startswith(f"job '{'b' * 39}\\x00' contains a NUL")
+
+
+# --- operator actions: refusals say what was wrong, health counts dead holders as due -------------
+
+
+async def test_operator_refusals_say_what_was_wrong(store: Any, clock: FakeClock) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.cancel_job_run(store, "R", "  ", clock=clock)
+    assert caught.value.errors == [{"path": "reason", "message": "empty or not a str"}]
+    with pytest.raises(jobrun.JobRunNotFoundError) as missing:
+        await jobrun.cancel_job_run(store, "NO-SUCH-RUN", "why", clock=clock)
+    assert missing.value.run_id == "NO-SUCH-RUN"
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    await jobrun.cancel_job_run(store, run.id, "first", clock=clock)
+    with pytest.raises(jobrun.JobConflictError) as conflict:
+        await jobrun.cancel_job_run(store, run.id, "again", clock=clock)
+    assert str(conflict.value) == f"run {run.id} is failed, not running; nothing to cancel"
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.prune_job_runs(store, older_than=timedelta(days=1), statuses=("running",))
+    assert caught.value.errors == [{"path": "statuses", "message": "not prunable: ['running']"}]
+    with pytest.raises(TypeError, match=r"^older_than must be a timedelta or datetime, got int$"):
+        await jobrun.prune_job_runs(store, older_than=cast(Any, 5))
+
+
+async def test_health_counts_each_kind_of_run_apart(store: Any, clock: FakeClock) -> None:
+    for instance in ("a", "b", "c"):
+        await jobrun.start_job_run(store, module_id="m", job="j", instance=instance, clock=clock)
+    assert await claim_as(store, clock, "LIVE-HOLDER", driver="alive", lease_ms=60_000)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.leased, health.failed) == (3, 2, 1, 0)
+
+
+async def test_a_run_held_by_a_dead_holder_is_due_and_taken_over_at_once(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    dead = _dead_driver()
+    assert await claim_as(store, clock, "DEAD-TOKEN", driver=dead, lease_ms=60_000)
+    clock.advance(seconds=30)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.due, health.leased) == (1, 0), "a provably dead holder's run waits"
+    assert health.oldest_due_age_s == 30.0, "since its pass began"
+    registry = jobrun.JobRegistry()
+    told: list[str | None] = []
+
+    @registry.job("m", "j", lease_ms=60_000)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        record = await jobrun.get_job_run(store, p.run.id)
+        assert record is not None
+        told.append(record.last_error)
+        return jobrun.PassResult(done=True)
+
+    # The lease has 60 s left: only the proof of death lets this driver take the run.
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.completed) == (1, 1)
+    assert told == [f"the driver {dead} died during a pass; the run was taken over at once"]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.status == "done"
+
+
+async def test_a_dead_holder_of_a_cancelled_run_leaves_nothing_due(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    assert await claim_as(store, clock, "DEAD-TOKEN", driver=_dead_driver(), lease_ms=60_000)
+    await jobrun.cancel_job_run(store, run.id, "stop", clock=clock)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.leased, health.failed) == (0, 0, 0, 1)
+
+
+async def test_a_backing_off_run_does_not_count_against_the_limit(
+    store: Any, clock: FakeClock
+) -> None:
+    first = await jobrun.start_job_run(store, module_id="m", job="j", instance="1", clock=clock)
+    registry = jobrun.JobRegistry()
+    ran: list[str] = []
+
+    @registry.job("m", "j", max_concurrent=1, retry=jobrun.RetryPolicy(base_delay_ms=60_000))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        ran.append(p.run.instance)
+        if p.run.id == first.id:
+            raise RuntimeError("try later")
+        return jobrun.PassResult(done=True)
+
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).retrying == 1
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="2", clock=clock)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.completed, ran) == (1, ["1", "2"])
+
+
+# --- the SQL store: operations are named to the statement hook and in errors ----------------------
+
+
+class _RefusingHook:
+    """A statement hook that records the operation, then fails as a lost connection would."""
+
+    def __init__(self) -> None:
+        self.operations: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, operation: str, sql: str, parameters: Any) -> AsyncIterator[None]:
+        self.operations.append(operation)
+        raise OSError("connection lost (injected)")
+        yield  # pragma: no cover - never reached: an async generator needs a yield
+
+
+_NOW = "2026-01-01T00:00:00.000Z"
+_LATER = "2026-01-01T00:01:00.000Z"
+
+_CLAIM = ClaimRequest(_NOW, "T", "d", {("m", "j"): _LATER})
+
+# By the operation the hook and the error must name: a call to the store that sends it.
+STORE_OPERATIONS: dict[str, tuple[str, Any]] = {
+    "get": ("get", lambda store: store.get("R")),
+    "claim": ("claim", lambda store: store.claim(_CLAIM)),
+    # Postgres orders a limited job's claims with a lock, in a transaction of its own.
+    "claim-limited": (
+        "claim",
+        lambda store: store.claim(replace(_CLAIM, max_concurrent={("m", "j"): 1})),
+    ),
+    "held_leases": ("held_leases", lambda store: store.held_leases(_NOW, None)),
+    "list": ("list", lambda store: store.list(RunFilter())),
+    "steps": ("steps", lambda store: store.steps("R")),
+    "record_step": (
+        "record_step",
+        lambda store: store.record_step("R", StepRow("s", "1", 1, None), _NOW, "T"),
+    ),
+    "extend_lease": ("extend_lease", lambda store: store.extend_lease("R", "T", _LATER)),
+    "cancel": ("cancel", lambda store: store.cancel("R", cancel_transition("why", _NOW))),
+    "resume": ("resume", lambda store: store.resume("R", resume_transition(_NOW))),
+    "release": ("release", lambda store: store.release("R", release_transition())),
+    "health": ("health", lambda store: store.health(_NOW)),
+    "due_by_job": ("due_by_job", lambda store: store.due_by_job(_NOW)),
+    "prune": ("prune", lambda store: store.prune(_NOW, ("done",), 10)),
+    "schedule_rows": ("schedule_rows", lambda store: store.schedule_rows()),
+    "find": ("find", lambda store: store.find(RunQuery())),
+    "count": ("count", lambda store: store.count(RunQuery(), 10)),
+    "job_loads": ("job_loads", lambda store: store.job_loads(_NOW, _NOW)),
+}
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("call", sorted(STORE_OPERATIONS))
+async def test_a_failed_store_operation_is_named_to_the_hook_and_in_the_error(
+    engine: AsyncEngine, backend: str, call: str
+) -> None:
+    operation, send = STORE_OPERATIONS[call]
+    hook = _RefusingHook()
+    store = jobrun.SqlJobRunStore(engine, statement_hook=hook)
+    with pytest.raises(jobrun.StoreError) as caught:
+        await send(store)
+    assert caught.value.operation == operation
+    assert str(caught.value) == f"{operation} failed: OSError: connection lost (injected)"
+    # A transaction's failed BEGIN is followed by its ROLLBACK, under the same name.
+    assert hook.operations[0] == operation
+    assert set(hook.operations) == {operation}
+
+
+@pytest.mark.parametrize(
+    ("prefix", "successor"),
+    [
+        ("ab", "ac"),
+        ("a\U0010ffff", "b"),
+        ("a\ud7ff", "a\ue000"),
+        ("\U0010ffff\U0010ffff", None),
+        ("", None),
+    ],
+    ids=["last-character", "carry", "over-the-surrogates", "none-above", "empty"],
+)
+def test_the_successor_of_a_prefix_is_the_least_string_above_its_range(
+    prefix: str, successor: str | None
+) -> None:
+    assert _prefix_successor(prefix) == successor
+
+
+async def test_a_run_id_that_cannot_be_stored_is_named_as_the_run_id() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.cancel_job_run(MemoryJobRunStore(), "R\x00", "why")
+    assert caught.value.errors == [
+        {"path": "run_id", "message": "contains a NUL character (Postgres cannot store it)"}
+    ]
+    assert str(caught.value).startswith("run_id 'R\\x00' contains a NUL")
+
+
+async def test_a_step_result_that_cannot_be_stored_is_a_mistake_about_that_step() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    caught: list[jobrun.HandlerMistakeError] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        try:
+            await p.step("load", lambda: {1, 2})
+        except jobrun.HandlerMistakeError as error:
+            caught.append(error)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    [error] = caught
+    assert error.errors == [
+        {"path": "step.load", "message": "not JSON (Object of type set is not JSON serializable)"}
+    ]
+    assert str(error).endswith("the body ran once and is not run again until the run is resumed"), (
+        "the text says what happens next"
+    )
+
+
+async def test_a_step_call_refused_before_it_runs_is_a_mistake_about_the_step() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    paths: list[list[str]] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name, retry in (("", None), ("s", cast(Any, 3))):
+            try:
+                p.step(name, lambda: 1, retry=retry)
+            except jobrun.HandlerMistakeError as error:
+                paths.append([entry["path"] for entry in error.errors])
+        return jobrun.PassResult(done=True)
+
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert paths == [["step"], ["step"]]
+
+
+# --- the driver: a report counts every outcome, a claim leases each job for its own time ----------
+
+
+async def test_a_report_counts_each_failed_run(store: Any, clock: FakeClock) -> None:
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j", retry=jobrun.RetryPolicy(max_attempts=1))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        raise RuntimeError(p.run.instance)
+
+    for instance in ("a", "b"):
+        await jobrun.start_job_run(store, module_id="m", job="j", instance=instance, clock=clock)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.failed) == (2, 2)
+    assert sorted(error.error for error in report.errors) == ["RuntimeError: a", "RuntimeError: b"]
+
+
+async def test_each_job_is_leased_for_its_own_lease_time(store: Any, clock: FakeClock) -> None:
+    registry = jobrun.JobRegistry()
+    expiries: dict[str, Any] = {}
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        record = await jobrun.get_job_run(store, p.run.id)
+        assert record is not None
+        expiries[p.run.job] = record.lease_expires_at
+        return jobrun.PassResult(done=True)
+
+    registry.register("m", "short", handler, lease_ms=1_000)
+    registry.register("m", "long", handler, lease_ms=90_000)
+    for job in ("short", "long"):
+        await jobrun.start_job_run(store, module_id="m", job=job, clock=clock)
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).completed == 2
+    assert expiries == {
+        "short": clock() + timedelta(seconds=1),
+        "long": clock() + timedelta(seconds=90),
+    }
+
+
+async def test_only_the_first_pass_after_a_takeover_is_told_it_took_over(
+    store: Any, clock: FakeClock
+) -> None:
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    assert await claim_as(store, clock, "GONE", lease_ms=1000)
+    clock.advance(seconds=2)
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        return jobrun.PassResult(cursor=(p.cursor or 0) + 1)
+
+    observer = _Ends()
+    report = await jobrun.run_due_jobs(
+        store, registry, clock=clock, observer=observer, max_passes=3
+    )
+    assert report.advanced == 3
+    assert [(start.number, start.taken_over) for start in observer.starts] == [
+        (1, True),
+        (2, False),
+        (3, False),
+    ]
+
+
+# --- drive options and registration: a bad value is named with its type ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("keywords", "text"),
+    [
+        ({"observer": 5}, "observer must be a PassObserver, got int"),
+        ({"clock": 5}, "clock must be a Clock or a callable returning a datetime, got int"),
+        ({"options": 5}, "options must be a DriveOptions, got int"),
+    ],
+    ids=["observer", "clock", "options"],
+)
+async def test_a_bad_drive_option_is_named_with_its_type(
+    keywords: dict[str, Any], text: str
+) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.run_due_jobs(MemoryJobRunStore(), jobrun.JobRegistry(), **keywords)
+    assert str(caught.value) == text
+
+
+def test_a_max_concurrent_of_the_wrong_type_is_named_with_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^max_concurrent must be an int or None, got str$"):
+        jobrun.JobRegistry().register("m", "j", _done, max_concurrent=cast(Any, "2"))
+
+
+def test_a_registered_job_keeps_its_limit_and_its_retention() -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", _done, max_concurrent=3, keep_for=timedelta(hours=1))
+    registered = registry.get("m", "j")
+    assert registered is not None
+    assert (registered.max_concurrent, registered.keep_for) == (3, timedelta(hours=1))
+
+
+def test_a_keep_for_of_the_wrong_type_is_named_with_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^keep_for must be a timedelta or None, got int$"):
+        jobrun.JobRegistry().register("m", "j", _done, keep_for=cast(Any, 5))
