@@ -300,9 +300,10 @@ async def claim_as(
 ) -> RunRow | None:
     """Claim through the store port like a driver that then does nothing else."""
     now_at = format_instant(clock())
-    return await store.claim(
+    claimed = await store.claim(
         ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
     )
+    return None if claimed is None else claimed.row
 
 
 class Child:

@@ -30,7 +30,7 @@ WRITES = ("start_or_join", "patch", "commit_pass", "record_step")
 
 def claimed(spy: RecordingStore) -> list[str | None]:
     """The run each claim returned, in order (None: nothing was due)."""
-    return [None if row is None else row.id for row in spy.results["claim"]]
+    return [None if claim is None else claim.row.id for claim in spy.results["claim"]]
 
 
 def finishing_registry(module_id: str = "mine", job: str = "walk") -> tuple[Any, list[str]]:

@@ -24,6 +24,7 @@ import pytest
 import jobrun
 from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
+from jobrun._core.transitions import Claimed
 from jobrun.testing import FakeClock
 from tests.support import claim_as, fixed_random, row_of, set_columns, snapshot
 
@@ -938,12 +939,12 @@ class _SlowClaimReply:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def claim(self, request: ClaimRequest) -> RunRow | None:
-        row = await self.inner.claim(request)
-        if row is not None:
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
+        claimed = await self.inner.claim(request)
+        if claimed is not None:
             self.claimed.set()
         await asyncio.sleep(0.05)
-        return row
+        return claimed
 
 
 async def test_a_cancel_that_lands_during_a_claim_hands_the_lease_back(store, clock):

@@ -7,15 +7,16 @@
 * The worker hands its ``stop`` event down to ``run_due_jobs``: once it is set, no
   further run is claimed.
 
-Every test is deterministic: leases are taken away by hand (a takeover after the
-fake clock passed the expiry, or a release and a fresh claim), never by racing a
-real clock. Each was checked by reintroducing the breakage it names and seeing
+Every test is deterministic: leases are taken away by hand (a takeover by a
+claimer whose clock is past the expiry, or a release and a fresh claim), never by
+racing a real clock. Each was checked by reintroducing the breakage it names and seeing
 it fail (see ``tests/README.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -47,11 +48,16 @@ def finishing_patch(at: str) -> RunPatch:
 
 async def take_lease_away(store: Any, clock: Any, run_id: str, lost_by: str) -> RunRow:
     """Give the run to a new holder "NEW", as an expiry or an operator would."""
-    if lost_by == "takeover":
-        clock.advance(seconds=2)
-    else:
+
+    def claimer_clock() -> datetime:
+        # A takeover: two seconds on, past the 1 s lease, for the new claimer only. The
+        # holder's renewer sleeps on the test clock, so it cannot renew between the
+        # claim's read and its write (a renewal landing there keeps the lease, rightly).
+        return clock() + timedelta(seconds=2 if lost_by == "takeover" else 0)
+
+    if lost_by != "takeover":
         assert await jobrun.release_job_lease(store, run_id)
-    taken = await claim_as(store, clock, "NEW", driver="new:1", lease_ms=60_000, job=(M, J))
+    taken = await claim_as(store, claimer_clock, "NEW", driver="new:1", lease_ms=60_000, job=(M, J))
     assert taken is not None
     assert (taken.id, taken.lease_owner) == (run_id, "NEW")
     return taken

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.records import ClaimRequest, StepRow
+from jobrun._core.transitions import release_transition
 from jobrun.testing import FakeClock
 from tests.support import (
     JOB,
@@ -44,9 +45,9 @@ async def plant_step(store: Any, run_id: str, row: StepRow) -> None:
     request = ClaimRequest(far, "PLANTER", "test:0", {(MODULE, JOB): far})
     claimed = await store.claim(request)
     assert claimed is not None
-    assert claimed.id == run_id
+    assert claimed.row.id == run_id
     assert await store.record_step(run_id, row, NOW_TEXT, "PLANTER")
-    assert await store.release(run_id)
+    assert await store.release(run_id, release_transition())
 
 
 def counting(calls: dict[str, int], name: str, value: Any = None) -> Callable[[], Any]:

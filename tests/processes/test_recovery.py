@@ -275,7 +275,7 @@ async def test_health_counts_stranded_runs_as_due(store: Any) -> None:
         claimed = await store.claim(request)
         taken.add(run.id)
         assert claimed is not None
-        assert claimed.id == run.id
+        assert claimed.row.id == run.id
     health = await jobrun.job_run_health(store)
     assert (health.running, health.due, health.leased) == (3, 2, 1)
     assert 25 < health.oldest_due_age_s < 120, health

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,23 +249,19 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     # Four drivers: only one of them polls while the database is idle.
     worker = Worker([engine], interval_s=interval, concurrency=4)
     # The back-off climbs from 50 ms to the interval within five claims.
-    await eventually(lambda: _claims_seen(log.sql(), 5))
+    await eventually(lambda: _claims_seen(log.seen, 5))
     before = len(log.seen)
     began = time.monotonic()
     # At least a few polls, however slowly a loaded machine runs them.
-    await eventually(lambda: _claims_seen(log.sql()[before:], 4), timeout_s=60)
+    await eventually(lambda: _claims_seen(log.seen[before:], 4), timeout_s=60)
     await asyncio.sleep(0.5)
     elapsed_s = time.monotonic() - began
-    idle = log.sql()[before:]
+    idle = log.seen[before:]
     await worker.finish()
-    claims = [statement for statement in idle if statement.lstrip().upper().startswith("UPDATE")]
+    claims = _claims(idle)
     # Besides the claims: the read of held leases that finds runs stranded by a
     # dead driver (see jobrun._core.stranded), at most once a second.
-    scans = [
-        statement
-        for statement in idle
-        if statement.lstrip().startswith("SELECT") and "lease_owner IS NOT NULL" in statement
-    ]
+    scans = [sql for operation, sql, _ in idle if operation == "held_leases"]
     assert len(claims) + len(scans) == len(idle), idle
     # One poller at one claim per interval at most (a late poll only makes fewer), never
     # four: upper bounds from the time that actually passed, so load cannot fail them.
@@ -288,7 +284,7 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
     monkeypatch.setattr(jobrun.worker, "FIRST_IDLE_DELAY_S", 10.0)
     log = log_worker_statements(monkeypatch)
     worker = Worker([engine], interval_s=30)
-    await eventually(lambda: _claims_seen(log.sql(), 1))
+    await eventually(lambda: _claims_seen(log.seen, 1))
     await asyncio.sleep(0.5)
     began = time.monotonic()
     await start_pages(engine, 1, pages=1)
@@ -305,8 +301,18 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
         assert picked_up_in is None, "without NOTIFY the run waits for the next poll"
 
 
-async def _claims_seen(statements: list[str], count: int) -> bool:
-    return sum(statement.upper().startswith("UPDATE") for statement in statements) >= count
+def _claims(seen: Sequence[tuple[str, str, Any]]) -> list[str]:
+    """One statement per claim: its read of the run it would get (a claim that finds
+    nothing sends nothing else)."""
+    return [
+        sql
+        for operation, sql, _ in seen
+        if operation == "claim" and sql.lstrip().upper().startswith("SELECT")
+    ]
+
+
+async def _claims_seen(seen: Sequence[tuple[str, str, Any]], count: int) -> bool:
+    return len(_claims(seen)) >= count
 
 
 @pytest.mark.postgres

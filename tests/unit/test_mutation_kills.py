@@ -42,6 +42,7 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.retention import RETENTION_BATCH, check_prune_after, prune_by_retention
+from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
 from jobrun.sql.store import _prefix_successor
@@ -685,9 +686,9 @@ STORE_OPERATIONS: dict[str, tuple[str, Any]] = {
         lambda store: store.record_step("R", StepRow("s", "1", 1, None), _NOW, "T"),
     ),
     "extend_lease": ("extend_lease", lambda store: store.extend_lease("R", "T", _LATER)),
-    "cancel": ("cancel", lambda store: store.cancel("R", "why", _NOW)),
-    "resume": ("resume", lambda store: store.resume("R", _NOW)),
-    "release": ("release", lambda store: store.release("R")),
+    "cancel": ("cancel", lambda store: store.cancel("R", cancel_transition("why", _NOW))),
+    "resume": ("resume", lambda store: store.resume("R", resume_transition(_NOW))),
+    "release": ("release", lambda store: store.release("R", release_transition())),
     "health": ("health", lambda store: store.health(_NOW)),
     "due_by_job": ("due_by_job", lambda store: store.due_by_job(_NOW)),
     "prune": ("prune", lambda store: store.prune(_NOW, ("done",), 10)),
