@@ -96,7 +96,8 @@ async def test_each_step_is_one_statement_on_a_connection_the_store_keeps(
         assert (await drive(store, steps_registry(), clock, limit=1)).completed == 1
         operations = [operation for operation, _, _ in log.seen]
         assert operations.count("record_step") == STEPS
-        assert len(operations) == STEPS + 4, operations  # + stranded scan, claim, ledger, commit
+        # + stranded scan, claim (a read, then the core's conditional write), ledger, commit
+        assert len(operations) == STEPS + 5, operations
         assert len(checkouts) <= 1, "the store went back to the pool between statements"
     finally:
         await engine.dispose()
