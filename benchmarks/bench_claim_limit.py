@@ -10,9 +10,11 @@ leased by other drivers. Each sample is one ``store.claim`` (timed), then a
 ``store.release`` of what it took (not timed), so every sample sees the same
 table. Variants, interleaved round by round so noise spreads over all alike:
 
-* ``unlimited``: the job has no limit (the claim is one UPDATE, as before);
+* ``unlimited``: the job has no limit (the claim is a read, then the core's
+  decision as a fenced UPDATE);
 * ``limited``: ``max_concurrent=1000``, never reached (SQLite: the count in the
-  same statement; Postgres: a transaction with an advisory lock, then the UPDATE);
+  read and again in the fenced UPDATE; Postgres: a transaction with an advisory
+  lock, then the read and the UPDATE);
 * ``at limit``: ``max_concurrent=2`` with two leased: the claim finds nothing.
 
 Medians in microseconds, and each variant's ratio to ``unlimited``.
@@ -41,6 +43,7 @@ from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
 import jobrun  # noqa: E402
 from jobrun._core.formats import format_instant  # noqa: E402
 from jobrun._core.records import ClaimRequest  # noqa: E402
+from jobrun._core.transitions import release_transition  # noqa: E402
 
 KEY = ("bench", "limited")
 VARIANTS = {"unlimited": None, "limited": 1000, "at limit": 2}
@@ -76,11 +79,11 @@ async def measure(url: str, queued: int, rounds: int) -> dict[str, float]:
             names = list(VARIANTS) if number % 2 == 0 else list(reversed(VARIANTS))
             for name in names:
                 began = time.perf_counter()
-                row = await store.claim(request(f"t{number}-{name}", VARIANTS[name]))
+                claimed = await store.claim(request(f"t{number}-{name}", VARIANTS[name]))
                 samples[name].append(time.perf_counter() - began)
-                assert (row is None) == (name == "at limit"), name
-                if row is not None:
-                    await store.release(row.id)
+                assert (claimed is None) == (name == "at limit"), name
+                if claimed is not None:
+                    await store.release(claimed.row.id, release_transition())
         return {name: statistics.median(values) * 1e6 for name, values in samples.items()}
     finally:
         await engine.dispose()

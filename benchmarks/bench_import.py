@@ -11,8 +11,9 @@ Each case is a fresh interpreter (``subprocess``), timed from spawn to exit.
 The cases run interleaved, one sample of each per round and in a rotated order
 each round, so a noisy neighbour spreads over all of them alike; medians and
 minimums are reported, and ratios are only taken between numbers of this run.
-The goal: ``import jobrun`` costs about what ``import sqlalchemy.ext.asyncio``
-costs, and a CLI command that does not migrate does not import Alembic.
+The goal: ``import jobrun`` and ``jobrun --help`` cost well under what
+``import sqlalchemy.ext.asyncio`` costs (they load no SQLAlchemy), and a CLI
+command that does not migrate does not import Alembic.
 Self-contained on purpose (no shared benchmark helpers).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,18 +74,24 @@ def _run(case: Case, cwd: str, *, capture: bool = False) -> subprocess.Completed
     )
 
 
-def _time_ms(case: Case, cwd: str) -> float:
-    began = time.perf_counter()
+def _time_ms(case: Case, cwd: str) -> tuple[float, float]:
+    """Wall time, and the child's CPU time (user + system), which a loaded machine inflates less."""
+    began, used = time.perf_counter(), _children_cpu_s()
     _run(case, cwd)
-    return (time.perf_counter() - began) * 1000
+    return (time.perf_counter() - began) * 1000, (_children_cpu_s() - used) * 1000
 
 
-def _imports_alembic(case: Case, cwd: str) -> bool:
-    """Whether the command imports Alembic at all (``-X importtime`` lists every module)."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _heavy_imports(case: Case, cwd: str) -> str:
+    """Which of SQLAlchemy and Alembic the command imports (``-X importtime`` lists them all)."""
     command, extra = case
     done = _run(([command[0], "-X", "importtime", *command[1:]], extra), cwd, capture=True)
     modules = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
-    return "alembic" in modules
+    return ",".join(name for name in ("sqlalchemy", "alembic") if name in modules) or "-"
 
 
 def main() -> None:
@@ -101,19 +109,27 @@ def main() -> None:
         cases = _with_baseline(_cases(url), options.baseline_tree)
         names = list(cases)
         samples: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
         for round_number in range(options.rounds):
             shift = round_number % len(names)
             for name in names[shift:] + names[:shift]:
-                samples[name].append(_time_ms(cases[name], directory))
-        alembic = {name: _imports_alembic(cases[name], directory) for name in names}
+                wall_ms, cpu_ms = _time_ms(cases[name], directory)
+                samples[name].append(wall_ms)
+                cpu[name].append(cpu_ms)
+        heavy = {name: _heavy_imports(cases[name], directory) for name in names}
     base = statistics.median(samples["import sqlalchemy.ext.asyncio"])
+    bare = statistics.median(samples["python -c pass"])
+    base_cpu = statistics.median(cpu["import sqlalchemy.ext.asyncio"])
     rows = [
         {
             "case": name,
             "median_ms": round(statistics.median(samples[name]), 1),
             "min_ms": round(min(samples[name]), 1),
             "vs_sqlalchemy_import": round(statistics.median(samples[name]) / base, 2),
-            "imports_alembic": alembic[name],
+            "vs_bare_python": round(statistics.median(samples[name]) / bare, 1),
+            "cpu_median_ms": round(statistics.median(cpu[name]), 1),
+            "cpu_vs_sqlalchemy_import": round(statistics.median(cpu[name]) / base_cpu, 2),
+            "imports": heavy[name],
         }
         for name in names
     ]
@@ -127,11 +143,15 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     print(f"{options.rounds} rounds, load average {report['load_average'][0]:.1f}")
-    print(f"{'case':43} {'median ms':>10} {'min ms':>8} {'x sqla':>7}  alembic")
+    print(
+        f"{'case':43} {'median ms':>10} {'min ms':>8} {'x sqla':>7} {'x pass':>7} "
+        f"{'cpu ms':>7} {'cpu x sqla':>10}  imports"
+    )
     for row in rows:
         print(
             f"{row['case']:43} {row['median_ms']:>10} {row['min_ms']:>8} "
-            f"{row['vs_sqlalchemy_import']:>7}  {'yes' if row['imports_alembic'] else 'no'}"
+            f"{row['vs_sqlalchemy_import']:>7} {row['vs_bare_python']:>7} "
+            f"{row['cpu_median_ms']:>7} {row['cpu_vs_sqlalchemy_import']:>10}  {row['imports']}"
         )
 
 

@@ -6,11 +6,16 @@ Per dialect, interleaved in one process, each sample N operations, ms per operat
   like the step ledger, on one driver connection in autocommit (aiosqlite with
   WAL and ``synchronous=NORMAL``; asyncpg), so durable when it returns;
 * raw driver + fence: jobrun's own step statement (the upsert guarded by the
-  ``EXISTS`` on the held run, ``FOR SHARE`` on Postgres) on the same connection;
+  ``EXISTS`` on the held run, ``FOR SHARE`` on Postgres) on a connection alike;
   and on Postgres the same without ``FOR SHARE``, to price the lock;
 * SQLAlchemy floor: the raw upsert inside ``engine.begin()``;
 * jobrun step: ``await p.step(name, fn)`` with a trivial body, timed inside the
   handler over N new steps (the pass's claim and commit are outside the timing).
+
+On SQLite each variant writes its own database file (all configured alike), so
+each pays the WAL checkpoints its own commits cause; the harness collects garbage
+before every sample, so no variant pays for another's. Both were needed for
+stable ratios: see the README.
 
 ``--dbos`` adds DBOS Transact (the ``bench`` extra) in a child process per dialect:
 a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
@@ -19,8 +24,10 @@ a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +45,7 @@ from harness import (
     table,
     timed_ms,
 )
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 import jobrun
 
@@ -98,7 +105,39 @@ class Raw:
         return FENCED.format(p1="$1", p2="$2", p3="$3", lock=" FOR SHARE" if lock else "")
 
 
-def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str]) -> dict[str, Any]:
+def _like_the_floor(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 30000"):
+        cursor.execute(f"PRAGMA {pragma}")
+    cursor.close()
+
+
+async def variants(
+    backend: str, args: Any, engines: list[Any], n: int
+) -> tuple[dict[str, Any], Any, Raw]:
+    """The floors, each on its own database (``own_engine``) when that is a SQLite file."""
+
+    async def own_engine() -> Any:
+        # SQLite: a file per variant, so each pays the WAL checkpoints of its own
+        # commits (a checkpoint runs in whichever commit crosses the threshold, and
+        # would otherwise land on the variant that happens to come next).
+        if backend == "sqlite":
+            engines.append(await fresh_engine(backend, args))
+        return engines[-1]
+
+    raw = Raw(backend)
+    await raw.open(await own_engine())
+    fence_engine = await own_engine()
+    held = await held_run(jobrun.SqlJobRunStore(fence_engine), fence_engine)
+    fence_raw = Raw(backend)
+    await fence_raw.open(fence_engine)
+    floor_engine = await own_engine()
+    if backend == "sqlite":
+        # Set up like the others (no jobrun store configures this file's connections).
+        await floor_engine.dispose()
+        event.listen(floor_engine.sync_engine, "connect", _like_the_floor)
+    async with floor_engine.begin() as connection:
+        await connection.execute(text(SCRATCH))
     upsert = UPSERT.format(raw.marks(6))
     row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
 
@@ -110,12 +149,12 @@ def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str])
         return timed_ms(started, n)
 
     def fenced(lock: bool) -> Any:
-        sql = raw.fenced(lock)
+        sql = fence_raw.fenced(lock)
 
         async def sample() -> float:
             started = time.perf_counter()
             for _ in range(n):
-                await raw.execute(sql, [held[0], uuid.uuid4().hex, held[1]])
+                await fence_raw.execute(sql, [held[0], uuid.uuid4().hex, held[1]])
             return timed_ms(started, n)
 
         return sample
@@ -125,7 +164,7 @@ def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str])
         started = time.perf_counter()
         for _ in range(n):
             row[1] = uuid.uuid4().hex
-            async with engine.begin() as connection:
+            async with floor_engine.begin() as connection:
                 await connection.execute(statement, {f"v{i}": row[i] for i in range(6)})
         return timed_ms(started, n)
 
@@ -133,7 +172,13 @@ def variants(backend: str, engine: Any, raw: Raw, n: int, held: tuple[str, str])
     if backend == "postgres":
         chosen["raw driver + fence, no FOR SHARE"] = fenced(False)
     chosen["SQLAlchemy floor"] = sqlalchemy_floor
-    return chosen
+
+    async def close() -> None:
+        await raw.connection.close()
+        await fence_raw.connection.close()
+
+    await own_engine()  # the jobrun step's file
+    return chosen, close, raw
 
 
 def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
@@ -159,6 +204,45 @@ def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
     return sample
 
 
+async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, float]:
+    """Each new step next to one raw upsert (order alternating) inside one pass, timed
+    one by one: both meet the same moment of a noisy machine. Microseconds per
+    operation: wall median and mean, and the event loop thread's own CPU (mean)."""
+    upsert = UPSERT.format(raw.marks(6))
+    row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
+    wall: dict[str, list[float]] = {"raw": [], "jobrun": []}
+    cpu = {"raw": 0.0, "jobrun": 0.0}
+
+    async def one(side: str, operation: Any) -> None:
+        started, used = time.perf_counter(), time.thread_time()
+        await operation
+        wall[side].append((time.perf_counter() - started) * 1e6)
+        cpu[side] += (time.thread_time() - used) * 1e6
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for index in range(n):
+            row[1] = uuid.uuid4().hex
+            pair: list[tuple[str, Any]] = [
+                ("raw", raw.execute(upsert, row)),
+                ("jobrun", p.step(f"s{index}", lambda: 1)),
+            ]
+            for side, operation in pair if index % 2 else reversed(pair):
+                await one(side, operation)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register("bench", "paired", handler)
+    await jobrun.start_job_run(store, module_id="bench", job="paired", instance=uuid.uuid4().hex)
+    gc.collect()
+    assert (await jobrun.run_due_jobs(store, registry, limit=1)).completed == 1
+    found: dict[str, float] = {}
+    for side in ("raw", "jobrun"):
+        found[f"{side} median"] = round(statistics.median(wall[side]), 1)
+        found[f"{side} mean"] = round(statistics.mean(wall[side]), 1)
+        found[f"{side} loop cpu"] = round(cpu[side] / n, 1)
+    return found
+
+
 async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]:
     """A running run leased to a token, for the fenced raw statements."""
     run = await jobrun.start_job_run(store, module_id="bench", job="held", instance="h")
@@ -170,20 +254,22 @@ async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]
 
 
 async def measure(backend: str, args: Any) -> dict[str, Any]:
-    engine = await fresh_engine(backend, args)
-    raw = Raw(backend)
-    await raw.open(engine)
-    store = jobrun.SqlJobRunStore(engine)
+    engines = [await fresh_engine(backend, args)]
     n = 20 if args.quick else args.n
-    chosen = variants(backend, engine, raw, n, await held_run(store, engine))
+    chosen, close, chosen_raw = await variants(backend, args, engines, n)
+    # Last engine made: the jobrun store's own file on SQLite.
+    store = jobrun.SqlJobRunStore(engines[-1])
     chosen["jobrun step"] = step_runner(store, n)
     medians = await interleave(chosen, args.rounds or (2 if args.quick else 9))
+    # The table holds timings; the paired figures ride along (hence the ignore).
+    medians["paired"] = await paired(store, chosen_raw, n * 10)  # type: ignore[assignment]
     if args.profile:
         runner = step_runner(store, n * 10)
         # The table holds timings; the profile rides along as text (hence the ignore).
         medians["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)  # type: ignore[assignment]
-    await raw.connection.close()
-    await engine.dispose()
+    await close()
+    for engine in engines:
+        await engine.dispose()
     return medians
 
 
@@ -204,7 +290,8 @@ async def scenario(args: Any) -> None:
         if args.dbos and importlib.util.find_spec("dbos") is not None:
             results[backend]["dbos"] = dbos_child(backend, args)
     rows = []
-    names = [name for name in results[backends(args)[0]] if name not in ("profile", "dbos")]
+    extras = ("profile", "dbos", "paired")
+    names = [name for name in results[backends(args)[0]] if name not in extras]
     for name in names + ["raw driver + fence, no FOR SHARE"] * (not args.sqlite_only):
         if name in [row[0] for row in rows]:
             continue
@@ -222,6 +309,17 @@ async def scenario(args: Any) -> None:
                 f"child {dbos['jobrun_ms_per_step']:.3f} ({dbos['dbos_over_jobrun']:.1f}x)"
             )
     table("ms per durable one-row write (ratio to the raw driver)", ["", *backends(args)], rows)
+    pairs = []
+    for backend in backends(args):
+        found = results[backend]["paired"]
+        for measure_name in ("median", "mean", "loop cpu"):
+            ours, floor = found[f"jobrun {measure_name}"], found[f"raw {measure_name}"]
+            pairs.append([backend, measure_name, floor, ours, f"{ours / floor:.2f}x"])
+    table(
+        "paired inside one pass, µs per operation (each step next to one raw upsert)",
+        ["", "", "raw driver", "jobrun step", "ratio"],
+        pairs,
+    )
     save(args, "step", results)
 
 

@@ -7,12 +7,15 @@ one-row autocommit upserts into a table shaped like the ledger. Interleaved, in
 steps (or upserts) per second. SQLite has one writer per database, so only
 ``C = 1`` is measured there.
 
-``--profile`` prints a cProfile summary of the largest concurrency.
+``--profile`` prints a cProfile summary of the largest concurrency. The table also
+gives each side's CPU time per step in this process (median over the samples).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import statistics
 import time
 import uuid
 from typing import Any
@@ -68,23 +71,28 @@ async def floor_sample(backend: str, engine: Any, concurrency: int, steps: int) 
             await raw.driver_connection.execute(SCRATCH)
         sql = UPSERT.format("$1, $2, $3, $4, $5, $6")
 
-    async def writer() -> None:
+    async def writer(driver: Any) -> None:
         values = ["r", "", "1", 1, None, "2026-01-01T00:00:00.000Z"]
-        if pool is None:
-            for _ in range(steps):
-                values[1] = uuid.uuid4().hex
+        for _ in range(steps):
+            values[1] = uuid.uuid4().hex
+            if driver is None:
                 await run(sql, values)
-            return
-        async with pool.connect() as connection:
-            driver = (await connection.get_raw_connection()).driver_connection
-            for _ in range(steps):
-                values[1] = uuid.uuid4().hex
+            else:
                 await driver.execute(sql, *values)
 
     async def sample() -> float:
-        started = time.perf_counter()
-        await asyncio.gather(*(writer() for _ in range(concurrency)))
-        return concurrency * steps / (time.perf_counter() - started)
+        async with contextlib.AsyncExitStack() as borrowed:
+            drivers: list[Any] = [None] * concurrency
+            if pool is not None:
+                # Borrowed before the clock starts: jobrun hands the connections it
+                # kept back to the pool only after a second unused, and the floor
+                # must not time that wait.
+                for index in range(concurrency):
+                    connection = await borrowed.enter_async_context(pool.connect())
+                    drivers[index] = (await connection.get_raw_connection()).driver_connection
+            started = time.perf_counter()
+            await asyncio.gather(*(writer(driver) for driver in drivers))
+            return concurrency * steps / (time.perf_counter() - started)
 
     async def close() -> None:
         if pool is None:
@@ -101,27 +109,50 @@ async def scenario(args: Any) -> None:
         for concurrency in [1] if backend == "sqlite" else [1, 8, 64]:
             engine = await fresh_engine(backend, args, **_pool(backend, concurrency))
             store = jobrun.SqlJobRunStore(engine)
-            floor, close = await floor_sample(backend, engine, concurrency, steps)
-            variants = {"driver floor": floor, "jobrun": jobrun_sample(store, concurrency, steps)}
+            # SQLite: the floor writes its own file, so each side pays the WAL
+            # checkpoints of its own commits (see bench_step.py).
+            floor_engine = await fresh_engine(backend, args) if backend == "sqlite" else engine
+            floor, close = await floor_sample(backend, floor_engine, concurrency, steps)
+            cpu: dict[str, list[float]] = {"driver floor": [], "jobrun": []}
+            variants = {
+                "driver floor": with_cpu(floor, cpu["driver floor"], concurrency * steps),
+                "jobrun": with_cpu(
+                    jobrun_sample(store, concurrency, steps), cpu["jobrun"], concurrency * steps
+                ),
+            }
             medians = await interleave(variants, args.rounds or (1 if args.quick else 5))
             if args.profile and concurrency == (1 if backend == "sqlite" else 64):
                 # The table holds timings; the profile rides along as text (hence the ignore).
                 medians["profile"] = await profiled(  # type: ignore[assignment]
                     f"{backend}, {concurrency} in flight", variants["jobrun"]
                 )
-            results[f"{backend}-{concurrency}"] = medians
+            used = {name: round(statistics.median(spent)) for name, spent in cpu.items()}
+            results[f"{backend}-{concurrency}"] = medians | {"cpu_us_per_step": used}
             await close()
             floor, ours = medians["driver floor"], medians["jobrun"]
-            rows.append(
-                [backend, concurrency, f"{floor:,.0f}", f"{ours:,.0f}", f"{floor / ours:.2f}x"]
-            )
+            ratio, spent = f"{floor / ours:.2f}x", f"{used['driver floor']} / {used['jobrun']}"
+            rows.append([backend, concurrency, f"{floor:,.0f}", f"{ours:,.0f}", ratio, spent])
             await engine.dispose()
+            await floor_engine.dispose()
     table(
         "steps per second in one process",
-        ["", "in flight", "driver floor", "jobrun", "floor / jobrun"],
+        ["", "in flight", "driver floor", "jobrun", "floor / jobrun", "CPU µs/step floor / jobrun"],
         rows,
     )
     save(args, "throughput", results)
+
+
+def with_cpu(sample: Any, spent: list[float], count: int) -> Any:
+    """``sample``, also recording this process's CPU time per step (a loaded machine
+    stretches wall time, not the CPU a step costs; a jobrun sample's starts count too)."""
+
+    async def timed() -> float:
+        started = time.process_time()
+        rate: float = await sample()
+        spent.append((time.process_time() - started) * 1e6 / count)
+        return rate
+
+    return timed
 
 
 def _pool(backend: str, concurrency: int) -> dict[str, Any]:

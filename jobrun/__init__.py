@@ -5,6 +5,9 @@ the job's handler, handing a *cursor* forward; a *step* inside a pass commits
 its result as it completes so that it never runs again.
 """
 
+import importlib
+import typing
+
 from jobrun._core.actions import (
     cancel_job_run,
     job_run_health,
@@ -54,12 +57,48 @@ from jobrun.errors import (
     StepReusedError,
     StoreError,
 )
-from jobrun.sql.executor import StatementHook
-from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
-from jobrun.sql.migrate import upgrade
-from jobrun.sql.provisioning import UpgradeResult, upgrade_many
-from jobrun.sql.store import SqlJobRunStore
-from jobrun.worker import run_worker
+
+if typing.TYPE_CHECKING:  # what the lazy names below are, for type checkers, IDEs and griffe
+    from jobrun.sql.executor import StatementHook
+    from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
+    from jobrun.sql.migrate import upgrade
+    from jobrun.sql.provisioning import UpgradeResult, upgrade_many
+    from jobrun.sql.store import SqlJobRunStore
+    from jobrun.worker import run_worker
+
+# The SQL layer and the worker import SQLAlchemy and its dialects, which cost more
+# than all of the rest; they load on first use (PEP 562) so that `import jobrun`
+# (a host that only registers jobs, a CLI asking for --help) stays cheap.
+_LAZY: dict[str, str] = {
+    "StatementHook": "jobrun.sql.executor",
+    "SqlJobRunStore": "jobrun.sql.store",
+    "UpgradeResult": "jobrun.sql.provisioning",
+    "migrate_on_connection": "jobrun.sql.host_alembic",
+    "run_worker": "jobrun.worker",
+    "skip_jobrun_tables": "jobrun.sql.host_alembic",
+    "upgrade": "jobrun.sql.migrate",
+    "upgrade_many": "jobrun.sql.provisioning",
+}
+
+
+def _lazy_attribute(name: str) -> typing.Any:
+    """The lazy public name ``name``, imported on first use and kept as a module global."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'jobrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later look-ups find the global and skip this function
+    return value
+
+
+def _names() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if not typing.TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name stays an error
+    __getattr__ = _lazy_attribute
+    __dir__ = _names
+
 
 __all__ = [
     "KEEP_CURSOR",

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
 
-from jobrun.sql.store import SqlJobRunStore
 from jobrun.testing import FakeClock, MemoryJobRunStore, sqlite_store
+
+if TYPE_CHECKING:
+    from jobrun.sql.store import SqlJobRunStore
 
 
 @pytest.fixture

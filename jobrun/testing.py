@@ -14,8 +14,9 @@
 The fixtures of ``jobrun.pytest_plugin`` wrap these for pytest.
 
 The memory store keeps the same contract as ``SqlJobRunStore`` (one live run per
-key, atomic pass commits), so a handler tested against it behaves the same on a
-database. It is not durable and not shared between processes.
+key, atomic pass commits) and applies the same decisions (``jobrun._core.transitions``
+chooses what a claim gets and builds every state change), so a handler tested
+against it behaves the same on a database. It is not durable and not shared between processes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
 from jobrun._testing.clock import FakeClock
 from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash, crash_after_step
 from jobrun._testing.idle import IdleReport, PassRecord, drive_until_idle
@@ -96,76 +98,13 @@ class MemoryJobRunStore:
     async def get(self, run_id: str) -> RunRow | None:
         return self.runs.get(run_id)
 
-    async def claim(self, request: ClaimRequest) -> RunRow | None:
-        def due_at(row: RunRow) -> str:
-            return row.next_attempt_at or row.started_at
-
-        full = {
-            job
-            for job, most in request.max_concurrent.items()
-            if self._in_flight(job, request.now_at) >= most
-        }
-        wanted = [
-            row
-            for row in self.runs.values()
-            if row.status == JobRunStatus.RUNNING and (row.module_id, row.job) in request.expires_at
-        ]
-        # Taking over a dead holder's run adds no pass in flight: limits do not apply.
-        orphans = [
-            row
-            for row in wanted
-            if row.lease_owner in request.dead_owners and due_at(row) > request.now_at
-        ]
-        candidates = orphans or sorted(
-            (
-                row
-                for row in wanted
-                if due_at(row) <= request.now_at
-                and (row.module_id, row.job) not in full
-                and row.id not in request.skip_ids
-            ),
-            key=lambda row: (-row.priority, due_at(row), row.id),
-        )
-        if not candidates:
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
+        row = claim_candidate(builtins.list(self.runs.values()), request)
+        if row is None:
             return None
-        row = candidates[0]
-        taken_over = row.lease_owner is not None
-        began = taken_over and row.lease_began_at is not None
-        died = row.lease_owner in request.dead_owners
-        claimed = replace(
-            row,
-            lease_owner=request.token,
-            lease_driver=request.driver,
-            lease_began_at=request.now_at,
-            next_attempt_at=request.expires_at[(row.module_id, row.job)],
-            lease_takeovers=row.lease_takeovers + (1 if taken_over else 0),
-            attempts=row.attempts + (1 if began else 0),
-            last_error=(
-                (
-                    f"the driver {row.lease_driver} died during a pass; "
-                    "the run was taken over at once"
-                    if died
-                    else f"the lease of driver {row.lease_driver} expired during a pass; "
-                    "the run was taken over"
-                )
-                if began
-                else row.last_error
-            ),
-        )
-        self.runs[row.id] = claimed
+        claimed = claim_transition(row, request)
+        self.runs[row.id] = claimed.row
         return claimed
-
-    def _in_flight(self, job: tuple[str, str], now_at: str) -> int:
-        """Runs of ``job`` holding a lease that has not expired."""
-        return sum(
-            1
-            for row in self.runs.values()
-            if (row.module_id, row.job) == job
-            and row.status == JobRunStatus.RUNNING
-            and row.lease_owner is not None
-            and row.next_attempt_at is not None
-            and row.next_attempt_at > now_at
-        )
 
     async def schedule_rows(self) -> list[ScheduleRow]:
         return [self.schedules[key] for key in sorted(self.schedules)]
@@ -256,64 +195,38 @@ class MemoryJobRunStore:
         self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
         return True
 
-    async def cancel(self, run_id: str, reason: str, at: str) -> bool:
+    def _change(self, run_id: str, change: RunChange) -> bool:
         row = self.runs.get(run_id)
-        if row is None or row.status != JobRunStatus.RUNNING:
+        if row is None or not change.applies_to(row):
             return False
-        self.runs[run_id] = replace(
-            row,
-            status=JobRunStatus.FAILED.value,
-            last_error=reason,
-            updated_at=at,
-            ended_at=at,
-            next_attempt_at=None,
-            lease_owner=None,
-            lease_driver=None,
-            lease_began_at=None,
-        )
+        self.runs[run_id] = change.applied(row)
         return True
 
-    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
+    async def cancel(self, run_id: str, change: RunChange) -> bool:
+        return self._change(run_id, change)
+
+    async def resume(self, run_id: str, change: RunChange) -> bool:
         row = self.runs.get(run_id)
-        if row is None or row.status != JobRunStatus.FAILED:
+        if row is None or not change.applies_to(row):
             return False
-        for other in self.runs.values():
-            if other.status == JobRunStatus.RUNNING and (
-                other.module_id,
-                other.job,
-                other.instance,
-            ) == (row.module_id, row.job, row.instance):
-                raise JobConflictError(
-                    f"run {run_id} cannot resume: another run of its key is live",
-                    "job_run_key_live",
-                )
-        self.runs[run_id] = replace(
-            row,
-            status=JobRunStatus.RUNNING.value,
-            counters=row.counters if counters is None else counters,
-            attempts=0,
-            lease_takeovers=0,
-            updated_at=at,
-            ended_at=None,
-            next_attempt_at=None,
-            lease_owner=None,
-            lease_driver=None,
-            lease_began_at=None,
-        )
+        if any(
+            other.status == JobRunStatus.RUNNING
+            and (other.module_id, other.job, other.instance)
+            == (row.module_id, row.job, row.instance)
+            for other in self.runs.values()
+        ):
+            raise JobConflictError(
+                f"run {run_id} cannot resume: another run of its key is live", "job_run_key_live"
+            )
+        self._change(run_id, change)
         ledger = self.ledgers.get(run_id, {})
-        for name, (step, recorded_at) in list(ledger.items()):
+        for name, (step, recorded_at) in builtins.list(ledger.items()):
             if step.result is None:
                 ledger[name] = (replace(step, attempts=0), recorded_at)
         return True
 
-    async def release(self, run_id: str) -> bool:
-        row = self.runs.get(run_id)
-        if row is None or row.status != JobRunStatus.RUNNING or row.lease_owner is None:
-            return False
-        self.runs[run_id] = replace(
-            row, next_attempt_at=None, lease_owner=None, lease_driver=None, lease_began_at=None
-        )
-        return True
+    async def release(self, run_id: str, change: RunChange) -> bool:
+        return self._change(run_id, change)
 
     async def health(self, now_at: str) -> HealthCounts:
         live = [row for row in self.runs.values() if row.status == JobRunStatus.RUNNING]

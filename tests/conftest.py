@@ -13,14 +13,12 @@ Postgres tests skip locally; under CI (``CI`` set) they fail instead.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -29,12 +27,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun.testing import FakeClock, MemoryJobRunStore
-from tests.support import CRASH_SEED, SQL_BACKENDS
+from tests.support import CRASH_SEED, IN_CI, SQL_BACKENDS, run_in_thread
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL")
-IN_CI = bool(os.environ.get("CI"))
 TEMPLATE = f"jobrun_template_{os.getpid()}"
-T = TypeVar("T")
 
 # Under CI hypothesis draws the same examples every run (derandomize); locally
 # it explores new ones each time. Either way the report header names the profile.
@@ -97,12 +93,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ):
         print("\nCI: no Postgres test passed; failing the run")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def run_in_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion on a private loop, from sync or async code alike."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def _with_database(url: str, database: str) -> str:

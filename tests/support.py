@@ -7,15 +7,24 @@ into ``store.runs`` on the memory store (``engine`` is None there).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import inspect
+import json
 import os
+import queue
 import random
+import signal
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy import insert, update
@@ -24,17 +33,30 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 import jobrun.worker as worker_module
 from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.records import ClaimRequest, RunRow
+from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock, MemoryJobRunStore
 
 REPO = Path(__file__).resolve().parents[1]
 ALEMBIC = Path(sys.executable).with_name("alembic")
+JOBRUN = Path(sys.executable).with_name("jobrun")
+DRIVERS_CHILD = Path(__file__).parent / "processes" / "drivers_child.py"
+IN_CI = bool(os.environ.get("CI"))
+# The job ``start`` starts and ``registry_for`` registers unless a test names another.
+MODULE_ID, JOB = "crm", "import"
 SQL_BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
+T = TypeVar("T")
+
+
+def run_in_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion on a private loop, from sync or async code alike."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
 
 # The kill -9 suite's schedule: JOBRUN_CRASH_SEED if set, else fixed under CI (so CI
 # replays one schedule), else drawn once per session. The report header shows it.
@@ -56,11 +78,24 @@ def iso(moment: datetime) -> str:
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
-async def start(store: Any, clock: FakeClock, **kw: Any) -> jobrun.JobRun:
-    """Start a run of ``crm``/``import`` unless ``module_id``/``job`` say otherwise."""
-    kw.setdefault("module_id", "crm")
-    kw.setdefault("job", "import")
+async def start(store: Any, clock: FakeClock | None = None, **kw: Any) -> jobrun.JobRun:
+    """Start a run of ``MODULE_ID``/``JOB`` unless ``module_id``/``job`` say otherwise
+    (on the real clock when ``clock`` is None)."""
+    kw.setdefault("module_id", MODULE_ID)
+    kw.setdefault("job", JOB)
     return await jobrun.start_job_run(store, clock=clock, **kw)
+
+
+async def start_id(store: Any, clock: FakeClock | None = None, **kw: Any) -> str:
+    """The id of a run started as ``start`` starts it."""
+    return (await start(store, clock, **kw)).id
+
+
+def registry_for(handler: Any, retry: jobrun.RetryPolicy | None = None) -> jobrun.JobRegistry:
+    """A registry whose one job, ``MODULE_ID``/``JOB``, is ``handler``."""
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE_ID, JOB, handler, retry=retry)
+    return registry
 
 
 async def drive(
@@ -69,6 +104,11 @@ async def drive(
     """``run_due_jobs`` with a jitter factor of exactly 1.0 unless ``random`` is given."""
     options.setdefault("random", fixed_random)
     return await jobrun.run_due_jobs(store, registry, clock=clock, **options)
+
+
+async def snapshot(store: Any, run_id: str) -> tuple[RunRow | None, dict[str, StepRow]]:
+    """A run's row and its step ledger, as the store has them now."""
+    return await store.get(run_id), await store.steps(run_id)
 
 
 async def row_of(store: Any, run_id: str) -> RunRow:
@@ -136,23 +176,47 @@ async def set_columns(store: Any, engine: AsyncEngine | None, run_id: str, **val
         )
 
 
+def spawn_worker(app: str, *args: str) -> subprocess.Popen[str]:
+    """``jobrun worker --app APP ...`` as a user starts it at the repository root;
+    its output is piped."""
+    return subprocess.Popen(
+        [str(JOBRUN), "worker", "--app", app, *args],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 async def revision_of(engine: AsyncEngine) -> str | None:
     """The database's current migration revision (None before the first)."""
     async with engine.connect() as connection:
         return await connection.run_sync(current_revision)
 
 
-async def run_alembic(*args: str, env: dict[str, str]) -> tuple[int, str]:
-    """``alembic ...`` as a user would type it at the repository root: exit code, output."""
+async def query_plan(connection: Any, statement: str, parameters: Any = ()) -> str:
+    """How the database would run ``statement``: SQLite's or Postgres's plan, as text."""
+    prefix = "EXPLAIN QUERY PLAN " if connection.dialect.name == "sqlite" else "EXPLAIN "
+    rows = await connection.exec_driver_sql(prefix + statement, parameters)
+    # SQLite: (id, parent, notused, detail); Postgres: one line of text per row.
+    return "\n".join(str(row[-1]) for row in rows)
+
+
+async def run_alembic(
+    *args: str, env: dict[str, str], cwd: Path = REPO, timeout_s: float = 60
+) -> tuple[int, str]:
+    """``alembic ...`` as a user would type it in ``cwd`` (the repository root unless
+    given): exit code, output."""
     process = await asyncio.create_subprocess_exec(
         str(ALEMBIC),
         *args,
-        cwd=REPO,
+        cwd=cwd,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
     return process.returncode or 0, output.decode()
 
 
@@ -178,6 +242,41 @@ class StatementLog:
 
     def sql(self, containing: str = "") -> list[str]:
         return [sql for _, sql, _ in self.seen if containing in sql]
+
+
+class RecordingStore:
+    """Wraps a store: every call passes through, and each coroutine method called is
+    recorded by name, in order, before it runs (``calls``), with what it returned
+    (``results[name]``). ``after[name]``, if set, is awaited with the call's arguments
+    once the call has returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+        self.results: collections.defaultdict[str, list[Any]] = collections.defaultdict(list)
+        self.after: dict[str, Callable[..., Awaitable[None]]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(method):
+            return method
+
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            result = await method(*args, **kwargs)
+            self.results[name].append(result)
+            if name in self.after:
+                await self.after[name](*args, **kwargs)
+            return result
+
+        return recorded
+
+    def count(self, name: str) -> int:
+        return self.calls.count(name)
+
+    def only(self, *names: str) -> list[str]:
+        """The calls to any of ``names``, in order."""
+        return [call for call in self.calls if call in names]
 
 
 def logged_store(engine: AsyncEngine, **options: Any) -> tuple[jobrun.SqlJobRunStore, StatementLog]:
@@ -211,6 +310,106 @@ async def claim_as(
 ) -> RunRow | None:
     """Claim through the store port like a driver that then does nothing else."""
     now_at = format_instant(clock())
-    return await store.claim(
+    claimed = await store.claim(
         ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
     )
+    return None if claimed is None else claimed.row
+
+
+class Child:
+    """A driver process and the JSON events it prints."""
+
+    def __init__(
+        self, name: str, url: str, logs: Path, *options: str, script: Path = DRIVERS_CHILD
+    ) -> None:
+        self.name = name
+        self._stderr_path = logs / f"{name}.stderr"
+        self._stderr = self._stderr_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), "--url", url, "--name", name, *options],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                self._queue.put(json.loads(line))
+            except json.JSONDecodeError:
+                self._queue.put({"event": "garbage", "line": line})
+        self._queue.put(None)
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self._stderr_path.read_text()[-3000:]
+
+    def wait_for(
+        self, event: str, timeout: float, where: Callable[[dict[str, Any]], bool] = lambda _: True
+    ) -> dict[str, Any]:
+        for seen in self.events:
+            if seen["event"] == event and where(seen):
+                return seen
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                item = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if item is None:
+                self._queue.put(None)
+                break
+            self.events.append(item)
+            if item["event"] == event and where(item):
+                return item
+        raise AssertionError(
+            f"{self.name}: no {event!r} event within {timeout} s "
+            f"(exit code {self.process.poll()}); events {self.events[-5:]}; "
+            f"stderr:\n{self.stderr()}"
+        )
+
+    def report(self, timeout: float = 100) -> dict[str, Any]:
+        found = self.wait_for("report", timeout)
+        assert self.process.wait(timeout=10) == 0, self.stderr()
+        return found
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            # Resume first: a stopped process does not die of SIGKILL until it runs.
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait(timeout=10)
+        self._reader.join(timeout=5)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr.close()
+
+
+class Fleet:
+    """Starts children and always kills them."""
+
+    def __init__(self, url: str, logs: Path) -> None:
+        self.url = url
+        self.logs = logs
+        self.children: list[Child] = []
+
+    def start(self, name: str, *options: str, script: Path = DRIVERS_CHILD) -> Child:
+        child = Child(name, self.url, self.logs, *options, script=script)
+        self.children.append(child)
+        return child
+
+    def stop_all(self) -> None:
+        for child in self.children:
+            child.stop()

@@ -1,4 +1,4 @@
-"""The operator commands (db, runs, show, watch, start, cancel, resume, release, prune, health).
+"""The operator commands (runs, show, watch, start, cancel, resume, release, prune, health).
 
 Each command is wiring only: parse the arguments, open the store from ``--url``
 (or ``JOBRUN_DATABASE_URL``) and ``--schema`` (or ``JOBRUN_SCHEMA``), call
@@ -9,21 +9,12 @@ print through :mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usa
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import IO, Any
+from typing import Any
 
 import click
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.app import cli
-from jobrun._cli.connect import (
-    open_engine,
-    run_action,
-    run_on_store,
-    schema_option,
-    sqlite_file,
-    url_option,
-)
-from jobrun._cli.databases import chosen_urls, many_urls_options, report, run_on_each
+from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.params import Duration, JsonValue
 from jobrun._cli.render import (
     console,
@@ -36,8 +27,6 @@ from jobrun._cli.render import (
     step_json,
 )
 from jobrun._cli.render import now as utc_now
-from jobrun._cli.schema_check import SchemaState, check, revisions
-from jobrun._cli.watching import watch as watch_run
 from jobrun._core.actions import (
     cancel_job_run,
     job_run_health,
@@ -48,8 +37,6 @@ from jobrun._core.actions import (
 from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
 from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun.errors import JobRunNotFoundError
-from jobrun.sql.migrate import alembic_ini, upgrade
-from jobrun.sql.provisioning import revision_of
 from jobrun.sql.store import SqlJobRunStore
 
 json_option = click.option(
@@ -63,189 +50,6 @@ async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
     if run is None:
         raise JobRunNotFoundError(run_id)
     return run
-
-
-# -- db -----------------------------------------------------------------------------
-
-
-@cli.group()
-def db() -> None:
-    """Create, migrate and check jobrun's tables (Alembic revisions shipped with jobrun)."""
-
-
-def _revision(value: str | None) -> str:
-    return value or "none (no jobrun schema)"
-
-
-@db.command("upgrade")
-@many_urls_options
-@schema_option
-def db_upgrade(
-    urls: tuple[str, ...], urls_file: IO[str] | None, concurrency: int, schema: str | None
-) -> None:
-    """Migrate jobrun's tables to the newest revision, creating them if needed.
-
-    Only jobrun's tables and its own version table are touched; a host's tables
-    and its alembic_version stay as they are. A SQLite file is created if missing.
-    With several databases, each gets a line, failures do not stop the others,
-    and the exit status is 1 if any failed.
-
-    \b
-    Example:
-      jobrun db upgrade --url sqlite:///app.db
-      jobrun db upgrade --urls-file tenants.txt --concurrency 16
-    """
-    targets = chosen_urls(urls, urls_file)
-    if len(targets) > 1:
-
-        async def each(engine: AsyncEngine) -> tuple[str | None, str | None]:
-            before = await revision_of(engine, schema)
-            await upgrade(engine, schema=schema)
-            return before, await revision_of(engine, schema)
-
-        def line(value: tuple[str | None, str | None]) -> tuple[str, str]:
-            before, after = value
-            if before == after:
-                return "already at head", f"already at head: {_revision(after)}"
-            return "upgraded", f"upgraded from {_revision(before)} to {after} (head)"
-
-        if report(run_on_each(targets, each, concurrency), line)["failed"]:
-            raise SystemExit(1)
-        return
-
-    # Imported here: Alembic is loaded by the commands that migrate, not by the others.
-    from alembic.util import CommandError
-
-    async def act() -> tuple[SchemaState, SchemaState]:
-        async with open_engine(targets[0], create=True, schema=schema) as engine:
-            before = await revisions(engine, schema)
-            try:
-                await upgrade(engine, schema=schema)
-            except CommandError as error:
-                raise click.ClickException(f"cannot upgrade: {error}") from error
-            return before, await revisions(engine, schema)
-
-    before, after = run_action(act)
-    if before.current == after.current:
-        click.echo(f"already at head: {_revision(after.current)}")
-    else:
-        click.echo(f"upgraded from {_revision(before.current)} to {after.current} (head)")
-
-
-def _existing_database(engine: AsyncEngine) -> None:
-    path = sqlite_file(engine.url)
-    if path is not None and not path.exists():
-        raise FileNotFoundError(f"no SQLite database at {path}")
-
-
-@db.command("current")
-@many_urls_options
-@schema_option
-def db_current(
-    urls: tuple[str, ...], urls_file: IO[str] | None, concurrency: int, schema: str | None
-) -> None:
-    """Print the database's jobrun revision and the head this jobrun ships.
-
-    \b
-    Example:
-      jobrun db current --url postgresql://app@db.internal/app
-    """
-    targets = chosen_urls(urls, urls_file)
-    if len(targets) > 1:
-
-        async def each(engine: AsyncEngine) -> SchemaState:
-            _existing_database(engine)
-            return await revisions(engine, schema)
-
-        def line(state: SchemaState) -> tuple[str, str]:
-            if state.at_head:
-                return "at head", f"current {state.current} (head)"
-            return "behind", f"current {_revision(state.current)}, head {state.head}"
-
-        if report(run_on_each(targets, each, concurrency), line)["failed"]:
-            raise SystemExit(1)
-        return
-
-    async def act() -> SchemaState:
-        async with open_engine(targets[0], schema=schema) as engine:
-            return await revisions(engine, schema)
-
-    state = run_action(act)
-    note = "" if state.at_head else "  (behind or unknown: run `jobrun db upgrade`)"
-    click.echo(f"current: {_revision(state.current)}{note}")
-    click.echo(f"head:    {state.head}")
-
-
-def _drift_lines(state: SchemaState) -> list[str]:
-    lines = [f"missing privilege: {missing}" for missing in state.missing_privileges]
-    if not state.missing_privileges and not state.at_head:
-        lines.append(
-            f"drift: the database is at {_revision(state.current)}, head is {state.head}; "
-            "run `jobrun db upgrade`"
-        )
-    lines.extend(f"drift: {difference}" for difference in state.differences)
-    return lines
-
-
-@db.command("check")
-@many_urls_options
-@schema_option
-def db_check(
-    urls: tuple[str, ...], urls_file: IO[str] | None, concurrency: int, schema: str | None
-) -> None:
-    """Exit 1 if jobrun's schema has drifted or the role lacks a privilege jobrun needs.
-
-    Drift: not at head, or tables that differ (what Alembic's autogenerate
-    comparison finds between jobrun's tables in the database and the tables this
-    jobrun defines; other tables are ignored). On Postgres the connecting role's
-    grants are checked too, and each missing one is named with its GRANT.
-
-    \b
-    Example:
-      JOBRUN_DATABASE_URL=sqlite:///app.db jobrun db check || alert
-    """
-    targets = chosen_urls(urls, urls_file)
-    if len(targets) > 1:
-
-        async def each(engine: AsyncEngine) -> SchemaState:
-            _existing_database(engine)
-            return await check(engine, schema)
-
-        def line(state: SchemaState) -> tuple[str, str]:
-            if state.drifted:
-                return "drifted", "; ".join(_drift_lines(state))
-            return "ok", f"ok: at head {state.head}"
-
-        tally = report(run_on_each(targets, each, concurrency), line)
-        if tally["failed"] or tally["drifted"]:
-            raise SystemExit(1)
-        return
-
-    async def act() -> SchemaState:
-        async with open_engine(targets[0], schema=schema) as engine:
-            return await check(engine, schema)
-
-    state = run_action(act)
-    for line_text in _drift_lines(state):
-        click.echo(line_text)
-    if state.drifted:
-        raise SystemExit(1)
-    click.echo(f"ok: at head {state.head}, jobrun's tables match")
-
-
-@db.command("alembic-ini")
-def db_alembic_ini() -> None:
-    """Print a minimal alembic.ini for this installation of jobrun.
-
-    With it, the plain alembic command works from any directory; the URL comes
-    from -x url=..., the ini's sqlalchemy.url or JOBRUN_DATABASE_URL.
-
-    \b
-    Example:
-      jobrun db alembic-ini > jobrun-alembic.ini
-      alembic -c jobrun-alembic.ini -x url=postgresql://app@db/app upgrade head
-    """
-    click.echo(alembic_ini(), nl=False)
 
 
 # -- reading ------------------------------------------------------------------------
@@ -342,8 +146,9 @@ def watch(url: str, run_id: str, interval: float) -> None:
     Example:
       jobrun watch --url sqlite+aiosqlite:///app.db 01J0Z5K8QW3V2N8XG7S0R4M6TB --interval 2
     """
-    out = console()
+    from jobrun._cli.watching import watch as watch_run  # rich's live display: watch only
 
+    out = console()
     final = run_on_store(url, lambda store: watch_run(store, run_id, interval, out))
     if final.status == "done":
         out.print(f"run {final.id} is done")

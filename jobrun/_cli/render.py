@@ -1,4 +1,8 @@
-"""How records look on a terminal (rich) and to scripts (JSON)."""
+"""How records look on a terminal (rich) and to scripts (JSON).
+
+rich is imported inside the functions that draw, so that a command printing JSON
+or one plain line (``start``, ``cancel``, ``--json``) does not pay its import.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,15 @@ import os
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-from rich import box
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Literal
 
 from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+    from rich.text import Text
 
 STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red"}
 PIPE_WIDTH = 200
@@ -27,6 +31,8 @@ def console(stderr: bool = False) -> Console:
     Written to a pipe or file, rich would wrap at 80 columns; a wide table reads
     better unwrapped there, so it gets 200 columns unless ``COLUMNS`` says otherwise.
     """
+    from rich.console import Console
+
     made = Console(stderr=stderr, highlight=False)
     if not made.is_terminal and "COLUMNS" not in os.environ:
         made = Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
@@ -66,6 +72,8 @@ def key_of(run: JobRun) -> str:
 
 
 def status_text(status: str) -> Text:
+    from rich.text import Text
+
     return Text(status, style=STATUS_STYLES.get(status, "yellow"))
 
 
@@ -195,6 +203,9 @@ def runs_table(runs: Iterable[JobRun], at: datetime, width: int = PIPE_WIDTH) ->
         ]
         for run in runs
     ]
+    from rich import box
+    from rich.table import Table
+
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for column, column_width in zip(columns, _flexible_widths(columns, rows, width), strict=True):
         table.add_column(
@@ -224,6 +235,8 @@ def lease_lines(run: JobRun, at: datetime) -> str:
 
 
 def _fields_table() -> Table:
+    from rich.table import Table
+
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -232,6 +245,11 @@ def _fields_table() -> Table:
 
 def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> RenderableType:
     """``jobrun show``: the whole record, the lease, then the step ledger."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     record = _fields_table()
     record.add_row("id", run.id)
     record.add_row("key", key_of(run))

@@ -1,6 +1,7 @@
 """What an operator does by hand: cancel, resume, release, prune.
 
-Each action is one conditional write, so it can race a pass in flight safely:
+Each action is one conditional write of a change built in
+:mod:`jobrun._core.transitions`, so it can race a pass in flight safely:
 the pass's own writes are fenced on its lease and on ``status = 'running'``, so
 after a cancel or a release the pass writes nothing more.
 """
@@ -16,6 +17,7 @@ from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun._core.stranded import dead_holders
+from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
 from jobrun._system import resolve_clock
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 
@@ -52,7 +54,7 @@ async def cancel_job_run(
     require_text(reason, "reason")
     _check_id(run_id)
     at = format_instant(resolve_clock(clock).now())
-    if not await store.cancel(run_id, f"cancelled: {reason}", at):
+    if not await store.cancel(run_id, cancel_transition(f"cancelled: {reason}", at)):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not running; nothing to cancel",
@@ -75,7 +77,7 @@ async def resume_job_run(
     row = await store.get(_check_id(run_id))
     counters = None if row is None else repaired_counters(row.counters)
     at = format_instant(resolve_clock(clock).now())
-    if not await store.resume(run_id, at, counters=counters):
+    if not await store.resume(run_id, resume_transition(at, counters)):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not failed; only a failed run can resume",
@@ -91,7 +93,7 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
     its next write and stops.
     """
     _check_id(run_id)
-    if await store.release(run_id):
+    if await store.release(run_id, release_transition()):
         return True
     await _record(store, run_id)
     return False

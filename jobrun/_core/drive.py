@@ -14,13 +14,7 @@ from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
 from jobrun._core.holders import local_identity
 from jobrun._core.lease import MIN_LEASE_MS, Lease
-from jobrun._core.observe import (
-    LOG_PASSES,
-    PassProbe,
-    PassStart,
-    start_watch,
-    was_taken_over,
-)
+from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
 from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
 from jobrun._core.passes import OpenScope, PassOutcome, fail_run, hand_back, run_job_pass
 from jobrun._core.port import JobRunStore
@@ -33,6 +27,7 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
+from jobrun._core.transitions import Claimed, takeovers_exceeded_reason
 from jobrun._system import default_driver_name, mint_run_id
 
 if TYPE_CHECKING:
@@ -61,7 +56,7 @@ async def _claim(
     clock: Clock,
     driver: str,
     skip_ids: frozenset[str],
-) -> tuple[RunRow, RegisteredJob, Lease] | None:
+) -> tuple[Claimed, RegisteredJob, Lease] | None:
     jobs = list(registry)
     wanted = frozenset((job.module_id, job.name) for job in jobs)
     # Who we are, precisely enough for another claimer to prove our death.
@@ -96,30 +91,28 @@ async def _claim(
     try:
         # Shielded: a claim interrupted in flight may land anyway, so its answer is
         # still awaited below and the lease it took handed back.
-        row = await asyncio.shield(claiming)
+        claimed = await asyncio.shield(claiming)
     except Exception:
         raise
     except BaseException:
         with contextlib.suppress(BaseException):
             taken = await asyncio.shield(claiming)
             if taken is not None:
-                await hand_back(store, taken, Lease(token, holder, MIN_LEASE_MS))
+                await hand_back(store, taken.row, Lease(token, holder, MIN_LEASE_MS))
         raise
-    if row is None:
+    if claimed is None:
         return None
+    row = claimed.row
     stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return row, registered, Lease(token, holder, registered.lease_ms)
+    return claimed, registered, Lease(token, holder, registered.lease_ms)
 
 
 async def _fail_for_takeovers(
     store: JobRunStore, row: RunRow, job: RegisteredJob, lease: Lease, clock: Clock
 ) -> PassOutcome:
-    reason = (
-        f"the run was taken over {row.lease_takeovers} times in a row (its passes keep "
-        f"outliving their drivers' leases; the limit is {job.max_takeovers})"
-    )
+    reason = takeovers_exceeded_reason(row.lease_takeovers, job.max_takeovers)
     return await fail_run(store, row, reason, lease, clock)
 
 
@@ -187,10 +180,10 @@ async def run_due_jobs(
         claimed = await _claim(store, registry, drive.clock, drive.driver, frozenset(driven))
         if claimed is None:
             break
-        row, registered, lease = claimed
-        driven.add(row.id)
+        taken, registered, lease = claimed
+        driven.add(taken.row.id)
         drive.report.attempted += 1
-        await drive.run(row, registered, lease)
+        await drive.run(taken, registered, lease)
     return drive.report
 
 
@@ -220,15 +213,17 @@ class _Drive:
     def stopping(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
-    async def run(self, row: RunRow, registered: RegisteredJob, lease: Lease) -> None:
+    async def run(self, claimed: Claimed, registered: RegisteredJob, lease: Lease) -> None:
         """Give one claimed run its passes, up to ``max_passes``, while they advance it."""
+        row = claimed.row
         if row.lease_takeovers > registered.max_takeovers:
             outcome = await _fail_for_takeovers(self.store, row, registered, lease, self.clock)
             _count(self.report, row.id, outcome)
             return
         passes = self.options.max_passes
         current = row
-        taken_over = was_taken_over(row)
+        # Only the first pass of a claim can begin with a takeover.
+        taken_over = claimed.taken_over
         for number in range(passes):
             if number > 0 and self.stopping():
                 # Asked to stop between passes: the lease kept for this pass goes back.

@@ -17,16 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
-from jobrun._core.records import RunKey, RunRow
+from jobrun._core.records import RunKey
 from jobrun.errors import LeaseLostError, StepFailedError
 
 PassOutcomeName: TypeAlias = Literal[
     "advanced", "completed", "retrying", "failed", "superseded", "interrupted"
 ]
 StepOutcomeName: TypeAlias = Literal["ran", "memo", "failed", "lost", "error"]
-
-# Left on the run by a claim that took over an expired lease (SQL and memory stores).
-_TAKEOVER_NOTE = "the run was taken over"
 
 PASS_LOGGER = "jobrun.pass"
 STEP_LOGGER = "jobrun.step"
@@ -48,7 +45,8 @@ class PassStart:
     number: int
     # Consecutive failed passes before this one.
     attempts: int
-    # The claim took the run over from a driver whose lease had expired.
+    # The claim took the run over from another driver (its lease had expired or
+    # it was proven dead); as the claim returned it, so a later pass is never counted.
     taken_over: bool
 
 
@@ -109,20 +107,6 @@ class PassObserver(Protocol):
     def pass_started(self, start: PassStart) -> PassWatch | None:
         """A pass is about to run; return a watch to hear its steps and end, or ``None``."""
         ...
-
-
-def was_taken_over(row: RunRow) -> bool:
-    """Whether the claim that returned ``row`` took an expired lease over.
-
-    Read from the note the claim leaves in ``last_error`` together with its count
-    of consecutive takeovers (a run handed back right after a takeover still
-    carries the note, so its next claim is counted too: rare, and only ever high).
-    """
-    return (
-        row.lease_takeovers > 0
-        and row.last_error is not None
-        and row.last_error.endswith(_TAKEOVER_NOTE)
-    )
 
 
 class PassProbe:

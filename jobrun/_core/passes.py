@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeAlias
 
 from jobrun._core.clock import Clock
 from jobrun._core.formats import (
+    JSON_SCALARS,
     MalformedColumnError,
     decode_counters,
     decode_json,
@@ -314,7 +315,7 @@ class JobPass:
             raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
         try:
             value = fn()
-            if inspect.isawaitable(value):
+            if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
                 value = await value
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
@@ -325,7 +326,8 @@ class JobPass:
         stored = step_result_text(name, value, self._store.limits.max_step_result_bytes)
         # The write that makes the step durable; the one round trip a new step costs.
         await self._record(StepRow(name, stored, attempts, None))
-        return json.loads(stored)
+        # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
+        return value if type(value) in JSON_SCALARS else json.loads(stored)
 
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):

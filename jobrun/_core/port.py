@@ -22,6 +22,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.transitions import Claimed, RunChange
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
@@ -71,25 +72,24 @@ class JobRunStore(Protocol):
         """One run by id, whatever its status; ``None`` when absent."""
         ...
 
-    async def claim(self, request: ClaimRequest) -> RunRow | None:
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
         """Lease the run that became due first, among the requested jobs; ``None`` if none.
 
         Due means ``running`` with ``COALESCE(next_attempt_at, started_at) <=
         now_at``; order is ``priority`` (highest first), then that instant, then
-        id. A job in ``max_concurrent`` is passed over while that many of its
-        runs hold a lease that has not expired; the count and the lease are one
+        id (:func:`jobrun._core.transitions.claim_candidate` spells the rules).
+        A job in ``max_concurrent`` is passed over while that many of its runs
+        hold a lease that has not expired; the count and the lease are one
         atomic decision, so concurrent claimers on any number of hosts never
-        lease more than the limit. One atomic write sets
-        ``lease_owner = token``, ``lease_driver``, ``lease_began_at = now_at`` and
-        ``next_attempt_at`` to the job's expiry. If the run still carried another
-        driver's lease (it expired), ``lease_takeovers`` goes up by one and, when
-        that pass had begun, ``attempts`` too, with the takeover in
-        ``last_error``. Concurrent claimers never get the same run. Returns the
-        row as written.
+        lease more than the limit. A run still held by a token in
+        ``dead_owners`` (its holder was proven dead) is claimed first, due or
+        not, outside the limits.
 
-        A run still held by a token in ``dead_owners`` (its holder was proven
-        dead) is claimed first, due or not, with the same accounting and the
-        death in ``last_error``.
+        The store decides nothing about the run's new state: it writes what
+        :func:`jobrun._core.transitions.claim_transition` makes of the row it
+        chose, fenced on the values that decision read, so concurrent claimers
+        never get the same run. Returns that decision: the row as written and
+        the holder taken over, if any.
         """
         ...
 
@@ -171,26 +171,25 @@ class OperatorStore(JobRunStore, Protocol):
         """
         ...
 
-    async def cancel(self, run_id: str, reason: str, at: str) -> bool:
-        """A ``running`` run becomes ``failed`` with ``reason``; its lease is cleared
-        (so the holder's next write is refused) and its ledger kept."""
+    async def cancel(self, run_id: str, change: RunChange) -> bool:
+        """Apply ``change`` (:func:`jobrun._core.transitions.cancel_transition`) in one
+        conditional write; ``False`` when its condition does not hold. The ledger
+        is kept."""
         ...
 
-    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
-        """A ``failed`` run becomes ``running`` again from its committed cursor.
+    async def resume(self, run_id: str, change: RunChange) -> bool:
+        """Apply ``change`` (:func:`jobrun._core.transitions.resume_transition`) and, in
+        the same transaction, give the run's failed ledger rows their attempts
+        back (completed ones are kept: they are not repeated).
 
-        ``counters``, when given, replaces the stored counters in the same write
-        (the repair of malformed ones).
-
-        Attempts and takeovers reset; completed ledger rows are kept (they are
-        not repeated) and failed ones get their attempts back. Raises
-        :class:`jobrun.errors.JobConflictError` when another live run holds the
-        key. ``False`` when the run is not ``failed``.
+        Raises :class:`jobrun.errors.JobConflictError` when another live run holds
+        the key. ``False`` when the change's condition does not hold.
         """
         ...
 
-    async def release(self, run_id: str) -> bool:
-        """Clear a held lease so the run is due at once; ``False`` if none was held."""
+    async def release(self, run_id: str, change: RunChange) -> bool:
+        """Apply ``change`` (:func:`jobrun._core.transitions.release_transition`) in one
+        conditional write; ``False`` when no lease was held."""
         ...
 
     async def prune(

@@ -5,17 +5,22 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sqlalchemy.ext.asyncio import create_async_engine
-
-from jobrun.sql.migrate import upgrade
-from jobrun.sql.store import SqlJobRunStore
+if TYPE_CHECKING:
+    from jobrun.sql.store import SqlJobRunStore
 
 
 @asynccontextmanager
 async def sqlite_store(path: str | Path) -> AsyncIterator[SqlJobRunStore]:
     """A store on the SQLite file at ``path``, upgraded to the newest schema; the
     engine is disposed of on the way out (the file is left for the caller)."""
+    # Imported here: tests on the memory store import jobrun.testing without SQLAlchemy.
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from jobrun.sql.migrate import upgrade
+    from jobrun.sql.store import SqlJobRunStore
+
     engine = create_async_engine(f"sqlite+aiosqlite:///{Path(path)}")
     try:
         await upgrade(engine)

@@ -16,7 +16,6 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
-    case,
     delete,
     exists,
     func,
@@ -30,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
+from jobrun._core.transitions import CLAIM_FIELDS
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import DUE_AT, LEASED_ONLY, LIVE_ONLY, job_runs, job_steps
@@ -42,7 +42,6 @@ assert tuple(RunRow.__dataclass_fields__) == RUN_COLUMNS
 PATCH_COLUMNS = tuple(RunPatch.__dataclass_fields__)
 STEP_COLUMNS = ("run_id", "step", "result", "attempts", "last_error", "recorded_at")
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
-_NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_driver": None, "lease_began_at": None}
 
 
 def _fence() -> Any:
@@ -144,50 +143,14 @@ class Statements:
                 runs.status == RUNNING,
             )
         )
-        self._operator(compile_, by_id)
+        self._operator(compile_)
 
-    def _operator(self, compile_: Compiler, by_id: Any) -> None:
-        runs = job_runs.c
-        at: Any = bindparam("at")
-        self.cancel = compile_(
-            update(job_runs)
-            .where(by_id, runs.status == RUNNING)
-            .values(
-                status=FAILED,
-                last_error=bindparam("reason"),
-                updated_at=at,
-                ended_at=at,
-                next_attempt_at=None,
-                **_NO_LEASE,
-            )
-            .returning(runs.id)
-        )
-        revived: dict[str, Any] = {
-            "status": RUNNING,
-            "attempts": 0,
-            "lease_takeovers": 0,
-            "updated_at": at,
-            "ended_at": None,
-            "next_attempt_at": None,
-            **_NO_LEASE,
-        }
-        revive = update(job_runs).where(by_id, runs.status == FAILED).returning(runs.id)
-        self.revive = compile_(revive.values(revived))
-        # The operator's repair of unreadable counters, in the same write.
-        self.revive_counters = compile_(
-            revive.values(revived | {"counters": bindparam("counters")})
-        )
+    def _operator(self, compile_: Compiler) -> None:
         # Failed steps get their attempts back; completed ones keep their memo.
         self.refill = compile_(
             update(job_steps)
             .where(job_steps.c.run_id == bindparam("run_id"), job_steps.c.result.is_(None))
             .values(attempts=0)
-        )
-        self.release = compile_(
-            update(job_runs)
-            .where(by_id, runs.status == RUNNING, runs.lease_owner.is_not(None))
-            .values(next_attempt_at=None, **_NO_LEASE)
-            .returning(runs.id)
         )
         self._operator_reads(compile_)
 
@@ -230,9 +193,10 @@ class Shapes:
         return found
 
 
-def _in_flight(index: int) -> Any:
-    """How many runs of limited job ``index`` hold a lease that has not expired (a
-    separate alias: the count must not correlate with the claim's candidate row)."""
+def _in_flight(module: str, job: str) -> Any:
+    """How many runs of the job named by parameters ``module`` and ``job`` hold a lease
+    that has not expired (a separate alias: the count must not correlate with the
+    claim's candidate row)."""
     leased = job_runs.alias("leased")
     return (
         select(func.count())
@@ -240,8 +204,8 @@ def _in_flight(index: int) -> Any:
         .where(
             # Spelled as the partial index's predicate, so both engines use it.
             LEASED_ONLY,
-            leased.c.module_id == bindparam(f"limited_module_{index}"),
-            leased.c.job == bindparam(f"limited_job_{index}"),
+            leased.c.module_id == bindparam(module),
+            leased.c.job == bindparam(job),
             leased.c.status == RUNNING,
             leased.c.next_attempt_at > bindparam("now_at", type_=Text),
         )
@@ -266,10 +230,6 @@ def _due_candidate(pairs: list[Any], skipped: int, limited: int) -> Any:
         )
         .order_by(runs.priority.desc(), DUE_AT, runs.id)
         .limit(1)
-        # Postgres: concurrent claimers pass over each other's rows instead of
-        # queueing on them. SQLite renders nothing here: its single write
-        # statement holds the database's write lock from before its read.
-        .with_for_update(skip_locked=True)
     )
     for index in range(limited):
         # Uncorrelated, so evaluated once per claim, not once per candidate row.
@@ -277,21 +237,24 @@ def _due_candidate(pairs: list[Any], skipped: int, limited: int) -> Any:
             or_(
                 runs.module_id != bindparam(f"limited_module_{index}"),
                 runs.job != bindparam(f"limited_job_{index}"),
-                _in_flight(index) < bindparam(f"limited_most_{index}", type_=runs.attempts.type),
+                _in_flight(f"limited_module_{index}", f"limited_job_{index}")
+                < bindparam(f"limited_most_{index}", type_=runs.attempts.type),
             )
         )
-    if skipped:
-        candidate = candidate.where(
-            runs.id.not_in([bindparam(f"skip_{i}") for i in range(skipped)])
-        )
-    return candidate.scalar_subquery()
+    return candidate.where(*_not_skipped(skipped)).scalar_subquery()
+
+
+def _not_skipped(skipped: int) -> list[Any]:
+    if not skipped:
+        return []
+    return [job_runs.c.id.not_in([bindparam(f"skip_{i}") for i in range(skipped)])]
 
 
 def _dead(dead: int) -> list[Any]:
     return [bindparam(f"dead_{i}") for i in range(dead)]
 
 
-def _orphan_candidate(pairs: list[Any], dead: int) -> Any:
+def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
     """A run whose holder was proven dead (``dead_{i}``), due or not (see
     ``jobrun._core.holders``). Taking it over adds no pass in flight, so per-job
     limits do not apply."""
@@ -304,69 +267,60 @@ def _orphan_candidate(pairs: list[Any], dead: int) -> Any:
             # Unexpired (once expired it is simply due): the due index's range.
             bindparam("now_at", type_=Text) < DUE_AT,
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+            *_not_skipped(skipped),
         )
         .limit(1)
-        .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
 
 
-def _takeover_reason(dead: int) -> Any:
-    """``last_error`` after the claim: why the run was taken over, if its pass had begun."""
-    runs = job_runs.c
-    began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
-    reasons = [
-        (
-            began,
-            literal("the lease of driver ", Text)
-            + runs.lease_driver
-            + literal(" expired during a pass; the run was taken over", Text),
-        )
-    ]
-    if dead:
-        died = runs.lease_owner.in_(_dead(dead))
-        death = literal(" died during a pass; the run was taken over at once", Text)
-        reasons.insert(
-            0, (and_(began, died), literal("the driver ", Text) + runs.lease_driver + death)
-        )
-    return case(*reasons, else_=runs.last_error)
-
-
-def claim_statement(jobs: int, one_expiry: bool, skipped: int, limited: int, dead: int) -> Any:
-    """The claim for ``jobs`` (module_id, job) pairs (``module_{i}``, ``job_{i}``), their
-    expiries (``expires_{i}``, or ``expires_0`` for all), ``skipped`` ids (``skip_{i}``),
-    ``limited`` jobs under a concurrency limit (``limited_*_{i}``, ``limited_most_{i}``)
-    and ``dead`` proven-dead lease owners (``dead_{i}``), whose runs come first."""
-    runs = job_runs.c
+def claim_read(jobs: int, skipped: int, limited: int, dead: int) -> Any:
+    """The run a claim would get, whole: for ``jobs`` (module_id, job) pairs
+    (``module_{i}``, ``job_{i}``), passing over ``skipped`` ids (``skip_{i}``) and
+    ``limited`` jobs at their concurrency limit (``limited_*_{i}``,
+    ``limited_most_{i}``); a run held by one of ``dead`` proven-dead lease owners
+    (``dead_{i}``) comes first. The same rules as
+    ``jobrun._core.transitions.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     chosen: Any = _due_candidate(pairs, skipped, limited)
     if dead:
-        chosen = func.coalesce(_orphan_candidate(pairs, dead), chosen)
-    expiry: Any = bindparam("expires_0")
-    if not one_expiry:
-        expiry = case(
-            *(
-                (and_(runs.module_id == module, runs.job == job), bindparam(f"expires_{i}"))
-                for i, (module, job) in enumerate(pairs)
-            ),
-        )
-    # The previous lease is still on the row only when it expired or its holder
-    # died: a takeover.
-    taken_over = runs.lease_owner.is_not(None)
-    began = and_(taken_over, runs.lease_began_at.is_not(None))
+        chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped), chosen)
+    return select(job_runs).where(job_runs.c.id == chosen)
+
+
+def claim_write(limited: bool) -> Any:
+    """Write a claim's decision (``new_*``) on run ``fence_id``, fenced on the values the
+    decision read (``was_*``): if any changed since (another claimer, a holder's
+    write, an operator), nothing is written. ``limited``: and only while the run's
+    job (``check_module``, ``check_job``) holds fewer than ``check_most`` unexpired
+    leases, counted in the same statement."""
+    runs = job_runs.c
+    fence = [runs.id == bindparam("fence_id"), runs.status == RUNNING]
+    fence += [runs[name].is_not_distinct_from(bindparam(f"was_{name}")) for name in CLAIM_FIELDS]
+    if limited:
+        most = bindparam("check_most", type_=runs.attempts.type)
+        fence.append(_in_flight("check_module", "check_job") < most)
     return (
         update(job_runs)
-        .where(runs.id == chosen)
-        .values(
-            lease_owner=bindparam("token"),
-            lease_driver=bindparam("driver"),
-            lease_began_at=bindparam("now_at"),
-            next_attempt_at=expiry,
-            lease_takeovers=runs.lease_takeovers + case((taken_over, 1), else_=0),
-            attempts=runs.attempts + case((began, 1), else_=0),
-            last_error=_takeover_reason(dead),
-        )
+        .where(*fence)
+        .values({name: bindparam(f"new_{name}") for name in CLAIM_FIELDS})
         .returning(*job_runs.c)
+    )
+
+
+def change_statement(columns: tuple[str, ...], leased: bool) -> Any:
+    """An operator's change (``jobrun._core.transitions.RunChange``): ``new_{column}``
+    on run ``run_id`` while its status is ``when_status`` (and, if ``leased``, it
+    holds a lease)."""
+    runs = job_runs.c
+    condition = [runs.id == bindparam("run_id"), runs.status == bindparam("when_status")]
+    if leased:
+        condition.append(runs.lease_owner.is_not(None))
+    return (
+        update(job_runs)
+        .where(*condition)
+        .values({name: bindparam(f"new_{name}") for name in columns})
+        .returning(runs.id)
     )
 
 

@@ -11,7 +11,7 @@ import builtins
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, astuple
 from functools import partial
@@ -39,6 +39,13 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.transitions import (
+    CLAIM_FIELDS,
+    Claimed,
+    RunChange,
+    claim_transition,
+    is_orphan,
+)
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
@@ -53,7 +60,9 @@ from jobrun.sql.statements import (
     RUNNING,
     Shapes,
     Statements,
-    claim_statement,
+    change_statement,
+    claim_read,
+    claim_write,
     dialect_insert,
     held_leases_statement,
     limit_locks,
@@ -263,44 +272,82 @@ class SqlJobRunStore:
             found = await self._executor.fetch("get", self._statements.get, {"run_id": run_id})
         return RunRow(*found[0]) if found else None
 
-    async def claim(self, request: ClaimRequest) -> RunRow | None:
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
         if not request.expires_at:
             return None
-        jobs = list(request.expires_at.items())
-        one_expiry = len(set(request.expires_at.values())) == 1
-        skipped = sorted(request.skip_ids)
         limited = sorted(
             (key, most) for key, most in request.max_concurrent.items() if key in request.expires_at
         )
+        async with self._operation("claim"):
+            if limited and self._is_postgres:
+                return await self._claim_in_turn(request, [key for key, _ in limited])
+            fetch = partial(self._executor.fetch, "claim")
+            return await self._choose_and_lease(fetch, request, limited)
+
+    async def _choose_and_lease(
+        self,
+        fetch: Callable[[Any, Mapping[str, Any]], Awaitable[builtins.list[Any]]],
+        request: ClaimRequest,
+        limited: builtins.list[tuple[tuple[str, str], int]],
+    ) -> Claimed | None:
+        """Read the run the claim would get, let the core decide its new state, and
+        write that fenced on what was read. A run that changed in between (or whose
+        job reached its limit) is passed over and the next one read: each miss
+        leaves one run fewer to read, so this ends."""
+        missed: builtins.list[str] = []
+        while True:
+            read, values = self._claim_read(request, limited, missed)
+            found = await fetch(read, values)
+            if not found:
+                return None
+            row = RunRow(*found[0])
+            claimed = claim_transition(row, request)
+            write, values = self._claim_write(request, row, claimed.row)
+            written = await fetch(write, values)
+            if written:
+                return Claimed(RunRow(*written[0]), claimed.previous)
+            missed.append(row.id)
+
+    def _claim_read(
+        self,
+        request: ClaimRequest,
+        limited: builtins.list[tuple[tuple[str, str], int]],
+        missed: builtins.list[str],
+    ) -> tuple[Any, dict[str, Any]]:
+        jobs = builtins.list(request.expires_at)
+        skipped = sorted(request.skip_ids) + missed
         dead = sorted(request.dead_owners)
-        shape = (len(jobs), one_expiry, len(skipped), len(limited), len(dead))
-        statement = self._shapes.get(("claim", *shape), lambda: claim_statement(*shape))
-        values: dict[str, Any] = {
-            "now_at": request.now_at,
-            "token": request.token,
-            "driver": request.driver,
-        }
-        for index, ((module_id, job), expires_at) in enumerate(jobs):
+        shape = (len(jobs), len(skipped), len(limited), len(dead))
+        read = self._shapes.get(("claim", *shape), lambda: claim_read(*shape))
+        values: dict[str, Any] = {"now_at": request.now_at}
+        for index, (module_id, job) in enumerate(jobs):
             values |= {f"module_{index}": module_id, f"job_{index}": job}
-            values[f"expires_{index}"] = expires_at
         values |= {f"skip_{index}": run_id for index, run_id in enumerate(skipped)}
         values |= {f"dead_{index}": owner for index, owner in enumerate(dead)}
         for index, ((module_id, job), most) in enumerate(limited):
             values |= {f"limited_module_{index}": module_id, f"limited_job_{index}": job}
             values[f"limited_most_{index}"] = most
-        async with self._operation("claim"):
-            if limited and self._is_postgres:
-                found = await self._claim_in_turn(statement, values, [key for key, _ in limited])
-            else:
-                # One statement, one round trip: choosing and leasing cannot come
-                # apart. On SQLite it holds the write lock from before its read, so
-                # a limit's count cannot change under it either.
-                found = await self._executor.fetch("claim", statement, values)
-        return RunRow(*found[0]) if found else None
+        return read, values
+
+    def _claim_write(
+        self, request: ClaimRequest, row: RunRow, claimed: RunRow
+    ) -> tuple[Any, dict[str, Any]]:
+        job = (row.module_id, row.job)
+        # Taking over a dead holder's unexpired lease adds no pass in flight.
+        most = None if is_orphan(row, request) else request.max_concurrent.get(job)
+        shape = most is not None
+        write = self._shapes.get(("claim-write", shape), lambda: claim_write(shape))
+        values: dict[str, Any] = {"fence_id": row.id, "now_at": request.now_at}
+        for name in CLAIM_FIELDS:
+            values[f"was_{name}"] = getattr(row, name)
+            values[f"new_{name}"] = getattr(claimed, name)
+        if most is not None:
+            values |= {"check_module": row.module_id, "check_job": row.job, "check_most": most}
+        return write, values
 
     async def _claim_in_turn(
-        self, statement: Any, values: dict[str, Any], limited: builtins.list[tuple[str, str]]
-    ) -> Any:
+        self, request: ClaimRequest, limited: builtins.list[tuple[str, str]]
+    ) -> Claimed | None:
         """Postgres, jobs under a concurrency limit: under READ COMMITTED two claimers
         could both count "1 below a limit of 2" and both lease. A transaction-scoped
         advisory lock per limited job, taken in a statement of its own, makes them
@@ -308,9 +355,12 @@ class SqlJobRunStore:
         # Always in the same (sorted) order, so two claimers cannot deadlock.
         keys = sorted(limit_lock_key(self._schema, module_id, job) for module_id, job in limited)
         locks = self._shapes.get(("limit-locks", len(keys)), lambda: limit_locks(len(keys)))
+        most = sorted(
+            (key, count) for key, count in request.max_concurrent.items() if key in limited
+        )
         async with self._executor.transaction("claim") as transaction:
             await transaction.fetch(locks, {f"lock_{index}": key for index, key in enumerate(keys)})
-            return await transaction.fetch(statement, values)
+            return await self._choose_and_lease(transaction.fetch, request, most)
 
     async def schedule_rows(self) -> builtins.list[ScheduleRow]:
         query = select(job_schedules).order_by(*job_schedules.primary_key.columns)
@@ -470,17 +520,22 @@ class SqlJobRunStore:
         values = _fence_values(run_id, token) | {"expires_at": expires_at}
         return await self._one("extend_lease", self._statements.extend_lease, values)
 
-    async def cancel(self, run_id: str, reason: str, at: str) -> bool:
-        values = {"run_id": run_id, "reason": reason, "at": at}
-        return await self._one("cancel", self._statements.cancel, values)
+    def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:
+        """The conditional write that applies an operator's ``change``, and its values."""
+        columns = tuple(name for name, _ in change.values)
+        shape = (columns, change.leased)
+        statement = self._shapes.get(("change", *shape), lambda: change_statement(*shape))
+        values = {f"new_{name}": value for name, value in change.values}
+        return statement, values | {"run_id": run_id, "when_status": change.status}
 
-    async def resume(self, run_id: str, at: str, *, counters: str | None = None) -> bool:
-        values = {"run_id": run_id, "at": at, "counters": counters}
-        # A counters repair rides in the same write (its own compiled statement).
-        revive = self._statements.revive if counters is None else self._statements.revive_counters
+    async def cancel(self, run_id: str, change: RunChange) -> bool:
+        return await self._one("cancel", *self._change(run_id, change))
+
+    async def resume(self, run_id: str, change: RunChange) -> bool:
+        statement, values = self._change(run_id, change)
         try:
             async with self._operation("resume"), self._executor.transaction("resume") as tx:
-                if not await tx.fetch(revive, values):
+                if not await tx.fetch(statement, values):
                     return False
                 await tx.fetch(self._statements.refill, values)
                 return True
@@ -492,8 +547,8 @@ class SqlJobRunStore:
                 ) from error.__cause__
             raise
 
-    async def release(self, run_id: str) -> bool:
-        return await self._one("release", self._statements.release, {"run_id": run_id})
+    async def release(self, run_id: str, change: RunChange) -> bool:
+        return await self._one("release", *self._change(run_id, change))
 
     async def health(self, now_at: str) -> HealthCounts:
         async with self._operation("health"):

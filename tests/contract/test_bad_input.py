@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun.sql.schema import job_runs as runs_table
-from jobrun.testing import MemoryJobRunStore
+from tests.support import sized_store, start
 
 # --- helpers -----------------------------------------------------------------------------
 
@@ -33,12 +33,6 @@ async def assert_nothing_written(store: Any, engine: AsyncEngine | None) -> None
                 await connection.execute(select(func.count()).select_from(runs_table))
             ).scalar_one()
         assert count == 0
-
-
-async def start(store: Any, **kw: Any) -> jobrun.JobRun:
-    kw.setdefault("module_id", "crm")
-    kw.setdefault("job", "import")
-    return await jobrun.start_job_run(store, **kw)
 
 
 # --- the key -------------------------------------------------------------------------------
@@ -176,11 +170,9 @@ async def test_deeply_nested_payload_is_refused_not_a_crash(store, engine):
 
 
 @pytest.fixture
-def capped_store(engine: AsyncEngine | None) -> Any:
+def capped_store(store: Any, engine: AsyncEngine | None) -> Any:
     """A store of the same backend whose payloads may be at most 100 bytes of JSON."""
-    if engine is None:
-        return MemoryJobRunStore(jobrun.StoreLimits(max_payload_bytes=100))
-    return jobrun.SqlJobRunStore(engine, max_payload_bytes=100)
+    return sized_store(store, engine, max_payload_bytes=100)
 
 
 @pytest.mark.parametrize(

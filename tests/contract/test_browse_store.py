@@ -12,8 +12,14 @@ import pytest
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.ids import first_id_at
-from tests.migrations.test_migration_0002 import _plan
-from tests.support import SQL_BACKENDS, StatementLog, hand_made_row, logged_store, put_rows
+from tests.support import (
+    SQL_BACKENDS,
+    StatementLog,
+    hand_made_row,
+    logged_store,
+    put_rows,
+    query_plan,
+)
 
 NOW = "2026-01-01T12:00:00.000Z"
 
@@ -140,7 +146,7 @@ async def _plans(engine: Any, log: StatementLog, read: Any) -> list[str]:
             await connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
         for statement, parameters in sent:
             if "_substrat_job_runs" in statement and "alembic" not in statement:
-                plans.append(await _plan(connection, statement, parameters))
+                plans.append(await query_plan(connection, statement, parameters))
     return plans
 
 

@@ -8,15 +8,15 @@ on the memory store.
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 import jobrun
-from jobrun._core.records import RunRow
-from jobrun.testing import FakeClock
-from tests.support import fixed_random, hand_made_row, put_rows, set_columns
+from tests.support import RecordingStore, fixed_random, hand_made_row, put_rows, set_columns
+from tests.support import start as start_run
 
 NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
 
@@ -24,41 +24,13 @@ NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
 # --- helpers -----------------------------------------------------------------------------
 
 
-class SpyStore:
-    """Wraps a store, recording claims and every write, with a hook after commits."""
+# The store writes a drive may make; a drive with nothing to do makes none.
+WRITES = ("start_or_join", "patch", "commit_pass", "record_step")
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.claims: list[str | None] = []
-        self.writes: list[str] = []
-        self.after_commit: Any = None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def claim(self, request: Any) -> RunRow | None:
-        row = await self.inner.claim(request)
-        self.claims.append(None if row is None else row.id)
-        return row
-
-    async def start_or_join(self, row: RunRow) -> Any:
-        self.writes.append("start_or_join")
-        return await self.inner.start_or_join(row)
-
-    async def patch(self, run_id: str, patch: Any, token: str) -> bool:
-        self.writes.append("patch")
-        return bool(await self.inner.patch(run_id, patch, token))
-
-    async def commit_pass(self, run_id: str, patch: Any, token: str) -> bool:
-        self.writes.append("commit_pass")
-        written = bool(await self.inner.commit_pass(run_id, patch, token))
-        if self.after_commit is not None:
-            await self.after_commit(run_id)
-        return written
-
-    async def record_step(self, run_id: str, row: Any, recorded_at: str, token: str) -> bool:
-        self.writes.append("record_step")
-        return bool(await self.inner.record_step(run_id, row, recorded_at, token))
+def claimed(spy: RecordingStore) -> list[str | None]:
+    """The run each claim returned, in order (None: nothing was due)."""
+    return [None if claim is None else claim.row.id for claim in spy.results["claim"]]
 
 
 def finishing_registry(module_id: str = "mine", job: str = "walk") -> tuple[Any, list[str]]:
@@ -74,10 +46,8 @@ def finishing_registry(module_id: str = "mine", job: str = "walk") -> tuple[Any,
     return registry, seen
 
 
-async def start(store: Any, clock: FakeClock, instance: str = "default", **kw: Any) -> Any:
-    kw.setdefault("module_id", "mine")
-    kw.setdefault("job", "walk")
-    return await jobrun.start_job_run(store, instance=instance, clock=clock, **kw)
+# Runs of this file's job unless a test names another.
+start = functools.partial(start_run, module_id="mine", job="walk")
 
 
 # --- limit counts runnable runs ---------------------------------------------------------
@@ -89,12 +59,12 @@ async def test_limit_counts_runnable_runs_and_leaves_unregistered_rows_untouched
     registry, seen = finishing_registry()
     # Oldest first: unregistered, registered, unregistered, unregistered, registered, registered.
     await put_rows(store, engine, [hand_made_row(1)])
-    first = await start(store, clock, "a")
+    first = await start(store, clock, instance="a")
     # Rows inserted after a start need ids that sort after it: reuse the minted order.
-    second_foreign = await start(store, clock, "x", module_id="elsewhere", job="theirs")
-    third_foreign = await start(store, clock, "y", module_id="elsewhere", job="theirs")
-    second = await start(store, clock, "b")
-    third = await start(store, clock, "c")
+    second_foreign = await start(store, clock, instance="x", module_id="elsewhere", job="theirs")
+    third_foreign = await start(store, clock, instance="y", module_id="elsewhere", job="theirs")
+    second = await start(store, clock, instance="b")
+    third = await start(store, clock, instance="c")
     foreign_ids = [hand_made_row(1).id, second_foreign.id, third_foreign.id]
     foreign_before = [await store.get(run_id) for run_id in foreign_ids]
 
@@ -138,14 +108,14 @@ async def test_unregistered_runs_never_hide_a_registered_one(store, engine, cloc
     registry, seen = finishing_registry()
     await put_rows(store, engine, [hand_made_row(i) for i in range(unregistered)])
     run = await start(store, clock)
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
 
     report = await jobrun.run_due_jobs(spy, registry, limit=1, clock=clock)
 
     assert report.attempted == 1
     assert seen == [run.id]
-    assert spy.claims == [run.id], "limit 1: one claim, and it is the registered run"
-    assert spy.writes == ["commit_pass"]
+    assert claimed(spy) == [run.id], "limit 1: one claim, and it is the registered run"
+    assert spy.only(*WRITES) == ["commit_pass"]
     record = await jobrun.get_job_run(store, run.id)
     assert record is not None
     assert record.status == "done"
@@ -156,25 +126,25 @@ async def test_the_drive_claims_until_nothing_is_due(store, engine, clock):
     registry, seen = finishing_registry()
     await put_rows(store, engine, [hand_made_row(i) for i in range(4)])
     run = await start(store, clock)
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
 
     report = await jobrun.run_due_jobs(spy, registry, limit=3, clock=clock)
 
     assert report.attempted == 1
     assert seen == [run.id]
-    assert spy.claims == [run.id, None]
+    assert claimed(spy) == [run.id, None]
 
 
 async def test_one_drive_never_claims_a_run_twice(store, clock):
     """A run that is due again right after its pass waits for the next call."""
     registry, cursors = counting_registry(finish_at=100)
     run = await start(store, clock)
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
 
     report = await jobrun.run_due_jobs(spy, registry, limit=50, max_passes=2, clock=clock)
 
     assert (report.attempted, report.advanced) == (1, 2)
-    assert spy.claims == [run.id, None]
+    assert claimed(spy) == [run.id, None]
     assert cursors == [None, 1]
 
 
@@ -183,7 +153,7 @@ async def test_one_drive_never_claims_a_run_twice(store, clock):
 
 async def test_oldest_run_first(store, clock):
     registry, seen = finishing_registry()
-    runs = [await start(store, clock, name) for name in ("one", "two", "three")]
+    runs = [await start(store, clock, instance=name) for name in ("one", "two", "three")]
     assert sorted(run.id for run in runs) == [run.id for run in runs]
 
     report = await jobrun.run_due_jobs(store, registry, limit=2, clock=clock)
@@ -339,13 +309,13 @@ async def test_an_operator_cancel_between_passes_supersedes_the_next_one(store, 
     pass's fenced writes are refused and it is counted as superseded."""
     registry, cursors = counting_registry(finish_at=100)
     run = await start(store, clock)
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
 
-    async def operator_cancels(run_id: str) -> None:
+    async def operator_cancels(run_id: str, *_: Any) -> None:
         if len(cursors) == 1:
             await jobrun.cancel_job_run(store, run_id, "stop it", clock=clock)
 
-    spy.after_commit = operator_cancels
+    spy.after["commit_pass"] = operator_cancels
     report = await jobrun.run_due_jobs(spy, registry, max_passes=5, clock=clock)
 
     assert (report.attempted, report.advanced, report.superseded, report.failed) == (1, 1, 1, 0)
@@ -359,12 +329,12 @@ async def test_an_operator_cancel_between_passes_supersedes_the_next_one(store, 
 async def test_a_run_failed_behind_the_drivers_back_takes_no_further_write(store, engine, clock):
     registry, _cursors = counting_registry(finish_at=100)
     run = await start(store, clock)
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
 
-    async def somebody_fails_it(run_id: str) -> None:
+    async def somebody_fails_it(run_id: str, *_: Any) -> None:
         await set_columns(store, engine, run_id, status="failed")
 
-    spy.after_commit = somebody_fails_it
+    spy.after["commit_pass"] = somebody_fails_it
     report = await jobrun.run_due_jobs(spy, registry, max_passes=5, clock=clock)
 
     assert (report.attempted, report.advanced, report.superseded) == (1, 1, 1)
@@ -437,7 +407,7 @@ async def test_one_failing_run_does_not_stop_the_others(store, clock):
 
     registry.register("mine", "walk", handler, retry=NO_WAIT)
     for name in ("first", "bad", "last"):
-        await start(store, clock, name)
+        await start(store, clock, instance=name)
 
     report = await jobrun.run_due_jobs(store, registry, clock=clock)
 
@@ -496,27 +466,27 @@ async def test_a_drive_with_nothing_due_writes_nothing(store, engine, clock):
         return jobrun.PassResult(done=True)
 
     registry.register("mine", "walk", handler, retry=jobrun.RetryPolicy(base_delay_ms=60_000))
-    await start(store, clock, "finished")
-    await start(store, clock, "waiting")
+    await start(store, clock, instance="finished")
+    await start(store, clock, instance="waiting")
     await jobrun.run_due_jobs(store, registry, clock=clock)
     await put_rows(store, engine, [hand_made_row(1)])  # a due run of a job not registered here
     before = await jobrun.job_runs(store)
     assert {run.status for run in before} == {"done", "running"}
 
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
     report = await jobrun.run_due_jobs(spy, registry, max_passes=3, clock=clock)
 
     assert report == jobrun.JobDriveReport()
-    assert spy.writes == []
+    assert spy.only(*WRITES) == []
     assert await jobrun.job_runs(store) == before
 
 
 async def test_an_empty_store_makes_an_empty_report(store, clock):
     registry, _ = finishing_registry()
-    spy = SpyStore(store)
+    spy = RecordingStore(store)
     assert await jobrun.run_due_jobs(spy, registry, clock=clock) == jobrun.JobDriveReport()
-    assert spy.writes == []
-    assert spy.claims == [None]
+    assert spy.only(*WRITES) == []
+    assert claimed(spy) == [None]
 
 
 # --- malformed rows ------------------------------------------------------------------------
@@ -554,8 +524,8 @@ async def test_a_malformed_row_fails_its_pass_and_the_drive_carries_on(
         return jobrun.PassResult(done=True)
 
     registry.register("mine", "walk", handler, retry=NO_WAIT)
-    bad = await start(store, clock, "bad")
-    good = await start(store, clock, "good")
+    bad = await start(store, clock, instance="bad")
+    good = await start(store, clock, instance="good")
     await set_columns(store, engine, bad.id, **{column: text})
     before = await store.get(bad.id)
 
@@ -609,9 +579,9 @@ async def test_a_malformed_row_fails_for_good_once_attempts_are_spent(store, eng
 
 async def test_a_row_with_an_unknown_status_is_never_driven(store, engine, clock):
     registry, seen = finishing_registry()
-    odd = await start(store, clock, "odd")
+    odd = await start(store, clock, instance="odd")
     await set_columns(store, engine, odd.id, status="paused")
-    normal = await start(store, clock, "normal")
+    normal = await start(store, clock, instance="normal")
     before = await store.get(odd.id)
 
     report = await jobrun.run_due_jobs(store, registry, clock=clock)

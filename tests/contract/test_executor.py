@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import asyncpg
 import pytest
 from sqlalchemy import event, make_url
@@ -54,8 +55,12 @@ async def test_the_hook_sees_every_statement_of_a_pass(
     operations = [operation for operation, _, _ in log.seen]
     commit = ["commit_pass"] if backend == "postgres" else ["commit_pass"] * 4
     # The driver's first claim on a store begins with the scan for runs stranded by a
-    # dead holder (jobrun._core.stranded; then at most once a second).
-    assert operations == ["held_leases", "claim", "steps", "record_step", "record_step", *commit]
+    # dead holder (jobrun._core.stranded; then at most once a second). The claim reads
+    # its run, then writes the core's decision fenced on what it read.
+    claim = ["claim", "claim"]
+    assert operations == ["held_leases", *claim, "steps", "record_step", "record_step", *commit]
+    kinds = [sql.split()[0] for operation, sql, _ in log.seen if operation == "claim"]
+    assert kinds == ["SELECT", "UPDATE"]
     if backend == "sqlite":
         # BEGIN, the fenced write, the ledger drop, COMMIT: one transaction.
         kinds = [sql.split()[0] for operation, sql, _ in log.seen if operation == "commit_pass"]
@@ -255,3 +260,86 @@ async def test_disposing_the_engine_closes_the_store_connection(
     # After dispose the store opens a fresh connection on first use.
     assert len(await jobrun.job_runs(store)) == 1
     await engine.dispose()
+
+
+async def test_sqlite_a_new_step_is_one_call_into_the_driver_thread(
+    sqlite_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a hook (the path users run by default) a new step costs one hop to
+    aiosqlite's thread: the statement executes and its rows are fetched there."""
+    engine = create_async_engine(sqlite_url)
+    hops: list[Any] = []
+    queued = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await queued(self, fn, *args, **kwargs)
+
+    # aiosqlite's one way into its thread: every driver call goes through it.
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    per_step: list[int] = []
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name in ("a", "b", "c"):
+            before = len(hops)
+            assert await p.step(name, lambda name=name: name.upper()) == name.upper()
+            per_step.append(len(hops) - before)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    try:
+        store = jobrun.SqlJobRunStore(engine)
+        run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+        assert (await drive(store, registry, clock)).completed == 1
+        # The first step also reads the pass's ledger (once per pass); then one hop each.
+        assert per_step == [2, 1, 1]
+        assert (await row_of(store, run.id)).status == "done"
+    finally:
+        await engine.dispose()
+
+
+async def test_sqlite_a_step_write_cancelled_mid_statement_leaves_nothing_open(
+    sqlite_url: str, clock: FakeClock
+) -> None:
+    """The hookless step write, cancelled while it waits for the write lock: a lone
+    statement in autocommit, so whatever it did is committed or undone by SQLite and
+    no transaction stays open; the next operation waits its turn behind it."""
+    engine = create_async_engine(sqlite_url)
+    database = make_url(sqlite_url).database
+    assert database is not None
+    holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    started = asyncio.Event()
+
+    def body() -> str:
+        # Take the write lock so that the step's write waits in aiosqlite's thread.
+        holder.execute("BEGIN IMMEDIATE")
+        started.set()
+        return "A"
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("a", body)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    try:
+        store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=10_000)
+        run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+        task = asyncio.create_task(drive(store, registry, clock))
+        await asyncio.wait_for(started.wait(), 10)
+        # Long enough for the write to be queued and waiting on the lock: no event
+        # marks that moment without a hook, and a hook would change the path.
+        await asyncio.sleep(0.05)
+        task.cancel()
+        holder.execute("ROLLBACK")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Whether the write landed or not, nothing is left open on the store's connection.
+        ledger = await store.steps(run.id)
+        assert set(ledger) <= {"a"}
+        assert_write_lock_free(engine)
+        assert (await row_of(store, run.id)).status == "running"
+    finally:
+        holder.close()
+        await engine.dispose()

@@ -14,7 +14,7 @@ import collections
 import os
 import random
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +276,18 @@ class WriteLock:
         self._connection.close()
 
 
+@pytest.fixture
+async def busy_store(sqlite_url: str) -> AsyncIterator[tuple[jobrun.SqlJobRunStore, WriteLock]]:
+    """A SQLite store that waits 100 ms for a busy file, and a write lock on that file."""
+    engine = create_async_engine(sqlite_url)
+    lock = WriteLock(_path_of(sqlite_url))
+    try:
+        yield jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=100), lock
+    finally:
+        lock.close()
+        await engine.dispose()
+
+
 def _assert_locked(error: jobrun.StoreError, operation: str) -> None:
     assert error.operation == operation
     assert str(error).startswith(f"{operation} failed")
@@ -284,75 +296,63 @@ def _assert_locked(error: jobrun.StoreError, operation: str) -> None:
 
 
 async def test_a_held_write_lock_is_a_clear_store_error_and_the_run_survives(
-    sqlite_url: str, clock: FakeClock
+    busy_store: tuple[jobrun.SqlJobRunStore, WriteLock], clock: FakeClock
 ) -> None:
-    engine = create_async_engine(sqlite_url)
-    lock = WriteLock(_path_of(sqlite_url))
-    try:
-        store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=100)
-        job = TwoSteps()
-        registry = job.registry()
-        run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
-        before = await row_of(store, run.id)
+    store, lock = busy_store
+    job = TwoSteps()
+    registry = job.registry()
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    before = await row_of(store, run.id)
 
-        lock.take()
-        with pytest.raises(jobrun.StoreError) as started:
-            await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="x", clock=clock)
-        _assert_locked(started.value, "start_or_join")
-        with pytest.raises(jobrun.StoreError) as driven:
-            await drive(store, registry, clock)
-        _assert_locked(driven.value, "claim")
-        with pytest.raises(jobrun.StoreError) as cancelled:
-            await jobrun.cancel_job_run(store, run.id, "no", clock=clock)
-        _assert_locked(cancelled.value, "cancel")
-        # Reads go on beside the writer (WAL), and show the run untouched.
-        assert await row_of(store, run.id) == before
-        assert [found.id for found in await jobrun.job_runs(store)] == [run.id]
-        lock.drop()
+    lock.take()
+    with pytest.raises(jobrun.StoreError) as started:
+        await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="x", clock=clock)
+    _assert_locked(started.value, "start_or_join")
+    with pytest.raises(jobrun.StoreError) as driven:
+        await drive(store, registry, clock)
+    _assert_locked(driven.value, "claim")
+    with pytest.raises(jobrun.StoreError) as cancelled:
+        await jobrun.cancel_job_run(store, run.id, "no", clock=clock)
+    _assert_locked(cancelled.value, "cancel")
+    # Reads go on beside the writer (WAL), and show the run untouched.
+    assert await row_of(store, run.id) == before
+    assert [found.id for found in await jobrun.job_runs(store)] == [run.id]
+    lock.drop()
 
-        assert (await drive(store, registry, clock)).completed == 1
-        assert (await row_of(store, run.id)).status == "done"
-        assert job.calls == ["a", "b"]
-    finally:
-        lock.close()
-        await engine.dispose()
+    assert (await drive(store, registry, clock)).completed == 1
+    assert (await row_of(store, run.id)).status == "done"
+    assert job.calls == ["a", "b"]
 
 
 async def test_a_write_lock_taken_mid_pass_escapes_and_the_next_drive_finishes(
-    sqlite_url: str, clock: FakeClock
+    busy_store: tuple[jobrun.SqlJobRunStore, WriteLock], clock: FakeClock
 ) -> None:
-    engine = create_async_engine(sqlite_url)
-    lock = WriteLock(_path_of(sqlite_url))
-    try:
-        store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=100)
-        job = TwoSteps()
-        registry = job.registry()
-        run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    store, lock = busy_store
+    job = TwoSteps()
+    registry = job.registry()
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
 
-        async def take() -> None:
-            lock.take()
+    async def take() -> None:
+        lock.take()
 
-        job.before_b = take
-        # Step b's write waits out the busy timeout, then so does the failure record.
-        with pytest.raises(jobrun.StoreError) as caught:
-            await drive(store, registry, clock)
-        _assert_locked(caught.value, "patch")
-        row = await row_of(store, run.id)
-        assert (row.status, row.cursor, row.attempts) == ("running", None, 0)
-        assert row.lease_owner is not None
-        assert await store.steps(run.id) == {"a": StepRow("a", '"A"', 1, None)}
-        lock.drop()
+    job.before_b = take
+    # Step b's write waits out the busy timeout, then so does the failure record.
+    with pytest.raises(jobrun.StoreError) as caught:
+        await drive(store, registry, clock)
+    _assert_locked(caught.value, "patch")
+    row = await row_of(store, run.id)
+    assert (row.status, row.cursor, row.attempts) == ("running", None, 0)
+    assert row.lease_owner is not None
+    assert await store.steps(run.id) == {"a": StepRow("a", '"A"', 1, None)}
+    lock.drop()
 
-        # The operator may hand the lease back at once instead of waiting for it.
-        assert await jobrun.release_job_lease(store, run.id)
-        report = await drive(store, registry, clock)
-        assert report.completed == 1
-        final = await row_of(store, run.id)
-        assert (final.status, final.cursor, final.lease_takeovers) == ("done", '"end"', 0)
-        assert job.calls == ["a", "b", "b"]
-    finally:
-        lock.close()
-        await engine.dispose()
+    # The operator may hand the lease back at once instead of waiting for it.
+    assert await jobrun.release_job_lease(store, run.id)
+    report = await drive(store, registry, clock)
+    assert report.completed == 1
+    final = await row_of(store, run.id)
+    assert (final.status, final.cursor, final.lease_takeovers) == ("done", '"end"', 0)
+    assert job.calls == ["a", "b", "b"]
 
 
 async def test_a_read_only_database_is_a_clear_store_error_and_changes_nothing(

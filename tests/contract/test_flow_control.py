@@ -83,16 +83,16 @@ async def test_a_limited_job_is_passed_over_while_its_limit_is_leased(store: Any
     clock.advance(seconds=1)
     first = await store.claim(_request(clock, "a", 2))
     second = await store.claim(_request(clock, "b", 2))
-    assert {first.job, second.job} == {"import"}
+    assert {first.row.job, second.row.job} == {"import"}
     # Two runs of the job are leased: the next claim passes over its two due runs
     # and takes the unlimited job's run instead, then finds nothing.
     third = await store.claim(_request(clock, "c", 2))
-    assert third.id == other.id
+    assert third.row.id == other.id
     assert await store.claim(_request(clock, "d", 2)) is None
     # Without the limit the same request would lease a third run of the job.
     unlimited = await store.claim(_request(clock, "e", None))
     assert unlimited is not None
-    assert unlimited.job == "import"
+    assert unlimited.row.job == "import"
 
 
 async def test_an_expired_lease_does_not_count_against_the_limit(store: Any, clock: FakeClock):
@@ -132,7 +132,7 @@ async def test_concurrent_claimers_never_lease_more_than_the_limit(
         claims = await asyncio.gather(
             *(store.claim(_request(clock, f"{round_number}-{token}", 2)) for token in range(12))
         )
-        won = [row for row in claims if row is not None]
+        won = [claimed.row for claimed in claims if claimed is not None]
         assert len(won) == 2, won
         assert len({row.id for row in won}) == 2
         # Finish the round: nothing stays leased into the next.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 import jobrun
 from jobrun._core.formats import format_instant
 from jobrun._core.records import ClaimRequest, StepRow
+from jobrun._core.transitions import Claimed, PreviousHolder
 
 
 def _claim_request(clock, token: str, lease_ms: int = 1000) -> ClaimRequest:
@@ -18,8 +23,9 @@ async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out(s
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
     claimed = await store.claim(_claim_request(clock, "OLD-TOKEN"))
     assert claimed is not None
-    assert claimed.id == run.id
-    assert claimed.lease_owner == "OLD-TOKEN"
+    assert claimed.row.id == run.id
+    assert claimed.row.lease_owner == "OLD-TOKEN"
+    assert not claimed.taken_over
     # While the lease holds, nobody else can claim the run.
     assert await store.claim(_claim_request(clock, "OTHER")) is None
     assert await store.record_step(run.id, StepRow("a", "1", 1, None), "t", "OLD-TOKEN")
@@ -106,7 +112,7 @@ async def test_prune_and_release(store, clock):
     live = await jobrun.start_job_run(store, module_id="m", job="j", instance="x", clock=clock)
     claimed = await store.claim(_claim_request(clock, "T"))
     assert claimed is not None
-    assert claimed.id == live.id
+    assert claimed.row.id == live.id
     assert await jobrun.release_job_lease(store, live.id)
     assert not await jobrun.release_job_lease(store, live.id)
     clock.advance(seconds=10)
@@ -138,3 +144,26 @@ async def test_health_counts(store, clock):
     clock.advance(seconds=2)
     health = await jobrun.job_run_health(store, clock=clock)
     assert health.oldest_due_age_s == 2.0
+
+
+@pytest.mark.parametrize("died", [False, True], ids=["expired", "died"])
+async def test_a_claim_says_whose_lease_it_took_over(store, clock, died):
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    began_at = format_instant(clock())
+    first = await store.claim(_claim_request(clock, "OLD-TOKEN", lease_ms=60_000))
+    assert first == Claimed(first.row, None), "a fresh claim took nothing over"
+    # Expired by the clock, or its holder proven dead while its lease still runs.
+    clock.advance(seconds=1 if died else 61)
+    request = replace(
+        _claim_request(clock, "NEW"), dead_owners=frozenset({"OLD-TOKEN"} if died else ())
+    )
+    claimed = await store.claim(request)
+    assert claimed is not None
+    assert claimed.taken_over
+    assert claimed.previous == PreviousHolder("OLD-TOKEN", "zombie:1", began_at, died=died)
+    assert claimed.row == await store.get(run.id), "the row as written"
+    assert (claimed.row.lease_owner, claimed.row.lease_takeovers) == ("NEW", 1)
+    assert claimed.row.attempts == 1, "the pass had begun: an attempt is charged"
+    cause = "died during a pass" if died else "expired during a pass"
+    assert claimed.row.last_error is not None
+    assert cause in claimed.row.last_error

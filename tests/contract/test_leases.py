@@ -24,30 +24,11 @@ import pytest
 import jobrun
 from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
+from jobrun._core.transitions import Claimed
 from jobrun.testing import FakeClock
-from tests.support import fixed_random, row_of, set_columns
+from tests.support import claim_as, fixed_random, row_of, set_columns, snapshot
 
 M, J = "m", "j"
-
-
-async def claim_as(
-    store: Any,
-    clock: Callable[[], datetime],
-    token: str,
-    *,
-    driver: str = "dead-host:1",
-    lease_ms: int = 1000,
-    job: tuple[str, str] = (M, J),
-) -> RunRow | None:
-    """Claim like a driver that then dies before writing anything else."""
-    now_at = format_instant(clock())
-    return await store.claim(
-        ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
-    )
-
-
-async def snapshot(store: Any, run_id: str) -> tuple[RunRow | None, dict[str, StepRow]]:
-    return await store.get(run_id), await store.steps(run_id)
 
 
 def assert_unleased(row: RunRow) -> None:
@@ -958,13 +939,13 @@ class _SlowClaimReply:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def claim(self, request: ClaimRequest) -> RunRow | None:
-        row = await self.inner.claim(request)
-        if row is not None:
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
+        claimed = await self.inner.claim(request)
+        if claimed is not None:
             self.claimed.set()
         # sleep: the reply's delay: the cancel lands while it is on its way
         await asyncio.sleep(0.05)
-        return row
+        return claimed
 
 
 async def test_a_cancel_that_lands_during_a_claim_hands_the_lease_back(store, clock):

@@ -278,10 +278,51 @@ async def test_a_takeover_is_reported(store: Any, clock: FakeClock):
     recorder = Recorder()
     observer = jobrun.observe_all(recorder, metrics)
     await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
-    # The failed pass wrote its own error over the takeover note: not a takeover again.
+    # The next claim finds the run unleased: not a takeover.
     await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
     assert [s.taken_over for s in recorder.of("pass_started")] == [True, False]
     assert [s.run.id for s in recorder.of("pass_started")] == [run.id, run.id]
+    taken = metrics.registry.get_sample_value(
+        "jobrun_lease_takeovers_total", {"module_id": "m", "job": "j"}
+    )
+    assert taken == 1
+
+
+async def test_a_takeover_is_counted_once_and_a_later_pass_of_the_run_not_at_all(
+    store: Any, clock: FakeClock
+):
+    """The run keeps its takeover count and note after the taken-over pass loses its
+    lease (here to an operator's release); its next pass starts from a fresh claim and
+    is no takeover, though the row still reads as one."""
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    now_at = format_instant(clock())
+    zombie = ClaimRequest(now_at, "ZOMBIE", "zombie:1", {("m", "j"): add_milliseconds(now_at, 500)})
+    assert await store.claim(zombie) is not None
+    clock.advance(seconds=1)
+    registry = jobrun.JobRegistry()
+    passes: list[int] = []
+
+    @registry.job("m", "j", lease_ms=500, retry=NO_WAIT)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        passes.append(len(passes) + 1)
+        if len(passes) == 1:
+            assert await jobrun.release_job_lease(store, p.run.id)
+            await p.step("refused", lambda: None)
+        return jobrun.PassResult(done=True)
+
+    metrics = WorkerMetrics(CollectorRegistry())
+    recorder = Recorder()
+    observer = jobrun.observe_all(recorder, metrics)
+    first = await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
+    assert first.superseded == 1
+    released = await jobrun.get_job_run(store, run.id)
+    assert released is not None
+    assert released.lease_takeovers == 1
+    assert released.last_error is not None
+    assert "taken over" in released.last_error
+    second = await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
+    assert second.completed == 1
+    assert [s.taken_over for s in recorder.of("pass_started")] == [True, False]
     taken = metrics.registry.get_sample_value(
         "jobrun_lease_takeovers_total", {"module_id": "m", "job": "j"}
     )

@@ -111,8 +111,10 @@ async def test_key_filters_must_be_strings(store, argument):
         (50, 50),
         (499.9, 499),
         (500, 500),
+        (500.9, 500),
         (501, 500),
         (10**6, 500),
+        (10**100, 500),
     ],
 )
 def test_job_run_list_limit_clamps(given, expected):

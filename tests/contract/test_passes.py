@@ -18,26 +18,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 from jobrun._core.records import StepRow
 from jobrun.testing import FakeClock
-from tests.support import drive, iso, row_of, set_columns, sized_store
+from tests.support import JOB, drive, iso, registry_for, row_of, set_columns, sized_store, start_id
+from tests.support import MODULE_ID as MODULE
 
-MODULE = "crm"
-JOB = "walk"
 IMMEDIATE = jobrun.RetryPolicy(base_delay_ms=0)
 ERROR_CAP_BYTES = 8 * 1024
 
 
 # --- helpers ---------------------------------------------------------------
-
-
-def registry_for(handler: Any, retry: jobrun.RetryPolicy | None = None) -> jobrun.JobRegistry:
-    registry = jobrun.JobRegistry()
-    registry.register(MODULE, JOB, handler, retry=retry)
-    return registry
-
-
-async def start(store: Any, clock: FakeClock, payload: Any = None) -> str:
-    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, payload=payload, clock=clock)
-    return run.id
 
 
 def script(*actions: Callable[[jobrun.JobPass], Any]) -> Callable[[jobrun.JobPass], Any]:
@@ -89,7 +77,7 @@ async def test_backoff_after_each_failed_pass(
 ) -> None:
     clock = FakeClock(datetime(2026, 3, 4, 5, 6, 7, 123_456, tzinfo=UTC))
     registry = registry_for(raise_(RuntimeError("again")), policy)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     for attempt, delay in enumerate(delays_ms, start=1):
         failed_at = clock()
@@ -111,7 +99,7 @@ async def test_exhaustion_fails_the_run_without_a_next_attempt(
     store: Any, clock: FakeClock
 ) -> None:
     registry = registry_for(raise_(RuntimeError("x")), jobrun.RetryPolicy(2, 0))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     assert (await drive(store, registry, clock)).retrying == 1
     report = await drive(store, registry, clock)
     assert report.failed == 1
@@ -147,7 +135,7 @@ async def test_a_failed_pass_writes_back_the_committed_cursor_and_counters(
         seen.append((p.cursor, dict(p.counters)))
 
     registry = registry_for(script(commit, count_then_fail, look), IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
     committed = await row_of(store, run_id)
     assert (committed.cursor, committed.counters) == ('{"page":1}', '{"items":2}')
@@ -175,7 +163,7 @@ async def test_the_ledger_is_kept_on_failure_and_dropped_on_commit(
         return {"cursor": len(calls)}
 
     registry = registry_for(handler, IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     await drive(store, registry, clock)
     assert (await store.steps(run_id))["a"].result == "null"
@@ -202,7 +190,7 @@ async def test_a_run_that_ends_failed_keeps_its_ledger_and_a_done_run_has_none(
     registry = jobrun.JobRegistry()
     registry.register(MODULE, JOB, fails, retry=jobrun.RetryPolicy(max_attempts=1))
     registry.register(MODULE, "finish", finishes)
-    failed_id = await start(store, clock)
+    failed_id = await start_id(store, clock)
     done = await jobrun.start_job_run(store, module_id=MODULE, job="finish", clock=clock)
 
     report = await drive(store, registry, clock)
@@ -252,7 +240,7 @@ async def test_handler_results_that_commit(
     store: Any, clock: FakeClock, result: Any, cursor: str, status: str
 ) -> None:
     registry = registry_for(script(returns({"cursor": "c0"}), returns(result)))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
     assert (await row_of(store, run_id)).cursor == COMMITTED
 
@@ -274,7 +262,7 @@ async def test_keeping_the_cursor_keeps_its_text_verbatim(
     store: Any, engine: AsyncEngine | None, clock: FakeClock
 ) -> None:
     registry = registry_for(returns(jobrun.PassResult()))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await set_columns(store, engine, run_id, cursor='{ "page" : 3 }')
     await drive(store, registry, clock)
     assert (await row_of(store, run_id)).cursor == '{ "page" : 3 }'
@@ -312,7 +300,7 @@ async def test_handler_results_that_fail_the_run_at_once(
     store: Any, clock: FakeClock, result: Any, named: str
 ) -> None:
     registry = registry_for(script(returns({"cursor": "c0"}), returns(result)))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
 
     report = await drive(store, registry, clock)
@@ -380,7 +368,7 @@ async def test_a_cursor_that_is_not_queue_safe_fails_the_pass(
         return jobrun.PassResult(cursor=cursor)
 
     registry = registry_for(script(returns({"cursor": "c0"}), unsafe))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
 
     report = await drive(store, registry, clock)
@@ -398,7 +386,7 @@ async def test_a_cursor_over_the_cap_is_refused(
     capped = sized_store(store, engine, max_cursor_bytes=20)
     at_cap = "x" * 18  # 20 bytes of JSON with its quotes
     registry = registry_for(script(returns({"cursor": at_cap}), returns({"cursor": "y" * 19})))
-    run_id = await start(capped, clock)
+    run_id = await start_id(capped, clock)
 
     assert (await drive(capped, registry, clock)).advanced == 1
     assert (await row_of(capped, run_id)).cursor == f'"{at_cap}"'
@@ -422,7 +410,7 @@ async def test_count_adds_to_counters_committed_with_the_pass(store: Any, clock:
         return jobrun.PassResult()
 
     registry = registry_for(counts)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
     assert (await row_of(store, run_id)).counters == '{"pages":2,"bytes":1.25}'
     await drive(store, registry, clock)
@@ -439,7 +427,7 @@ async def test_count_with_a_non_number_fails_the_run_at_once(
         return jobrun.PassResult()
 
     registry = registry_for(counts)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry, clock)
     assert report.failed == 1
     row = await row_of(store, run_id)
@@ -476,7 +464,7 @@ async def test_scope_is_opened_lazily_once_per_pass_with_the_run_key(
         return jobrun.PassResult()
 
     registry = registry_for(handler)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     opener = open_sync if opener_kind == "sync" else open_async
     report = await drive(store, registry, clock, open_scope=opener, max_passes=2)
 
@@ -495,7 +483,7 @@ async def test_scope_is_opened_lazily_once_per_pass_with_the_run_key(
 async def test_scope_is_not_opened_when_unused(store: Any, clock: FakeClock) -> None:
     opened: list[Any] = []
     registry = registry_for(lambda p: jobrun.PassResult())
-    await start(store, clock)
+    await start_id(store, clock)
     report = await drive(store, registry, clock, open_scope=opened.append)
     assert report.advanced == 1
     assert opened == []
@@ -509,7 +497,7 @@ async def test_the_default_scope_is_the_stores(
     async def handler(p: jobrun.JobPass) -> None:
         seen.append(await p.scope())
 
-    await start(store, clock)
+    await start_id(store, clock)
     await drive(store, registry_for(handler), clock)
     assert len(seen) == 1
     assert seen[0] is store.default_scope
@@ -524,7 +512,7 @@ async def test_a_scope_that_cannot_open_fails_the_pass(store: Any, clock: FakeCl
     async def handler(p: jobrun.JobPass) -> None:
         await p.scope()
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry_for(handler), clock, open_scope=refuse)
     assert report.retrying == 1
     assert (await row_of(store, run_id)).last_error == "PermissionError: scope not active"
@@ -575,7 +563,7 @@ async def test_a_huge_error_text_is_cut_with_a_visible_marker(store: Any, clock:
         raise RuntimeError(huge)
 
     registry = registry_for(script(handler, returns({"cursor": 1}), handler), IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
 
     step_failure = (await row_of(store, run_id)).last_error
@@ -614,7 +602,7 @@ async def test_an_interrupted_pass_is_not_committed_and_resumes_from_the_ledger(
         return jobrun.PassResult(cursor="after-b")
 
     registry = registry_for(script(returns({"cursor": "c0"}), handler))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
     before = await row_of(store, run_id)
 
@@ -644,7 +632,7 @@ async def test_a_pass_over_its_time_budget_is_a_failed_pass(store: Any, clock: F
         return {"cursor": await p.step("before", lambda: 2)}
 
     registry = registry_for(script(hangs, finishes), IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     driving = asyncio.create_task(drive(store, registry, clock, pass_timeout_s=300))
     await asyncio.wait_for(hung.wait(), 10)
@@ -670,7 +658,7 @@ async def test_a_handlers_own_timeout_error_is_reported_as_itself(
     def times_out(_p: jobrun.JobPass) -> None:
         raise TimeoutError("upstream timed out")
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry_for(times_out), clock, pass_timeout_s=5)
     assert report.retrying == 1
     assert (await row_of(store, run_id)).last_error == "TimeoutError: upstream timed out"

@@ -7,15 +7,16 @@
 * The worker hands its ``stop`` event down to ``run_due_jobs``: once it is set, no
   further run is claimed.
 
-Every test is deterministic: leases are taken away by hand (a takeover after the
-fake clock passed the expiry, or a release and a fresh claim), never by racing a
-real clock. Each was checked by reintroducing the breakage it names and seeing
+Every test is deterministic: leases are taken away by hand (a takeover by a
+claimer whose clock is past the expiry, or a release and a fresh claim), never by
+racing a real clock. Each was checked by reintroducing the breakage it names and seeing
 it fail (see ``tests/README.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -26,13 +27,9 @@ import jobrun
 from jobrun._core.formats import format_instant
 from jobrun._core.records import RunPatch, RunRow, StepRow
 from jobrun.sql.schema import job_runs
-from tests.support import SQL_BACKENDS, claim_as, row_of, start
+from tests.support import SQL_BACKENDS, RecordingStore, claim_as, row_of, snapshot, start
 
 M, J = "m", "j"
-
-
-async def snapshot(store: Any, run_id: str) -> tuple[RunRow | None, dict[str, StepRow]]:
-    return await store.get(run_id), await store.steps(run_id)
 
 
 def finishing_patch(at: str) -> RunPatch:
@@ -51,11 +48,16 @@ def finishing_patch(at: str) -> RunPatch:
 
 async def take_lease_away(store: Any, clock: Any, run_id: str, lost_by: str) -> RunRow:
     """Give the run to a new holder "NEW", as an expiry or an operator would."""
-    if lost_by == "takeover":
-        clock.advance(seconds=2)
-    else:
+
+    def claimer_clock() -> datetime:
+        # A takeover: two seconds on, past the 1 s lease, for the new claimer only. The
+        # holder's renewer sleeps on the test clock, so it cannot renew between the
+        # claim's read and its write (a renewal landing there keeps the lease, rightly).
+        return clock() + timedelta(seconds=2 if lost_by == "takeover" else 0)
+
+    if lost_by != "takeover":
         assert await jobrun.release_job_lease(store, run_id)
-    taken = await claim_as(store, clock, "NEW", driver="new:1", lease_ms=60_000, job=(M, J))
+    taken = await claim_as(store, claimer_clock, "NEW", driver="new:1", lease_ms=60_000, job=(M, J))
     assert taken is not None
     assert (taken.id, taken.lease_owner) == (run_id, "NEW")
     return taken
@@ -118,25 +120,6 @@ async def test_a_pass_that_lost_its_lease_before_committing_leaves_the_new_ledge
 # --- (b) the renewer ends with its pass ---------------------------------------------------------
 
 
-class CountingStore:
-    """A store that counts lease renewals, tells ``renewed`` of each, and passes the rest on."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.renewals = 0
-        self.renewed = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        self.renewals += 1
-        try:
-            return bool(await self._inner.extend_lease(run_id, token, expires_at))
-        finally:
-            self.renewed.set()
-
-
 @pytest.mark.parametrize("max_passes", [1, 3])
 @pytest.mark.parametrize("ending", ["advance", "done", "raise", "superseded"])
 async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
@@ -147,7 +130,13 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     for instance in ("x", "y"):
         await start(store, clock, module_id=M, job=J, instance=instance)
     registry = jobrun.JobRegistry()
-    counting = CountingStore(store)
+    counting = RecordingStore(store)
+    renewed = asyncio.Event()
+
+    async def tell_renewed(*_: Any) -> None:
+        renewed.set()
+
+    counting.after["extend_lease"] = tell_renewed
 
     # The shortest lease: renewals every 25 ms of real time, so the renewer is running.
     @registry.job(M, J, lease_ms=100)
@@ -156,8 +145,8 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
         if ending == "superseded":
             assert await jobrun.release_job_lease(store, p.run.id)
         # Wait for a renewal (or the renewer finding the lease gone) to be sure it ran.
-        await asyncio.wait_for(counting.renewed.wait(), 10)
-        counting.renewed.clear()
+        await asyncio.wait_for(renewed.wait(), 10)
+        renewed.clear()
         if ending == "raise":
             raise RuntimeError("handler broke")
         return jobrun.PassResult(cursor=(p.cursor or 0) + 1, done=ending == "done")
@@ -171,10 +160,10 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     assert getattr(report, outcome) >= 2, report
     assert left == set(), f"tasks outlived run_due_jobs: {left}"
     # Belt and braces: nothing renews later either (a leftover renewer sleeps 25 ms).
-    sent = counting.renewals
+    sent = counting.count("extend_lease")
     # sleep: a look for a renewal that must not come (load cannot fake one)
     await asyncio.sleep(0.1)
-    assert counting.renewals == sent, "a renewal was sent after run_due_jobs returned"
+    assert counting.count("extend_lease") == sent, "a renewal was sent after run_due_jobs returned"
 
 
 # --- (c) the worker's stop reaches run_due_jobs -------------------------------------------------

@@ -15,27 +15,27 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.records import ClaimRequest, StepRow
+from jobrun._core.transitions import release_transition
 from jobrun.testing import FakeClock
-from tests.support import StatementLog, drive, iso, logged_store, row_of, sized_store
+from tests.support import (
+    JOB,
+    RecordingStore,
+    StatementLog,
+    drive,
+    iso,
+    logged_store,
+    registry_for,
+    row_of,
+    sized_store,
+    start_id,
+)
+from tests.support import MODULE_ID as MODULE
 
-MODULE = "crm"
-JOB = "walk"
 NOW_TEXT = "2026-01-01T00:00:00.000Z"
 IMMEDIATE = jobrun.RetryPolicy(base_delay_ms=0)
 
 
 # --- helpers ---------------------------------------------------------------
-
-
-def registry_for(handler: Any, retry: jobrun.RetryPolicy | None = None) -> jobrun.JobRegistry:
-    registry = jobrun.JobRegistry()
-    registry.register(MODULE, JOB, handler, retry=retry)
-    return registry
-
-
-async def start(store: Any, clock: FakeClock) -> str:
-    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
-    return run.id
 
 
 async def plant_step(store: Any, run_id: str, row: StepRow) -> None:
@@ -45,9 +45,9 @@ async def plant_step(store: Any, run_id: str, row: StepRow) -> None:
     request = ClaimRequest(far, "PLANTER", "test:0", {(MODULE, JOB): far})
     claimed = await store.claim(request)
     assert claimed is not None
-    assert claimed.id == run_id
+    assert claimed.row.id == run_id
     assert await store.record_step(run_id, row, NOW_TEXT, "PLANTER")
-    assert await store.release(run_id)
+    assert await store.release(run_id, release_transition())
 
 
 def counting(calls: dict[str, int], name: str, value: Any = None) -> Callable[[], Any]:
@@ -75,26 +75,6 @@ def ledger_statements(log: StatementLog | None) -> list[str]:
     return [sql.split(None, 1)[0].upper() for sql in log.sql("_substrat_job_steps")]
 
 
-class CountingStore:
-    """Wraps a store and counts the ledger calls the pass makes."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.ledger_reads = 0
-        self.ledger_writes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def steps(self, run_id: str) -> dict[str, StepRow]:
-        self.ledger_reads += 1
-        return await self._inner.steps(run_id)
-
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
-        self.ledger_writes += 1
-        return bool(await self._inner.record_step(run_id, row, recorded_at, token))
-
-
 # --- durability and replay ---------------------------------------------------
 
 
@@ -110,7 +90,7 @@ async def test_completed_steps_survive_a_later_failure_and_replay_without_callin
         return jobrun.PassResult(cursor=[a, b, c])
 
     registry = registry_for(handler, IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     first = await drive(store, registry, clock)
     assert first.retrying == 1
@@ -136,8 +116,12 @@ async def test_memo_hits_cost_one_ledger_read_and_a_fresh_step_one_write(
     log = None
     if engine is not None:
         store, log = logged_store(engine)
-    counted = CountingStore(store)
+    counted = RecordingStore(store)
     snapshots: list[tuple[int, int, list[str]]] = []
+
+    def ledger_so_far() -> tuple[int, int, list[str]]:
+        """Ledger reads, ledger writes, and the SQL kinds that touched the ledger."""
+        return counted.count("steps"), counted.count("record_step"), ledger_statements(log)
 
     async def handler(p: jobrun.JobPass) -> None:
         calls["pass"] = calls.get("pass", 0) + 1
@@ -145,18 +129,18 @@ async def test_memo_hits_cost_one_ledger_read_and_a_fresh_step_one_write(
             assert await p.step(name, counting(calls, name, name.upper())) == name.upper()
         if calls["pass"] == 1:
             raise RuntimeError("first pass stops here")
-        snapshots.append((counted.ledger_reads, counted.ledger_writes, ledger_statements(log)))
+        snapshots.append(ledger_so_far())
         await p.step("fresh", counting(calls, "fresh", 0))
-        snapshots.append((counted.ledger_reads, counted.ledger_writes, ledger_statements(log)))
+        snapshots.append(ledger_so_far())
         return jobrun.PassResult()
 
     registry = registry_for(handler, IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(counted, registry, clock)
-    assert counted.ledger_writes == len(names)
+    assert counted.count("record_step") == len(names)
     assert len(await store.steps(run_id)) == len(names)
 
-    counted.ledger_reads = counted.ledger_writes = 0
+    counted.calls.clear()
     if log is not None:
         log.seen.clear()
     report = await drive(counted, registry, clock)
@@ -190,7 +174,7 @@ async def test_step_values_come_back_through_json_on_the_first_run_too(
             raise RuntimeError("replay next")
 
     registry = registry_for(handler, IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry, clock)
     expected = [[1, 2], {"k": [3, [4]]}, {"1": "a"}, None, {"from": "coroutine"}]
     assert seen[0] == expected
@@ -227,7 +211,7 @@ async def test_a_value_json_cannot_store_fails_the_run_at_once(
         await p.step("when", body)
 
     registry = registry_for(handler)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry, clock)
 
     assert report.failed == 1
@@ -254,7 +238,7 @@ async def test_a_step_result_over_the_stores_cap_fails_the_run_at_once(
         await p.step("big", lambda: "y" * 100)
 
     registry = registry_for(handler)
-    run_id = await start(capped, clock)
+    run_id = await start_id(capped, clock)
     report = await drive(capped, registry, clock)
 
     assert report.failed == 1
@@ -282,7 +266,7 @@ async def test_reusing_a_step_name_in_one_pass_is_a_conflict(store: Any, clock: 
             caught.append(error)
         return jobrun.PassResult()
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry_for(catching), clock)
 
     # Caught by the handler: the pass commits normally.
@@ -306,7 +290,7 @@ async def test_an_uncaught_step_name_reuse_fails_the_run_at_once(
         await p.step("a", counting(calls, "a", 1))
         await p.step("a", counting(calls, "again", 2))
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry_for(handler), clock)
 
     assert report.failed == 1
@@ -338,7 +322,7 @@ async def test_reuse_is_refused_even_when_the_first_call_failed(
             caught.append(error)
         return jobrun.PassResult()
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry_for(handler), clock)
 
     assert [type(error) for error in caught] == [jobrun.StepFailedError, jobrun.StepReusedError]
@@ -357,7 +341,7 @@ async def test_reuse_is_refused_after_a_memo_hit(store: Any, clock: FakeClock) -
             raise RuntimeError("replay")
         await p.step("a", counting(calls, "second", 2))
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await drive(store, registry_for(handler, IMMEDIATE), clock)
     report = await drive(store, registry_for(handler, IMMEDIATE), clock)
 
@@ -387,7 +371,7 @@ async def test_a_step_name_must_be_a_non_empty_str(
             caught.append(error)
             raise
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     report = await drive(store, registry_for(handler), clock)
 
     (error,) = caught
@@ -423,7 +407,7 @@ async def test_a_spent_step_is_not_called_and_nothing_is_written(
             caught.append(error)
             raise
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     prior = StepRow("s", None, 3, prior_error)
     await plant_step(store, run_id, prior)
 
@@ -456,7 +440,7 @@ async def test_a_memo_hit_wins_over_the_spent_guard(store: Any, clock: FakeClock
         seen.append(await p.step("s", counting(calls, "s", "fresh")))
         return jobrun.PassResult()
 
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
     await plant_step(store, run_id, StepRow("s", '"memo"', 7, None))
     registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=1))
     report = await drive(store, registry, clock)
@@ -480,7 +464,7 @@ async def test_a_step_policy_replaces_the_job_policy_wholesale(
     # The job would allow 5 attempts with no wait; the step gets neither.
     job_policy = jobrun.RetryPolicy(max_attempts=5, base_delay_ms=0, max_delay_ms=0)
     registry = registry_for(handler, job_policy)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     first = await drive(store, registry, clock)
     assert first.retrying == 1
@@ -509,7 +493,7 @@ async def test_a_step_may_allow_more_attempts_than_its_job(store: Any, clock: Fa
         await p.step("s", failing(calls, "s"), retry=step_policy)
 
     registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=2, base_delay_ms=0))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     outcomes = []
     for _ in range(4):
@@ -533,7 +517,7 @@ async def test_a_non_step_failure_is_judged_by_run_attempts(store: Any, clock: F
         raise ValueError("after the step")
 
     registry = registry_for(handler, jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     assert (await drive(store, registry, clock)).retrying == 1
     assert (await drive(store, registry, clock)).retrying == 1
@@ -561,7 +545,7 @@ async def test_backoff_uses_the_counter_of_the_failure_kind(store: Any, clock: F
         raise RuntimeError("outside again")
 
     registry = registry_for(handler, jobrun.RetryPolicy(base_delay_ms=100))
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     observed = []
     for _ in range(3):
@@ -596,7 +580,7 @@ async def test_run_attempts_count_failed_passes_and_reset_on_commit(
         return jobrun.PassResult()
 
     registry = registry_for(handler, IMMEDIATE)
-    run_id = await start(store, clock)
+    run_id = await start_id(store, clock)
 
     observed = []
     for _ in script:

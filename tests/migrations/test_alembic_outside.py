@@ -6,7 +6,6 @@ program in a subprocess, the URL given the ways the ini's comments promise.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -19,23 +18,14 @@ import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE
-from tests.support import ALEMBIC, SQL_BACKENDS, revision_of
+from tests.support import SQL_BACKENDS, revision_of, run_alembic
 
 
 async def alembic(cwd: Path, *args: str, **env: str) -> tuple[int, str]:
     environment = {key: value for key, value in os.environ.items() if key != "JOBRUN_DATABASE_URL"}
     environment.pop("PYTHONPATH", None)
     environment.update(env)
-    process = await asyncio.create_subprocess_exec(
-        str(ALEMBIC),
-        *args,
-        cwd=cwd,
-        env=environment,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=90)
-    return process.returncode or 0, output.decode()
+    return await run_alembic(*args, env=environment, cwd=cwd, timeout_s=90)
 
 
 def short(url: str) -> str:

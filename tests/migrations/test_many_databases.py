@@ -11,7 +11,7 @@ import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION
-from tests.conftest import run_in_thread
+from tests.support import run_in_thread
 
 
 def invoke(*args: str) -> Result:

@@ -22,7 +22,7 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, revision_of, run_alembic
+from tests.support import SQL_BACKENDS, query_plan, revision_of, run_alembic
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
@@ -357,13 +357,6 @@ async def test_a_store_refuses_a_0001_database_and_names_the_command(
     assert (report.attempted, report.completed) == (2, 2)
 
 
-async def _plan(connection: Any, statement: str, parameters: Any = ()) -> str:
-    prefix = "EXPLAIN QUERY PLAN " if connection.dialect.name == "sqlite" else "EXPLAIN "
-    rows = await connection.exec_driver_sql(prefix + statement, parameters)
-    # SQLite: (id, parent, notused, detail); Postgres: one line of text per row.
-    return "\n".join(str(row[-1]) for row in rows)
-
-
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_the_claim_reads_runs_through_the_due_at_index(at_0001: AsyncEngine) -> None:
     """Many finished runs, few live ones: the claim seeks the index and needs no sort."""
@@ -399,7 +392,7 @@ async def test_the_claim_reads_runs_through_the_due_at_index(at_0001: AsyncEngin
     compiled = str(due_first.compile(engine.sync_engine, compile_kwargs={"literal_binds": True}))
 
     async with engine.connect() as connection:
-        plan = await _plan(connection, compiled)
+        plan = await query_plan(connection, compiled)
     if dialect == "sqlite":
         assert f"USING INDEX {DUE_AT_INDEX} (status=? AND <expr><?)" in plan, plan
         assert "TEMP B-TREE" not in plan, plan

@@ -14,8 +14,7 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
-from tests.migrations.test_migration_0002 import _plan
-from tests.support import SQL_BACKENDS, hand_made_row, logged_store, revision_of
+from tests.support import SQL_BACKENDS, hand_made_row, logged_store, query_plan, revision_of
 
 RUNS = "_substrat_job_runs"
 CLAIM_ORDER = "_substrat_job_runs_claim_order"
@@ -85,7 +84,7 @@ async def test_0003_keeps_every_row_and_the_claim_reads_its_index(at_0002: Async
     claims = [(sql, tuple(values)) for operation, sql, values in log.seen if operation == "claim"]
     assert report.completed == 1
     async with engine.connect() as connection:
-        plan = await _plan(connection, *claims[0])
+        plan = await query_plan(connection, *claims[0])
     if engine.dialect.name == "sqlite":
         assert f"USING INDEX {CLAIM_ORDER} (status=?)" in plan, plan
         assert "TEMP B-TREE" not in plan, plan

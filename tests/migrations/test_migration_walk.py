@@ -11,14 +11,13 @@ rows (e.g. 0002's lease columns start empty) is tested next to the feature.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import Integer, MetaData, Table, insert, inspect, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._cli.schema_check import check
@@ -83,15 +82,6 @@ def _assert_kept(written: list[dict[str, dict[str, Any]]], stored: dict[str, lis
                 if all(found[name] == value for name, value in row.items() if name in found)
             ]
             assert len(matches) == 1, (table, row, stored[table])
-
-
-@pytest.fixture
-async def blank(blank_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(blank_url)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 def test_the_chain_is_linear_and_ends_at_the_schema_revision() -> None:

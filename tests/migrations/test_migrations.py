@@ -16,7 +16,6 @@ import logging
 import multiprocessing
 import os
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +61,6 @@ DIFF_BACKENDS = [
     pytest.param("sqlite", id="sqlite", marks=CANNOT_COMPARE_ON_SQLITE),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
-
-
-@pytest.fixture
-async def blank(blank_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(blank_url)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 async def _tables(engine: AsyncEngine) -> set[str]:

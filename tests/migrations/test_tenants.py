@@ -19,8 +19,7 @@ from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
 from jobrun.sql.tenancy import notify_channel
 from jobrun.testing import FakeClock
-from tests.conftest import run_in_thread
-from tests.support import drive, revision_of
+from tests.support import drive, revision_of, run_in_thread
 
 JOBRUN_TABLES = {*metadata.tables, VERSION_TABLE}
 

@@ -9,21 +9,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO
 
 
 def run_quick(script: str, tmp_path: Path, *extra: str) -> dict[str, object]:
     completed = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / script),
+            str(REPO / "benchmarks" / script),
             "--quick",
             "--sqlite-only",
             "--out-dir",
             str(tmp_path),
             *extra,
         ],
-        cwd=ROOT / "benchmarks",
+        cwd=REPO / "benchmarks",
         capture_output=True,
         text=True,
         timeout=100,
@@ -40,7 +40,11 @@ def test_bench_step(tmp_path: Path) -> None:
     sqlite = run_quick("bench_step.py", tmp_path)["sqlite"]
     assert isinstance(sqlite, dict)
     assert {"raw driver", "raw driver + fence", "SQLAlchemy floor", "jobrun step"} <= set(sqlite)
+    paired = sqlite.pop("paired")
     assert all(value > 0 for value in sqlite.values())
+    # Each step next to one raw upsert: both sides timed, wall and loop CPU.
+    assert {"raw median", "jobrun median", "raw loop cpu", "jobrun loop cpu"} <= set(paired)
+    assert all(value > 0 for value in paired.values())
 
 
 def test_bench_throughput(tmp_path: Path) -> None:

@@ -15,8 +15,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,10 +32,9 @@ from jobrun._cli.params import parse_duration
 from jobrun._cli.watching import Poll, line, progress_of
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import job_runs as runs_table
-from tests.support import SQL_BACKENDS
+from tests.support import REPO, SQL_BACKENDS, run_in_thread
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[2]
 ONCE = jobrun.RetryPolicy(max_attempts=1, base_delay_ms=0)
 
 registry = jobrun.JobRegistry()
@@ -69,11 +67,6 @@ def backend(request: pytest.FixtureRequest) -> str:
 # --- helpers -----------------------------------------------------------------------------
 
 
-def in_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
-
-
 def with_store(url: str, use: Callable[[jobrun.SqlJobRunStore], Awaitable[T]]) -> T:
     async def go() -> T:
         engine = create_async_engine(url)
@@ -82,7 +75,7 @@ def with_store(url: str, use: Callable[[jobrun.SqlJobRunStore], Awaitable[T]]) -
         finally:
             await engine.dispose()
 
-    return in_thread(go)
+    return run_in_thread(go)
 
 
 def start(url: str, job: str = "walk", instance: str = "default") -> str:
@@ -119,7 +112,7 @@ def execute(url: str, statement: Any) -> None:
         finally:
             await engine.dispose()
 
-    in_thread(go)
+    run_in_thread(go)
 
 
 def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
@@ -180,7 +173,7 @@ def test_db_current_and_check_report_a_schema_behind(database_url: str) -> None:
         finally:
             await engine.dispose()
 
-    in_thread(to_0001)
+    run_in_thread(to_0001)
     assert "current: 0001  (behind" in ok("db", "current", "--url", database_url).stdout
     drift = fails(1, "db", "check", "--url", database_url).stdout
     assert "drift: the database is at 0001, head is 0003" in drift
@@ -525,7 +518,7 @@ def program(*args: str, url: str | None = None) -> subprocess.CompletedProcess[s
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=REPO,
         timeout=60,
         check=False,
     )

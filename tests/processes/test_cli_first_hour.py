@@ -8,6 +8,7 @@ visible in ``jobrun health`` and in a worker's log. SQLite and Postgres.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -16,30 +17,24 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from rich.console import Console
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 import jobrun._cli.worker  # registers the worker command
-from jobrun._cli.app import cli
+from jobrun._cli.app import LAZY_COMMANDS, cli
 from jobrun._cli.render import runs_table
-from tests.processes.test_cli import start, with_store
-from tests.support import SQL_BACKENDS, log_worker_statements
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes.test_cli import invoke, start, with_store
+from tests.support import REPO, SQL_BACKENDS, log_worker_statements
 
 
 @pytest.fixture(params=SQL_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    # Exceptions other than exits propagate: a traceback is a test failure.
-    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
 
 
 def one_line_failure(result: Result, code: int) -> str:
@@ -103,7 +98,7 @@ def test_non_utf8_arguments_to_the_program_get_one_line(sqlite_url: str) -> None
     not_utf8 = b"walk\xff".decode(errors="surrogateescape")
     done = subprocess.run(
         [sys.executable, "-m", "jobrun", "start", "shop", not_utf8],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False,
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr == "Error: argument 'walk\\xff' is not valid UTF-8 text\n"
@@ -233,8 +228,10 @@ async def test_the_worker_warns_once_per_check_about_jobs_it_does_not_register(
 def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alembic(
     sqlite_url: str,
 ) -> None:
-    # Alembic costs about what SQLAlchemy costs to import; only migrating needs it.
+    # Alembic costs about what SQLAlchemy costs to import; only migrating needs it. SQLAlchemy
+    # itself loads only for the commands that open a database, not for `import jobrun` or --help.
     # (The timings themselves are in benchmarks/bench_import.py, not in a test.)
+    heavy = "sorted({name.split('.')[0] for name in sys.modules} & {'alembic', 'sqlalchemy'})"
     probe = (
         "import runpy, sys\n"
         "sys.argv = ['jobrun', *sys.argv[1:]]\n"
@@ -242,25 +239,46 @@ def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alemb
         "    runpy.run_module('jobrun', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('alembic' in sys.modules, file=sys.stderr)\n"
+        f"print({heavy}, file=sys.stderr)\n"
     )
-    for arguments in (
-        [],
-        ["--help"],
-        ["runs", "--url", sqlite_url],
-        ["health", "--url", sqlite_url],
-    ):
+    expected = {
+        (): "[]",
+        ("--help",): "[]",
+        ("worker", "--help"): "['sqlalchemy']",
+        ("runs", "--url", sqlite_url): "['sqlalchemy']",
+        ("health", "--url", sqlite_url): "['sqlalchemy']",
+    }
+    for arguments, loaded in expected.items():
         command = [sys.executable, "-c", probe, *arguments]
         if not arguments:
-            command = [
-                sys.executable,
-                "-c",
-                "import sys, jobrun; print('alembic' in sys.modules, file=sys.stderr)",
-            ]
+            command = [sys.executable, "-c", f"import sys, jobrun; print({heavy}, file=sys.stderr)"]
         done = subprocess.run(
-            command, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+            command, capture_output=True, text=True, cwd=REPO, timeout=60, check=False
         )
-        assert done.stderr.strip().splitlines()[-1] == "False", (arguments, done.stderr)
+        assert done.stderr.strip().splitlines()[-1] == loaded, (arguments, done.stderr)
+
+
+def test_the_table_of_lazy_commands_matches_the_commands() -> None:
+    for module in {module for module, _ in LAZY_COMMANDS.values()}:
+        importlib.import_module(module)
+    table = {
+        name: (command.callback.__module__, " ".join((command.help or "").split("\n\n")[0].split()))
+        for name, command in cli.commands.items()
+        if command.callback is not None
+    }
+    assert table == LAZY_COMMANDS
+
+
+@pytest.mark.parametrize("width", [40, 80, 200])
+def test_help_lists_the_commands_as_click_would_from_the_commands_themselves(width: int) -> None:
+    for module in {module for module, _ in LAZY_COMMANDS.values()}:
+        importlib.import_module(module)
+    context = click.Context(cli, terminal_width=width)
+    from_table, from_commands = click.HelpFormatter(width=width), click.HelpFormatter(width=width)
+    cli.format_commands(context, from_table)
+    click.Group.format_commands(cli, context, from_commands)
+    assert from_table.getvalue() == from_commands.getvalue()
+    assert "worker " in from_table.getvalue()
 
 
 def test_a_payload_with_a_lone_surrogate_gets_one_line(database_url: str) -> None:

@@ -24,8 +24,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 from jobrun.ui import create_app
-from tests.conftest import IN_CI
-from tests.support import REPO
+from tests.support import IN_CI, REPO
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = REPO / "docs" / "images"

@@ -22,8 +22,9 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
+from tests.support import REPO
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "walk_demo.py"
+DEMO = REPO / "examples" / "walk_demo.py"
 RUN_ID = r"[0-9A-HJKMNP-TV-Z]{26}"
 
 

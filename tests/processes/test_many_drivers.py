@@ -35,15 +35,9 @@ import asyncio
 import json
 import math
 import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,10 +47,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 from jobrun._core.formats import parse_instant
 from jobrun.sql.schema import job_steps
+from tests.support import Fleet
 
 pytestmark = pytest.mark.slow
 
-CHILD = Path(__file__).with_name("drivers_child.py")
 MODULE, JOB = "fleet", "walk"
 RUNS = int(os.environ.get("JOBRUN_DRIVER_RUNS", "100"))
 PASSES = int(os.environ.get("JOBRUN_DRIVER_PASSES", "5"))
@@ -65,114 +59,6 @@ COUNTED = ("attempted", "advanced", "completed", "retrying", "failed", "supersed
 
 SQLITE = pytest.param("sqlite", id="sqlite")
 POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
-
-
-class Child:
-    """A driver process and the JSON events it prints."""
-
-    def __init__(
-        self, name: str, url: str, logs: Path, *options: str, script: Path = CHILD
-    ) -> None:
-        self.name = name
-        self._stderr_path = logs / f"{name}.stderr"
-        self._stderr = self._stderr_path.open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, str(script), "--url", url, "--name", name, *options],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-        )
-        self.events: list[dict[str, Any]] = []
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            try:
-                self._queue.put(json.loads(line))
-            except json.JSONDecodeError:
-                self._queue.put({"event": "garbage", "line": line})
-        self._queue.put(None)
-
-    def stderr(self) -> str:
-        self._stderr.flush()
-        return self._stderr_path.read_text()[-3000:]
-
-    def wait_for(
-        self, event: str, timeout: float, where: Callable[[dict[str, Any]], bool] = lambda _: True
-    ) -> dict[str, Any]:
-        for seen in self.events:
-            if seen["event"] == event and where(seen):
-                return seen
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                item = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if item is None:
-                self._queue.put(None)
-                break
-            self.events.append(item)
-            if item["event"] == event and where(item):
-                return item
-        raise AssertionError(
-            f"{self.name}: no {event!r} event within {timeout} s "
-            f"(exit code {self.process.poll()}); events {self.events[-5:]}; "
-            f"stderr:\n{self.stderr()}"
-        )
-
-    def report(self, timeout: float = 100) -> dict[str, Any]:
-        found = self.wait_for("report", timeout)
-        assert self.process.wait(timeout=10) == 0, self.stderr()
-        return found
-
-    def go(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write("go\n")
-        self.process.stdin.flush()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            # Resume first: a stopped process does not die of SIGKILL until it runs.
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait(timeout=10)
-        self._reader.join(timeout=5)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                stream.close()
-        self._stderr.close()
-
-
-class Fleet:
-    """Starts children and always kills them."""
-
-    def __init__(self, url: str, logs: Path) -> None:
-        self.url = url
-        self.logs = logs
-        self.children: list[Child] = []
-
-    def start(self, name: str, *options: str, script: Path = CHILD) -> Child:
-        child = Child(name, self.url, self.logs, *options, script=script)
-        self.children.append(child)
-        return child
-
-    def stop_all(self) -> None:
-        for child in self.children:
-            child.stop()
-
-
-@pytest.fixture
-def fleet(database_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    created = Fleet(database_url, tmp_path)
-    try:
-        yield created
-    finally:
-        created.stop_all()
 
 
 @pytest.fixture

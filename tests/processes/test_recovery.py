@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,22 +38,12 @@ from jobrun._core.holders import HolderIdentity, local_identity
 from jobrun._core.records import ClaimRequest
 from jobrun._system import system_clock
 from jobrun.testing import FakeClock
-from tests.processes.test_many_drivers import Fleet
-from tests.support import row_of
+from tests.support import Fleet, row_of
 
 CHILD = Path(__file__).with_name("recovery_child.py")
 MODULE, JOB = "recover", "walk"
 SQLITE = pytest.param("sqlite", id="sqlite")
 POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
-
-
-@pytest.fixture
-def fleet(database_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    created = Fleet(database_url, tmp_path)
-    try:
-        yield created
-    finally:
-        created.stop_all()
 
 
 async def start_one(engine: AsyncEngine) -> str:
@@ -305,7 +294,7 @@ async def test_health_counts_stranded_runs_as_due(store: Any) -> None:
         claimed = await store.claim(request)
         taken.add(run.id)
         assert claimed is not None
-        assert claimed.id == run.id
+        assert claimed.row.id == run.id
     health = await jobrun.job_run_health(store)
     assert (health.running, health.due, health.leased) == (3, 2, 1)
     assert 25 < health.oldest_due_age_s < 120, health

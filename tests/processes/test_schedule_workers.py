@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,24 +26,15 @@ from jobrun._core.records import RunRow
 from jobrun._core.retention import prune_by_retention
 from jobrun.sql.schema import job_schedules
 from tests.processes import schedule_app
-from tests.support import SQL_BACKENDS, hand_made_row, put_rows
+from tests.support import SQL_BACKENDS, hand_made_row, put_rows, spawn_worker
 
-ROOT = Path(__file__).resolve().parents[2]
-JOBRUN = Path(sys.executable).parent / "jobrun"
 APP = "tests.processes.schedule_app:registry"
 WORKERS = 3
 SLOTS = 4  # about eight seconds of three workers racing for each two-second slot
 
 
 def spawn(url: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [str(JOBRUN), "worker", "--app", APP, "--url", url, "--interval", "0.5"],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_worker(APP, "--url", url, "--interval", "0.5")
 
 
 def started(process: subprocess.Popen[str]) -> None:

@@ -28,8 +28,7 @@ from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.tenancy import in_schema
 from jobrun.ui import create_app
-from tests.conftest import run_in_thread
-from tests.support import iso, set_columns
+from tests.support import iso, run_in_thread, set_columns
 
 TENANTS = ("tenant_a", "tenant_b")
 

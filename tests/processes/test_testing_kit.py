@@ -9,7 +9,6 @@ import asyncio
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,7 @@ from jobrun.testing import (
     crash_after_step,
     drive_until_idle,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO
 
 
 async def test_advancing_wakes_sleepers_in_deadline_order() -> None:
@@ -145,7 +143,7 @@ def test_the_example_user_test_passes() -> None:
             "no:cacheprovider",
             "examples/test_my_job.py",
         ],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=100,

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,10 +31,8 @@ import jobrun.worker
 from jobrun.sql.schema import job_runs
 from jobrun.testing import FakeClock
 from tests.processes import worker_app
-from tests.support import log_worker_statements
+from tests.support import log_worker_statements, spawn_worker
 
-ROOT = Path(__file__).resolve().parents[2]
-JOBRUN = Path(sys.executable).parent / "jobrun"
 APP = "tests.processes.worker_app:registry"
 
 
@@ -117,6 +113,18 @@ class Worker:
 # --- draining -------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def two_databases(
+    database_url: str,
+    sqlite_template: Path,
+    tmp_path: Path,
+    engines: Callable[[str], AsyncEngine],
+) -> tuple[str, str, AsyncEngine, AsyncEngine]:
+    """A fresh SQLite file and the ``database_url`` database: both URLs, then an engine on each."""
+    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
+    return first_url, database_url, engines(first_url), engines(database_url)
+
+
 # The second database is the ``database_url`` fixture: another SQLite file, or Postgres.
 SECOND = pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
@@ -125,14 +133,9 @@ SECOND = pytest.mark.parametrize(
 
 @SECOND
 async def test_the_worker_drains_two_databases(
-    database_url: str,
-    sqlite_template: Path,
-    tmp_path: Path,
-    engines: Callable[[str], AsyncEngine],
+    two_databases: tuple[str, str, AsyncEngine, AsyncEngine],
 ):
-    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
-    second_url = database_url
-    first, other = engines(first_url), engines(second_url)
+    first_url, _, first, other = two_databases
     await start_pages(first, 4)
     await start_pages(other, 4)
     worker = Worker([first_url, other], concurrency=2)
@@ -249,24 +252,20 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     # Four drivers: only one of them polls while the database is idle.
     worker = Worker([engine], interval_s=interval, concurrency=4)
     # The back-off climbs from 50 ms to the interval within five claims.
-    await eventually(lambda: _claims_seen(log.sql(), 5))
+    await eventually(lambda: _claims_seen(log.seen, 5))
     before = len(log.seen)
     began = time.monotonic()
     # At least a few polls, however slowly a loaded machine runs them.
-    await eventually(lambda: _claims_seen(log.sql()[before:], 4), timeout_s=60)
+    await eventually(lambda: _claims_seen(log.seen[before:], 4), timeout_s=60)
     # sleep: an idle window to count polls in; the bounds use the time that passed
     await asyncio.sleep(0.5)
     elapsed_s = time.monotonic() - began
-    idle = log.sql()[before:]
+    idle = log.seen[before:]
     await worker.finish()
-    claims = [statement for statement in idle if statement.lstrip().upper().startswith("UPDATE")]
+    claims = _claims(idle)
     # Besides the claims: the read of held leases that finds runs stranded by a
     # dead driver (see jobrun._core.stranded), at most once a second.
-    scans = [
-        statement
-        for statement in idle
-        if statement.lstrip().startswith("SELECT") and "lease_owner IS NOT NULL" in statement
-    ]
+    scans = [sql for operation, sql, _ in idle if operation == "held_leases"]
     assert len(claims) + len(scans) == len(idle), idle
     # One poller at one claim per interval at most (a late poll only makes fewer), never
     # four: upper bounds from the time that actually passed, so load cannot fail them.
@@ -293,12 +292,12 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
     looked = asyncio.Event()
 
     async def after(operation: str, sql: str) -> None:
-        if operation == "claim" and sql.lstrip().upper().startswith("UPDATE"):
+        if operation == "claim" and sql.lstrip().upper().startswith("SELECT"):
             looked.set()
 
     log.after = after
     worker = Worker([engine], interval_s=30, clock=clock)
-    # Its first claim has run and found nothing: the run started next is news to it.
+    # Its first claim has read and found nothing: the run started next is news to it.
     await asyncio.wait_for(looked.wait(), 60)
     await start_pages(engine, 1, pages=1)
     if wakes:
@@ -313,8 +312,18 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
     await worker.finish()
 
 
-async def _claims_seen(statements: list[str], count: int) -> bool:
-    return sum(statement.upper().startswith("UPDATE") for statement in statements) >= count
+def _claims(seen: Sequence[tuple[str, str, Any]]) -> list[str]:
+    """One statement per claim: its read of the run it would get (a claim that finds
+    nothing sends nothing else)."""
+    return [
+        sql
+        for operation, sql, _ in seen
+        if operation == "claim" and sql.lstrip().upper().startswith("SELECT")
+    ]
+
+
+async def _claims_seen(seen: Sequence[tuple[str, str, Any]], count: int) -> bool:
+    return len(_claims(seen)) >= count
 
 
 @pytest.mark.postgres
@@ -350,15 +359,7 @@ def free_port() -> int:
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [str(JOBRUN), "worker", "--app", APP, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_worker(APP, *args)
 
 
 async def lease_held(engine: AsyncEngine, run_id: str) -> bool:
@@ -371,14 +372,9 @@ async def lease_held(engine: AsyncEngine, run_id: str) -> bool:
 
 @SECOND
 async def test_the_command_drains_two_databases_and_stops_on_sigterm(
-    database_url: str,
-    sqlite_template: Path,
-    tmp_path: Path,
-    engines: Callable[[str], AsyncEngine],
+    two_databases: tuple[str, str, AsyncEngine, AsyncEngine],
 ):
-    first_url = sqlite_copy(sqlite_template, tmp_path, "first")
-    second_url = database_url
-    first, other = engines(first_url), engines(second_url)
+    first_url, second_url, first, other = two_databases
     await start_pages(first, 3)
     await start_pages(other, 3)
     port = free_port()

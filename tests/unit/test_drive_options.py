@@ -32,7 +32,8 @@ from jobrun.testing import FakeClock
         ("pass_timeout_s", "5"),
         ("open_scope", "engine"),
         ("driver_name", 7),
-        ("observer", object()),
+        # Named: repr(object()) holds an address, so the id would differ per process.
+        pytest.param("observer", object(), id="'observer'-object()"),
         ("clock", "now"),
         ("random", 0.5),
     ],

@@ -15,11 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobrun._core.formats import (
+    JSON_SCALARS,
     MalformedColumnError,
+    OverCapError,
     add_milliseconds,
     decode_counters,
     decode_json,
     encode_json,
+    encode_json_within,
     format_instant,
     parse_instant,
 )
@@ -136,6 +139,55 @@ def test_encode_json_is_compact_and_keeps_non_ascii() -> None:
     assert encode_json(value) == '{"a":[1,2.5,"é ✓ 日本"],"b":{"c":null,"d":true},"e":-0.0}'
     assert encode_json(10**20) == "100000000000000000000"
     assert encode_json([]) == "[]"
+
+
+scalars = (
+    st.integers()
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.booleans()
+    | st.none()
+)
+
+
+@PROPERTY_SETTINGS
+@given(scalars)
+def test_a_scalar_is_encoded_whole_as_json_writes_it_and_decodes_to_itself(value: Any) -> None:
+    """The step path returns a scalar result as it is instead of decoding its JSON:
+    sound only because the text is json's own and decodes to an equal value, same type."""
+    try:
+        text = encode_json_within(value, 1 << 20)
+    except ValueError:
+        # Only text with a lone surrogate (no UTF-8 for it) is refused, as before.
+        assert isinstance(value, str)
+        with pytest.raises(UnicodeEncodeError):
+            value.encode("utf-8")
+        return
+    assert text == encode_json(value)
+    decoded = json.loads(text)
+    assert type(value) in JSON_SCALARS
+    assert (type(decoded), decoded) == (type(value), value)
+    if type(value) is float:
+        # -0.0 keeps its sign through the text.
+        assert math.copysign(1, decoded) == math.copysign(1, value)
+
+
+def test_a_scalar_over_the_cap_is_refused_by_its_utf8_size() -> None:
+    assert encode_json_within("é" * 4, 10) == '"éééé"'  # 10 bytes of UTF-8
+    with pytest.raises(OverCapError, match="at least 12 bytes"):
+        encode_json_within("é" * 5, 10)
+    with pytest.raises(OverCapError):
+        encode_json_within(10**12, 12)
+    with pytest.raises(ValueError, match="not JSON"):
+        encode_json_within(math.nan, 100)
+
+
+def test_a_scalar_subclass_takes_the_general_path() -> None:
+    class Level(int):
+        pass
+
+    assert type(Level(3)) not in JSON_SCALARS
+    assert encode_json_within(Level(3), 100) == encode_json(Level(3)) == "3"
 
 
 @pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])

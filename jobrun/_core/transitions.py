@@ -1,0 +1,217 @@
+"""A run's state changes, decided here once; the stores only choose rows and apply.
+
+Every change a store makes outside a pass's own fenced writes is built here,
+with no I/O: what a claim writes (a fresh lease, or the takeover of an expired
+or dead holder's lease with its accounting and the text users see in
+``last_error``), and what an operator's cancel, resume and release write.
+
+A claim's new state depends on the row it found, so a store reads the chosen
+row, asks :func:`claim_transition`, and writes the answer fenced on every value
+the decision read (a compare-and-set): if the row changed in between, the write
+applies to nothing and the store looks again. The operators' changes do not
+depend on the row beyond its status, so each is a :class:`RunChange`: the
+values to set and the condition under which they apply, one conditional write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jobrun._core.records import ClaimRequest, JobRunStatus, RunRow
+
+RUNNING = JobRunStatus.RUNNING.value
+FAILED = JobRunStatus.FAILED.value
+
+# The fields a claim writes (and, with status, the values its write is fenced on).
+CLAIM_FIELDS = (
+    "lease_owner",
+    "lease_driver",
+    "lease_began_at",
+    "next_attempt_at",
+    "lease_takeovers",
+    "attempts",
+    "last_error",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PreviousHolder:
+    """Whose lease a claim took over: its token, its driver, when its pass began,
+    and whether it was proven dead (else its lease had expired)."""
+
+    owner: str
+    driver: str | None
+    began_at: str | None
+    died: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What a claim did: the run as written, and the holder it took the run from
+    (``None``: the run was not leased, a fresh claim)."""
+
+    row: RunRow
+    previous: PreviousHolder | None = None
+
+    @property
+    def taken_over(self) -> bool:
+        return self.previous is not None
+
+
+def due_at(row: RunRow) -> str:
+    """When a running run is due: its next attempt (a lease's expiry while leased),
+    else its start."""
+    return row.next_attempt_at or row.started_at
+
+
+def is_orphan(row: RunRow, request: ClaimRequest) -> bool:
+    """Held by a holder proven dead, under a lease that has not expired: claimed
+    first, due or not, and outside per-job limits (it adds no pass in flight)."""
+    return row.lease_owner in request.dead_owners and due_at(row) > request.now_at
+
+
+def takeover_note(previous: PreviousHolder) -> str:
+    """``last_error`` after taking over a pass that had begun."""
+    if previous.died:
+        return f"the driver {previous.driver} died during a pass; the run was taken over at once"
+    return f"the lease of driver {previous.driver} expired during a pass; the run was taken over"
+
+
+def claim_transition(row: RunRow, request: ClaimRequest) -> Claimed:
+    """The run after ``request`` leases it: a fresh lease, and when another
+    driver's lease was still on it, the takeover counted (one more takeover and,
+    if its pass had begun, one attempt charged, with why in ``last_error``)."""
+    leased = replace(
+        row,
+        lease_owner=request.token,
+        lease_driver=request.driver,
+        lease_began_at=request.now_at,
+        next_attempt_at=request.expires_at[(row.module_id, row.job)],
+    )
+    if row.lease_owner is None:
+        return Claimed(leased)
+    previous = PreviousHolder(
+        row.lease_owner,
+        row.lease_driver,
+        row.lease_began_at,
+        died=row.lease_owner in request.dead_owners,
+    )
+    began = previous.began_at is not None
+    claimed = replace(
+        leased,
+        lease_takeovers=row.lease_takeovers + 1,
+        attempts=row.attempts + (1 if began else 0),
+        last_error=takeover_note(previous) if began else row.last_error,
+    )
+    return Claimed(claimed, previous)
+
+
+def takeovers_exceeded_reason(takeovers: int, max_takeovers: int) -> str:
+    """``last_error`` of a run failed because its passes keep outliving their leases."""
+    return (
+        f"the run was taken over {takeovers} times in a row (its passes keep "
+        f"outliving their drivers' leases; the limit is {max_takeovers})"
+    )
+
+
+def in_flight(rows: Iterable[RunRow], now_at: str) -> dict[tuple[str, str], int]:
+    """Per job, its running runs held under a lease that has not expired."""
+    counts: dict[tuple[str, str], int] = {}
+    for row in rows:
+        expires_at = row.next_attempt_at
+        leased = row.lease_owner is not None and expires_at is not None and expires_at > now_at
+        if row.status == RUNNING and leased:
+            counts[(row.module_id, row.job)] = counts.get((row.module_id, row.job), 0) + 1
+    return counts
+
+
+def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | None:
+    """Which of ``rows`` a claim gets, by the rules every store follows: an orphan
+    first; else the due run first in order (highest ``priority``, then due
+    instant, then id) among jobs below their ``max_concurrent`` and not in
+    ``skip_ids``."""
+    wanted = [
+        row
+        for row in rows
+        if row.status == RUNNING and (row.module_id, row.job) in request.expires_at
+    ]
+    orphans = [row for row in wanted if is_orphan(row, request)]
+    if orphans:
+        return orphans[0]
+    leased = in_flight(rows, request.now_at)
+    full = {job for job, most in request.max_concurrent.items() if leased.get(job, 0) >= most}
+    due = [
+        row
+        for row in wanted
+        if due_at(row) <= request.now_at
+        and (row.module_id, row.job) not in full
+        and row.id not in request.skip_ids
+    ]
+    return min(due, key=lambda row: (-row.priority, due_at(row), row.id), default=None)
+
+
+Value = str | int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunChange:
+    """A conditional write: ``values`` (column, value) apply to a run whose status
+    is ``status`` and, when ``leased``, that holds a lease; to no other."""
+
+    status: str
+    values: tuple[tuple[str, Value], ...]
+    leased: bool = False
+
+    def applies_to(self, row: RunRow) -> bool:
+        return row.status == self.status and (not self.leased or row.lease_owner is not None)
+
+    def applied(self, row: RunRow) -> RunRow:
+        values: dict[str, Any] = dict(self.values)
+        return replace(row, **values)
+
+
+_UNLEASED: tuple[tuple[str, Value], ...] = (
+    ("next_attempt_at", None),
+    ("lease_owner", None),
+    ("lease_driver", None),
+    ("lease_began_at", None),
+)
+
+
+def cancel_transition(reason: str, at: str) -> RunChange:
+    """A running run fails now with ``reason``; its lease goes, so the holder's next
+    write is refused (its ledger is kept for a resume)."""
+    return RunChange(
+        RUNNING,
+        (
+            ("status", FAILED),
+            ("last_error", reason),
+            ("updated_at", at),
+            ("ended_at", at),
+            *_UNLEASED,
+        ),
+    )
+
+
+def resume_transition(at: str, counters: str | None = None) -> RunChange:
+    """A failed run runs again, due at once, with no attempts or takeovers counted;
+    ``counters`` (when given) replace the stored ones. The store also gives the
+    failed ledger rows their attempts back."""
+    values: tuple[tuple[str, Value], ...] = (
+        ("status", RUNNING),
+        ("attempts", 0),
+        ("lease_takeovers", 0),
+        ("updated_at", at),
+        ("ended_at", None),
+        *_UNLEASED,
+    )
+    if counters is not None:
+        values += (("counters", counters),)
+    return RunChange(FAILED, values)
+
+
+def release_transition() -> RunChange:
+    """A held lease is cleared by hand: the run is due at once, nothing charged."""
+    return RunChange(RUNNING, _UNLEASED, leased=True)
