@@ -18,6 +18,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -26,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun.testing import FakeClock, MemoryJobRunStore
-from tests.support import IN_CI, SQL_BACKENDS, run_in_thread
+from tests.support import CRASH_SEED, IN_CI, SQL_BACKENDS, run_in_thread
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL")
 TEMPLATE = f"jobrun_template_{os.getpid()}"
@@ -41,9 +42,24 @@ hypothesis_settings.load_profile(
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    return _randomness()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    # Under CI the seeds close the report too: ``-q`` drops the header.
+    if IN_CI:
+        terminalreporter.write_line(_randomness())
+
+
+def _randomness() -> str:
     profile = hypothesis_settings.get_current_profile_name()
-    crash_seed = os.environ.get("JOBRUN_CRASH_SEED") or ("fixed (CI)" if IN_CI else "drawn per run")
-    return f"jobrun: hypothesis profile {profile!r}; kill -9 suite seed {crash_seed}"
+    crash_seed = f"{CRASH_SEED} ({'fixed under CI' if IN_CI else 'drawn this session'})"
+    if os.environ.get("JOBRUN_CRASH_SEED"):
+        crash_seed = f"{CRASH_SEED} (JOBRUN_CRASH_SEED)"
+    return (
+        f"jobrun: hypothesis profile {profile!r}; kill -9 suite seed {crash_seed}; "
+        "race and fault suites: seeds fixed in code"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

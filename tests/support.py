@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import queue
+import random
 import signal
 import subprocess
 import sys
@@ -55,6 +56,15 @@ def run_in_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to completion on a private loop, from sync or async code alike."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(lambda: asyncio.run(make())).result()
+
+
+# The kill -9 suite's schedule: JOBRUN_CRASH_SEED if set, else fixed under CI (so CI
+# replays one schedule), else drawn once per session. The report header shows it.
+CI_CRASH_SEED = 20261201
+CRASH_SEED = int(
+    os.environ.get("JOBRUN_CRASH_SEED")
+    or (CI_CRASH_SEED if os.environ.get("CI") else random.SystemRandom().randrange(2**32))
+)
 
 
 def fixed_random() -> float:

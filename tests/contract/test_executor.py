@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,8 @@ async def test_sqlite_a_transaction_cancelled_mid_statement_is_rolled_back(
         # The store's BEGIN IMMEDIATE now waits in aiosqlite's thread for the lock.
         task = asyncio.create_task(jobrun.resume_job_run(store, run.id, clock=clock))
         await asyncio.wait_for(sent.wait(), 10)
+        # asyncio.sleep: most likely puts the cancel mid-wait (SQLite cannot show a waiter),
+        # but the outcome asserted below is the same whenever the cancel lands.
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -198,9 +201,11 @@ async def test_postgres_a_step_write_cancelled_mid_statement_leaves_nothing_open
     try:
         task = asyncio.create_task(drive(store, registry, clock))
         await asyncio.wait_for(sent.wait(), 10)
-        await asyncio.sleep(0.2)
+        # The step write is mid-statement once the server shows it waiting on the lock.
+        await until_lock_waiters(admin, present=True)
         task.cancel()
-        await asyncio.sleep(0.1)
+        # And the cancel has reached the server once it waits no more.
+        await until_lock_waiters(admin, present=False)
         # Released before awaiting the task: its lease hand-back needs the row too.
         await locker.rollback()
         with pytest.raises(asyncio.CancelledError):
@@ -216,6 +221,20 @@ async def test_postgres_a_step_write_cancelled_mid_statement_leaves_nothing_open
     # The pool hands out healthy connections; the run goes on.
     assert (await row_of(store, run.id)).lease_owner is None
     assert (await drive(store, registry, clock)).advanced == 1
+
+
+async def until_lock_waiters(admin: Any, *, present: bool) -> None:
+    """Poll until some statement does (or none does) wait on a row lock; 60 s bounds a hang."""
+    deadline = time.monotonic() + 60
+    while True:
+        waiting = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        if (waiting > 0) == present:
+            return
+        assert time.monotonic() < deadline, f"lock waiters present={not present} for 60 s"
+        await asyncio.sleep(0.01)  # a poll interval, not a wait for the event
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS)

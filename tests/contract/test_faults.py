@@ -565,6 +565,7 @@ class SlowReplies:
         async def slow(*args: Any) -> Any:
             result = await attribute(*args)
             self.acted.set()
+            # sleep: the injected slowness after the store acted
             await asyncio.sleep(self._delay_s)
             return result
 
@@ -702,6 +703,7 @@ async def test_drives_cancelled_at_random_moments_never_lose_or_undo_work(
     stats: collections.Counter[str] = collections.Counter()
     for _ in range(400):
         task = asyncio.create_task(drive(store, registry, clock, max_passes=3, limit=2))
+        # sleep: a seeded random moment for the cancel to land
         await asyncio.sleep(rng.uniform(0, 0.025))
         task.cancel()
         try:

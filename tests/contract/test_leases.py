@@ -943,6 +943,7 @@ class _SlowClaimReply:
         claimed = await self.inner.claim(request)
         if claimed is not None:
             self.claimed.set()
+        # sleep: the reply's delay: the cancel lands while it is on its way
         await asyncio.sleep(0.05)
         return claimed
 

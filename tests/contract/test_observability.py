@@ -240,6 +240,7 @@ async def test_a_cancelled_pass_ends_interrupted():
     async def handler(p: jobrun.JobPass) -> None:
         async def forever() -> None:
             entered.set()
+            # sleep: a step that never ends on its own: the test cancels it
             await asyncio.sleep(3600)
 
         await p.step("wait", forever)

@@ -319,6 +319,7 @@ async def test_sync_and_async_handlers_both_work(store: Any, clock: FakeClock) -
         return {"cursor": "from-sync", "done": True}
 
     async def async_handler(p: jobrun.JobPass) -> dict[str, Any]:
+        # sleep: a real suspension, so the handler is truly async
         await asyncio.sleep(0)
         p.count("async")
         return {"cursor": "from-async", "done": True}
@@ -449,6 +450,7 @@ async def test_scope_is_opened_lazily_once_per_pass_with_the_run_key(
         return {"scope-for": run.id}
 
     async def open_async(run: Any) -> dict[str, Any]:
+        # sleep: a real suspension, so the scope opener is truly async
         await asyncio.sleep(0)
         return open_sync(run)
 

@@ -161,6 +161,7 @@ async def test_no_task_of_a_drive_outlives_it(store, clock, max_passes, ending):
     assert left == set(), f"tasks outlived run_due_jobs: {left}"
     # Belt and braces: nothing renews later either (a leftover renewer sleeps 25 ms).
     sent = counting.count("extend_lease")
+    # sleep: a look for a renewal that must not come (load cannot fake one)
     await asyncio.sleep(0.1)
     assert counting.count("extend_lease") == sent, "a renewal was sent after run_due_jobs returned"
 

@@ -53,6 +53,7 @@ def _completing_registry(rng: random.Random) -> jobrun.JobRegistry:
 
     @registry.job(MODULE, JOB)
     async def complete(p: jobrun.JobPass) -> jobrun.PassResult:
+        # sleep: seeded jitter: passes end in varied orders
         await asyncio.sleep(rng.uniform(0, 0.004))
         return jobrun.PassResult(done=True)
 
@@ -92,6 +93,7 @@ async def test_a_start_racing_the_completing_pass_tasks(database_url: str) -> No
             old_id = current.id
 
             async def start_later() -> jobrun.JobRun:
+                # sleep: seeded jitter: starts land at varied points of the pass
                 await asyncio.sleep(rng.uniform(0, 0.01))
                 return await jobrun.start_job_run(starter_store, **KEY)
 
@@ -128,10 +130,12 @@ async def _race_role(role: str, url: str, barrier: Any, results: Any, seed: int)
             await asyncio.to_thread(barrier.wait, TIMEOUT)
             try:
                 if role == "driver":
+                    # sleep: seeded jitter between the racing roles
                     await asyncio.sleep(rng.uniform(0, 0.004))
                     report = await jobrun.run_due_jobs(store, registry, limit=1)
                     results.put((round_, role, report.completed, None))
                 else:
+                    # sleep: seeded jitter between the racing roles
                     await asyncio.sleep(rng.uniform(0, 0.012))
                     run = await jobrun.start_job_run(store, **KEY)
                     results.put((round_, role, (run.id, run.status), None))
@@ -278,8 +282,10 @@ class Walker:
                     if self.blocking:
                         time.sleep(self.slow_s)  # noqa: ASYNC251 - the point: starve the loop
                     else:
+                        # sleep: the slow step, on the loop (the other case blocks it)
                         await asyncio.sleep(self.slow_s)
                 else:
+                    # sleep: a short step, so passes interleave
                     await asyncio.sleep(0.001)
                 execution.ended = time.time()
                 return [execution.driver, execution.began]
@@ -325,6 +331,7 @@ async def drive_until_all_done(
         if not await jobrun.job_runs(store, status="running", limit=1):
             return
         if report.attempted == 0:
+            # sleep: a poll interval; TIMEOUT only bounds a hang
             await asyncio.sleep(0.01)
     raise AssertionError(f"driver {driver} gave up: runs still running after {TIMEOUT} s")
 
@@ -342,6 +349,7 @@ class CursorWatch:
     async def watch(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.poll()
+            # sleep: a poll interval of the watcher
             await asyncio.sleep(0.01)
         await self.poll()
 
@@ -559,17 +567,19 @@ async def test_prune_blocked_behind_a_resume_deletes_nothing_and_counts_nothing(
                 jobrun.prune_job_runs(store, older_than=timedelta(0), statuses=("failed",))
             )
             async with engine.connect() as watcher:
-                for _ in range(500):
-                    waiting = await watcher.scalar(
-                        text(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                            "'Lock' AND query LIKE 'DELETE FROM _substrat_job_runs%'"
-                        )
+                # Until prune's delete waits on the row; 60 s only bounds a hang (a count
+                # of polls was once too few on a loaded machine).
+                deadline = time.monotonic() + 60
+                while not await watcher.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                        "'Lock' AND query LIKE 'DELETE FROM _substrat_job_runs%'"
                     )
-                    if waiting:
-                        break
+                ):
+                    assert not pruning.done(), f"prune ended without waiting: {pruning}"
+                    assert time.monotonic() < deadline, "prune never waited on the resumed row"
+                    # sleep: a poll interval; the deadline only bounds a hang
                     await asyncio.sleep(0.02)
-                assert waiting, "prune never waited on the resumed row"
             await resumer.commit()
         assert await asyncio.wait_for(pruning, 30) == 0, "prune counted a deletion it did not make"
         row = await store.get(run_id)
@@ -647,6 +657,7 @@ async def test_run_worker_makes_progress_on_a_pool_of_one(backend: str, database
             for _ in range(600):
                 if len(await jobrun.job_runs(store, status="done", limit=500)) == 20:
                     break
+                # sleep: a poll interval; the loop count only bounds a hang
                 await asyncio.sleep(0.1)
         finally:
             stop.set()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,13 @@ from jobrun.sql.executor import _sqlite_connections
 BUSY_TIMEOUT_MS = 4321  # distinct from the driver's default (5000) and jobrun's (30000)
 KEY = {"module_id": "@test/jobs", "job": "walk"}
 
-# Another process takes SQLite's write lock, says so, holds it, then commits.
+# Another process takes SQLite's write lock, says so, holds it until told, then commits.
 HOLD_LOCK = """
-import sqlite3, sys, time
+import sqlite3, sys
 connection = sqlite3.connect(sys.argv[1], isolation_level=None)
 connection.execute("BEGIN IMMEDIATE")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()
 connection.execute("COMMIT")
 connection.close()
 """
@@ -83,46 +82,51 @@ async def test_every_new_connection_is_set_up_too(sqlite_url: str) -> None:
 
 
 async def _start_while_another_process_holds_the_lock(
-    sqlite_url: str, busy_timeout_ms: int, hold_seconds: float
-) -> float:
-    """Start a run while another process holds the write lock; return how long it took."""
+    sqlite_url: str, busy_timeout_ms: int, look_s: float, *, set_up_first: bool = True
+) -> bool:
+    """Start a run while another process holds the write lock, which it lets go once the
+    start has ended or ``look_s`` seconds have passed; say whether the start was still
+    waiting then. The start's own outcome (a run, or the store's error) propagates."""
     path = make_url(sqlite_url).database
     assert path is not None
     engine = create_async_engine(sqlite_url)
     try:
         store = jobrun.SqlJobRunStore(engine, sqlite_busy_timeout_ms=busy_timeout_ms)
-        # Set up (WAL, schema check) before the other process arrives.
-        assert await jobrun.get_job_run(store, "0" * 26) is None
+        if set_up_first:
+            # Set up (WAL, schema check) before the other process arrives.
+            assert await jobrun.get_job_run(store, "0" * 26) is None
         holder = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
             HOLD_LOCK,
             path,
-            str(hold_seconds),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
         try:
+            assert holder.stdin is not None
             assert holder.stdout is not None
             line = await asyncio.wait_for(holder.stdout.readline(), timeout=30)
             assert line == b"locked\n"
-            began = time.monotonic()
-            try:
-                await jobrun.start_job_run(store, **KEY)
-            finally:
-                waited = time.monotonic() - began
+            starting = asyncio.create_task(jobrun.start_job_run(store, **KEY))
+            # A look, not a pass condition: load only makes the start wait longer.
+            ended, _ = await asyncio.wait({starting}, timeout=look_s)
+            holder.stdin.write(b"release\n")
+            await holder.stdin.drain()
+            await starting
         finally:
+            if holder.returncode is None and holder.stdin is not None:
+                holder.stdin.close()
             assert await asyncio.wait_for(holder.wait(), timeout=30) == 0
-        return waited
+        return not ended
     finally:
         await engine.dispose()
 
 
 async def test_a_writer_in_another_process_makes_jobrun_wait_not_fail(sqlite_url: str) -> None:
-    hold = 0.5
-    waited = await _start_while_another_process_holds_the_lock(sqlite_url, 10_000, hold)
-    # It did meet the lock (so it waited), and got through once the lock was let go.
-    assert waited >= hold / 2
-    assert waited < 10
+    # Half a second into a 10 s busy timeout the start still waits for the lock, and
+    # gets through once the lock is let go.
+    assert await _start_while_another_process_holds_the_lock(sqlite_url, 10_000, look_s=0.5)
     engine = create_async_engine(sqlite_url)
     try:
         runs = await jobrun.job_runs(jobrun.SqlJobRunStore(engine), **KEY)
@@ -131,10 +135,34 @@ async def test_a_writer_in_another_process_makes_jobrun_wait_not_fail(sqlite_url
         await engine.dispose()
 
 
+async def test_a_first_connection_that_meets_a_writer_while_switching_to_wal_waits(
+    sqlite_url: str,
+) -> None:
+    # The migrated file is still in rollback-journal mode: the store's first connection
+    # switches it to WAL. SQLite refuses that switch at once, busy timeout or not, while
+    # another connection holds the write lock; the store waits for the lock instead.
+    path = make_url(sqlite_url).database
+    assert path is not None
+    assert _journal_mode(path) == "delete"
+    assert await _start_while_another_process_holds_the_lock(
+        sqlite_url, 10_000, look_s=0.5, set_up_first=False
+    )
+    assert _journal_mode(path) == "wal"
+
+
+def _journal_mode(path: str) -> str:
+    connection = sqlite3.connect(path)
+    try:
+        return str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+    finally:
+        connection.close()
+
+
 async def test_the_configured_timeout_is_the_one_that_applies(sqlite_url: str) -> None:
-    # The same lock with a timeout far shorter than the hold: the store gives up.
+    # The same lock, held until the start ends (60 s only bounds a hang), with a 50 ms
+    # timeout: the store gives up.
     with pytest.raises(jobrun.StoreError, match="database is locked"):
-        await _start_while_another_process_holds_the_lock(sqlite_url, 50, hold_seconds=1.0)
+        await _start_while_another_process_holds_the_lock(sqlite_url, 50, look_s=60)
 
 
 async def test_a_read_only_file_not_in_wal_mode_can_still_be_read(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ async def main(args: argparse.Namespace) -> None:
             )
         if args.sleep_s and step == args.sleep_step and args.sleep_pass in (0, pass_no):
             emit("sleep", run=run_id, pass_no=pass_no, step=step, driver=driver)
+            # sleep: a step that takes this long: the lease must outlast it
             await asyncio.sleep(args.sleep_s)
         return {"driver": driver, "pass": pass_no}
 
@@ -125,6 +126,7 @@ async def main(args: argparse.Namespace) -> None:
                 continue
             if not await jobrun.job_runs(store, status="running", limit=1):
                 return
+            # sleep: a poll interval between looks for due runs
             await asyncio.sleep(args.poll_s)
         emit("deadline", driver=name)
 

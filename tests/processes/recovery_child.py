@@ -51,6 +51,7 @@ async def main(args: argparse.Namespace) -> None:
         async def body(step: str) -> int:
             emit("body", run=p.run.id, pass_no=pass_no, step=step, name=args.name)
             if pass_no == 1 and step == args.hang_step:
+                # sleep: a hung step body: only a kill or a cancel ends it
                 await asyncio.sleep(3600)
             return pass_no
 
@@ -70,6 +71,7 @@ async def main(args: argparse.Namespace) -> None:
             if not report.attempted:
                 if args.until_done and not await jobrun.job_runs(store, status="running"):
                     break
+                # sleep: a poll interval between looks for due runs
                 await asyncio.sleep(0.02)
         emit("report", name=args.name, **totals)
     finally:

@@ -34,6 +34,7 @@ async def limited(p: jobrun.JobPass) -> jobrun.PassResult:
     in_flight += 1
     most_in_flight = max(most_in_flight, in_flight)
     try:
+        # sleep: the pass's work, long enough for passes to overlap
         await asyncio.sleep(p.payload["sleep_s"])
     finally:
         in_flight -= 1

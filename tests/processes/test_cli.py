@@ -95,6 +95,7 @@ async def drive_to_end(store: jobrun.SqlJobRunStore, run_id: str, pause_s: float
         if run.status != "running":
             return
         await jobrun.run_due_jobs(store, registry, max_passes=1)
+        # sleep: pacing, so the watch sees several changes; no assertion depends on it
         await asyncio.sleep(pause_s)
 
 

@@ -22,8 +22,9 @@ promises:
 
 Environment:
 
-* ``JOBRUN_CRASH_SEED`` forces the schedule's seed (the seed used is printed); under CI
-  (``CI`` set) the seed is fixed, so CI replays the same schedule every run.
+* ``JOBRUN_CRASH_SEED`` forces the schedule's seed (the pytest header and the test's
+  output name the seed used); under CI (``CI`` set) the seed is fixed, so CI replays
+  the same schedule every run.
 * ``JOBRUN_CRASH_KILLS`` sets the number of kills per backend (default 50, for CI).
   By hand, for a longer soak: ``JOBRUN_CRASH_KILLS=1000 .venv/bin/pytest
   tests/processes/test_crash.py -m slow -s --timeout 0`` (the walk grows with the kills).
@@ -49,15 +50,13 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from tests.support import SQL_BACKENDS
+from tests.support import CRASH_SEED, SQL_BACKENDS
 
 sys.path.insert(0, str(Path(__file__).parent))
 from crash_child import JOB, KINDS, MODULE_ID, sink, sink_metadata
 
 CHILD = Path(__file__).with_name("crash_child.py")
 KILLS = int(os.environ.get("JOBRUN_CRASH_KILLS", "50"))
-SEED_TEXT = os.environ.get("JOBRUN_CRASH_SEED")
-CI_CRASH_SEED = 20261201
 PAGE_SIZE = 12
 STEPS_PER_PASS = 4
 # Enough pages that the planned kills are spent long before the walk ends. A
@@ -207,13 +206,8 @@ async def test_walk_survives_kill_9(
     cost a minute): every restart takes the run over because the killed child is
     proven dead."""
     lease_ms = LEASE_MS if lease == "short" else None
-    # CI replays one fixed schedule; a local run draws a new one each time.
-    if SEED_TEXT:
-        seed = int(SEED_TEXT)
-    elif os.environ.get("CI"):
-        seed = CI_CRASH_SEED
-    else:
-        seed = random.SystemRandom().randrange(2**32)
+    # CI replays one fixed schedule; a local session draws a new one (see tests.support).
+    seed = CRASH_SEED
     replay = f"seed {seed} (replay with JOBRUN_CRASH_SEED={seed} JOBRUN_CRASH_KILLS={KILLS})"
     print(f"\n[{backend}, {lease} lease] kill -9 suite: {KILLS} kills, {OBJECTS} objects, {replay}")
     notes: list[str] = []

@@ -74,6 +74,7 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 20) -> 
         found = condition()
         if found:
             return found
+        # sleep: a poll interval; the deadline only bounds a hang
         time.sleep(0.02)
     pytest.fail(f"timed out after {timeout} s waiting until {what}")
 

@@ -82,6 +82,7 @@ def wait_for_end(client: TestClient, run_id: str, timeout_s: float = 60) -> dict
         shown: dict[str, Any] = client.get(f"/runs/{run_id}").json()
         if shown["status"] != "running":
             return shown
+        # sleep: a poll interval; the deadline only bounds a hang
         time.sleep(0.05)
     pytest.fail(f"run {run_id} was still running after {timeout_s} s")
 
@@ -154,6 +155,7 @@ def test_the_asyncio_program_stops_on_sigterm_and_resumes(tmp_path: Path) -> Non
         while not any(run.cursor for run in runs_so_far(url)):
             assert program.poll() is None, "the program ended before any pass committed"
             assert time.monotonic() < deadline, "no pass committed within 60 s"
+            # sleep: a poll interval; the deadline only bounds a hang
             time.sleep(0.05)
         program.send_signal(signal.SIGTERM)
         output, _ = program.communicate(timeout=60)
@@ -273,6 +275,7 @@ def test_the_tutorial_program_survives_kill_9(tmp_path: Path) -> None:
             while not any((run.cursor or 0) >= 2 for run in runs_so_far(url)):
                 assert first.poll() is None, "the tutorial ended before it could be killed"
                 assert time.monotonic() < deadline, "no page committed within 60 s"
+                # sleep: a poll interval; the deadline only bounds a hang
                 time.sleep(0.05)
             first.send_signal(signal.SIGKILL)
         finally:

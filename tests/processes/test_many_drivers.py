@@ -230,6 +230,7 @@ async def test_a_killed_drivers_runs_are_taken_over_at_once_and_finish(
     deadline = time.monotonic() + 30
     while len(await jobrun.job_runs(store, status="done", limit=500)) < len(more_runs):
         assert time.monotonic() < deadline, "the survivor did not drain the free runs"
+        # sleep: a poll interval; the deadline only bounds a hang
         await asyncio.sleep(0.05)
     for run_id in victim_runs:
         row = await store.get(run_id)

@@ -30,7 +30,7 @@ from tests.support import SQL_BACKENDS, hand_made_row, put_rows, spawn_worker
 
 APP = "tests.processes.schedule_app:registry"
 WORKERS = 3
-WATCH_S = 10.0
+SLOTS = 4  # about eight seconds of three workers racing for each two-second slot
 
 
 def spawn(url: str) -> subprocess.Popen[str]:
@@ -44,6 +44,13 @@ def started(process: subprocess.Popen[str]) -> None:
         assert line, "the worker exited before it started"
 
 
+async def until_slots(store: jobrun.SqlJobRunStore, count: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(await jobrun.job_runs(store, job="every2s", limit=500)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} slots in {timeout_s} s"
+        await asyncio.sleep(0.1)  # a poll interval, not a wait for the event
+
+
 @pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
 async def test_three_workers_start_each_slot_once_and_only_once(
     database_url: str, store: jobrun.SqlJobRunStore, engine: AsyncEngine
@@ -52,7 +59,8 @@ async def test_three_workers_start_each_slot_once_and_only_once(
     try:
         for process in workers:
             await asyncio.wait_for(asyncio.to_thread(started, process), 60)
-        await asyncio.sleep(WATCH_S)
+        # Until the schedule has made that many slots' runs; 120 s only bounds a hang.
+        await until_slots(store, SLOTS, timeout_s=120)
     finally:
         for process in workers:
             process.send_signal(signal.SIGTERM)
@@ -63,7 +71,7 @@ async def test_three_workers_start_each_slot_once_and_only_once(
     slots = sorted(parse_instant(run.instance) for run in runs)
     # One run per slot: no slot twice, and none skipped between the first and the last.
     assert len(slots) == len(set(slots))
-    assert len(slots) >= WATCH_S / 2 - 1
+    assert len(slots) >= SLOTS
     assert all(later - earlier == timedelta(seconds=2) for earlier, later in pairwise(slots))
     assert all(slot.second % 2 == 0 and slot.microsecond == 0 for slot in slots)
     assert {run.payload["from"] for run in runs} == {"schedule"}
@@ -103,6 +111,7 @@ async def test_a_limited_job_never_exceeds_its_limit_with_twelve_drivers(
             leased_counts.append(sum(run.lease_driver is not None for run in runs))
             if not runs:
                 stop.set()
+            # sleep: a poll interval of the watcher
             await asyncio.sleep(0.02)
 
     worker = asyncio.create_task(
@@ -180,6 +189,7 @@ async def test_the_worker_prunes_at_start(store: jobrun.SqlJobRunStore, engine: 
     deadline = time.monotonic() + 10
     while await store.get(old.id) is not None:
         assert time.monotonic() < deadline, "not pruned"
+        # sleep: a poll interval; the deadline only bounds a hang
         await asyncio.sleep(0.05)
     stop.set()
     await asyncio.wait_for(worker, 10)

@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun.worker
 from jobrun.sql.schema import job_runs
+from jobrun.testing import FakeClock
 from tests.processes import worker_app
 from tests.support import log_worker_statements, spawn_worker
 
@@ -80,6 +82,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10
     while not await check():
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {timeout_s} s")
+        # sleep: a poll interval; the deadline only bounds a hang
         await asyncio.sleep(0.05)
 
 
@@ -254,6 +257,7 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     began = time.monotonic()
     # At least a few polls, however slowly a loaded machine runs them.
     await eventually(lambda: _claims_seen(log.seen[before:], 4), timeout_s=60)
+    # sleep: an idle window to count polls in; the bounds use the time that passed
     await asyncio.sleep(0.5)
     elapsed_s = time.monotonic() - began
     idle = log.seen[before:]
@@ -280,25 +284,32 @@ async def test_an_idle_database_costs_one_claim_per_interval(
 async def test_a_new_run_wakes_an_idle_worker_on_postgres(
     engine: AsyncEngine, wakes: bool, monkeypatch: pytest.MonkeyPatch
 ):
-    # The first idle wait is already 10 s, so only a notification can explain a quick start.
-    monkeypatch.setattr(jobrun.worker, "FIRST_IDLE_DELAY_S", 10.0)
+    # The worker's idle waits are on a test clock that moves only when told (set a
+    # minute ahead, so runs started now are due to it): while it stands still, only
+    # a notification can make the worker look again.
+    clock = FakeClock(datetime.now(UTC) + timedelta(minutes=1))
     log = log_worker_statements(monkeypatch)
-    worker = Worker([engine], interval_s=30)
-    await eventually(lambda: _claims_seen(log.seen, 1))
-    await asyncio.sleep(0.5)
-    began = time.monotonic()
+    looked = asyncio.Event()
+
+    async def after(operation: str, sql: str) -> None:
+        if operation == "claim" and sql.lstrip().upper().startswith("SELECT"):
+            looked.set()
+
+    log.after = after
+    worker = Worker([engine], interval_s=30, clock=clock)
+    # Its first claim has read and found nothing: the run started next is news to it.
+    await asyncio.wait_for(looked.wait(), 60)
     await start_pages(engine, 1, pages=1)
-    try:
-        await eventually(lambda: all_done(engine), timeout_s=3)
-        picked_up_in = time.monotonic() - began
-    except AssertionError:
-        picked_up_in = None
-    await worker.finish()
     if wakes:
-        assert picked_up_in is not None
-        assert picked_up_in < 3
+        # The deadline only bounds a hang: the clock never moved, so this was the NOTIFY.
+        await eventually(lambda: all_done(engine), timeout_s=60)
     else:
-        assert picked_up_in is None, "without NOTIFY the run waits for the next poll"
+        # asyncio.sleep: a look for a wake-up that must not come (load cannot fake one).
+        await asyncio.sleep(0.5)
+        assert not await all_done(engine), "without NOTIFY the run waits for the next poll"
+        clock.advance(seconds=30)
+        await eventually(lambda: all_done(engine), timeout_s=60)
+    await worker.finish()
 
 
 def _claims(seen: Sequence[tuple[str, str, Any]]) -> list[str]:
@@ -409,6 +420,7 @@ async def test_a_second_sigterm_cancels_the_pass_and_hands_its_lease_back(
     try:
         await eventually(lambda: lease_held(engine, slow.id), timeout_s=10)
         process.send_signal(signal.SIGTERM)
+        # sleep: a look for an exit that must not come yet (load cannot fake one)
         await asyncio.sleep(0.3)
         assert process.poll() is None, "the first signal lets the pass finish"
         process.send_signal(signal.SIGTERM)

@@ -29,6 +29,7 @@ async def pages(p: jobrun.JobPass) -> jobrun.PassResult:
 @registry.job("demo", "slow")
 async def slow(p: jobrun.JobPass) -> jobrun.PassResult:
     async def nap() -> str:
+        # sleep: the step's work, as long as the test asks
         await asyncio.sleep(p.payload["sleep_s"])
         return "rested"
 
@@ -42,6 +43,7 @@ async def concurrent(p: jobrun.JobPass) -> dict[str, Any]:
     in_flight += 1
     most_in_flight = max(most_in_flight, in_flight)
     try:
+        # sleep: the pass's work, long enough for passes to overlap
         await asyncio.sleep(p.payload.get("sleep_s", 0.1))
     finally:
         in_flight -= 1

@@ -198,6 +198,7 @@ def zombie() -> Iterator[int]:
             state = Path(f"/proc/{child.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1]
             if state.split()[0] == "Z":
                 break
+            # sleep: a poll interval; the loop count only bounds a hang
             time.sleep(0.01)
         else:
             raise AssertionError("the child never exited")
@@ -305,6 +306,7 @@ async def test_losing_the_lease_twice_still_ends_the_pass_as_lost_not_cancelled(
         async with keeper:
             keeper.lose()
             keeper.lose()
+            # sleep: a suspension point inside the lost pass
             await asyncio.sleep(0)
             reached.append("after the loss")
 
@@ -326,6 +328,7 @@ async def test_a_pass_begun_under_a_pending_cancellation_still_ends_as_lost() ->
     task.cancel()
     # Caught, not uncancelled: the task carries one cancellation from before the pass.
     with contextlib.suppress(asyncio.CancelledError):
+        # sleep: a suspension point where the pending cancellation lands
         await asyncio.sleep(0)
     assert task.cancelling() == 1
     keeper = _keeper()
@@ -333,6 +336,7 @@ async def test_a_pass_begun_under_a_pending_cancellation_still_ends_as_lost() ->
     async def losing_pass() -> None:
         async with keeper:
             keeper.lose()
+            # sleep: a suspension point inside the lost pass
             await asyncio.sleep(0)
 
     try:

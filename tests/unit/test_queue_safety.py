@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import time
 import uuid
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
@@ -286,11 +285,9 @@ def test_one_level_past_the_limit_is_refused() -> None:
     assert "deep" in refusal(value).errors[0]["message"]
 
 
-def test_a_million_ints_pass_in_reasonable_time() -> None:
-    value = list(range(1_000_000))
-    started = time.perf_counter()
-    jobrun.assert_queue_safe(value, "payload")
-    assert time.perf_counter() - started < 10
+def test_a_million_ints_pass() -> None:
+    # How fast is a benchmark's question; the per-test timeout only bounds a hang.
+    jobrun.assert_queue_safe(list(range(1_000_000)), "payload")
 
 
 def test_a_million_ints_with_one_bad_value_at_the_end() -> None:
@@ -304,9 +301,8 @@ def test_shared_sub_objects_are_not_walked_once_per_path() -> None:
     value: list[Any] = []
     for _ in range(200):
         value = [value, value]
-    started = time.perf_counter()
+    # A walk per path would never end; the per-test timeout turns that hang into a failure.
     jobrun.assert_queue_safe(value, "payload")
-    assert time.perf_counter() - started < 5
 
     poisoned: list[Any] = [b"bad"]
     for _ in range(200):
