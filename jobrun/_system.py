@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -60,3 +61,58 @@ system_random: Callable[[], float] = random.random
 
 # The process's one minter: one sequence per process keeps ids minted here in order.
 mint_run_id = UlidMint(lambda: time.time_ns() // 1_000_000, os.urandom)
+
+
+def monotonic_s() -> float:
+    """Seconds on this process's monotonic clock (rate limits that follow real time)."""
+    return time.monotonic()
+
+
+# --- This process and its neighbours, as the proof of a holder's death needs them ------
+
+
+def read_text(path: str) -> str | None:
+    """A small kernel file's text (``/proc``, ``/sys``); ``None`` where it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as source:
+            return source.read().strip()
+    except OSError:
+        return None
+
+
+def stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 on (state first); the command name may hold spaces."""
+    text = read_text(f"/proc/{pid}/stat")
+    if text is None or ")" not in text:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def pid_namespace() -> str | None:
+    """The inode of this process's pid namespace (which process table its pids index)."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    found = re.fullmatch(r"pid:\[(\d+)\]", link)
+    return found.group(1) if found else None
+
+
+def host_name() -> str:
+    return os.uname().nodename
+
+
+def current_pid() -> int:
+    return os.getpid()
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` names a process now (zombies included); signal 0 checks only that,
+    and works where ``/proc`` hides other users' processes."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, but belongs to someone else
+    return True

@@ -22,9 +22,10 @@ free for operators to read; only the bracket at its very end is parsed.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
+
+from jobrun import _system
 
 _BRACKET = re.compile(r" \[jobrun ([^\[\]]*)\]\Z")
 _FIELD = re.compile(r"(host|boot|pidns|pid|start|presence)=(\S+)")
@@ -83,47 +84,22 @@ def parse_holder(lease_driver: str | None) -> HolderIdentity | None:
         return None
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as source:
-            return source.read().strip()
-    except OSError:
-        return None
-
-
-def _stat_fields(pid: int | str) -> list[str] | None:
-    """``/proc/<pid>/stat`` from field 3 on (state first); the command name may hold spaces."""
-    text = _read(f"/proc/{pid}/stat")
-    if text is None or ")" not in text:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def _pid_namespace() -> str | None:
-    try:
-        link = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-    found = re.fullmatch(r"pid:\[(\d+)\]", link)
-    return found.group(1) if found else None
-
-
 _local: tuple[int, HolderIdentity] | None = None
 
 
 def local_identity() -> HolderIdentity:
     """This process's identity (learnt once per pid, so a forked child learns its own)."""
     global _local
-    pid = os.getpid()
+    pid = _system.current_pid()
     if _local is None or _local[0] != pid:
-        fields = _stat_fields("self")
+        fields = _system.stat_fields("self")
         start = fields[19] if fields is not None and len(fields) > 19 else None
         _local = (
             pid,
             HolderIdentity(
-                host=os.uname().nodename,
-                boot=_read("/proc/sys/kernel/random/boot_id"),
-                pid_namespace=_pid_namespace(),
+                host=_system.host_name(),
+                boot=_system.read_text("/proc/sys/kernel/random/boot_id"),
+                pid_namespace=_system.pid_namespace(),
                 pid=pid,
                 start_ticks=int(start) if start is not None and start.isdigit() else None,
             ),
@@ -140,14 +116,10 @@ def died_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = None
     here = local_identity() if here is None else here
     if holder.pid is None or holder.start_ticks is None or not here.same_process_table(holder):
         return False
-    try:
-        # Signal 0 checks existence only; it works where /proc hides other users.
-        os.kill(holder.pid, 0)
-    except ProcessLookupError:
+    if not _system.process_exists(holder.pid):
         return True
-    except OSError:
-        pass  # exists, but belongs to someone else: its start time still tells
-    fields = _stat_fields(holder.pid)
+    # It exists (perhaps another user's): its start time tells whether it is the holder.
+    fields = _system.stat_fields(holder.pid)
     if fields is None or len(fields) <= 19:
         return False
     if fields[0] in ("Z", "X"):

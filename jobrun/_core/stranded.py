@@ -11,10 +11,10 @@ its next claim.
 
 from __future__ import annotations
 
-import time
 import weakref
 from dataclasses import dataclass, field
 
+from jobrun import _system
 from jobrun._core.holders import died_on_this_host, parse_holder
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import HeldLease
@@ -51,7 +51,7 @@ async def dead_holders(store: JobRunStore, now_at: str, jobs: Jobs | None) -> li
 async def dead_owners(store: JobRunStore, now_at: str, jobs: Jobs) -> frozenset[str]:
     """Tokens of dead holders to take over, scanning again when the last scan is old."""
     scan = _scans.setdefault(store, {}).setdefault(jobs, _Scan())
-    now = time.monotonic()
+    now = _system.monotonic_s()
     if scan.scanned_at is None or now - scan.scanned_at >= SCAN_INTERVAL_S:
         scan.scanned_at = now
         found = await dead_holders(store, now_at, jobs)

@@ -246,7 +246,7 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(stranded.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(stranded._system, "monotonic_s", lambda: now[0])
     store = _HeldLeases(
         [
             _held("run-dead", "DEAD", _dead_driver()),
