@@ -207,8 +207,9 @@ async def test_the_worker_warns_once_per_check_about_jobs_it_does_not_register(
         jobrun.run_worker([engine], registry, interval_s=0.05, stop=stop)
     )
     try:
-        # Many idle polls (claims) pass; the warning is not repeated per poll.
-        while len(log.sql("UPDATE")) < 10:  # noqa: ASYNC110 (the claims are counted by a hook)
+        # Many idle polls (claims) pass; the warning is not repeated per poll. (An idle
+        # claim is one read: the core's conditional write follows only a candidate.)
+        while sum(operation == "claim" for operation, _, _ in log.seen) < 10:  # noqa: ASYNC110 (the claims are counted by a hook)
             await asyncio.sleep(0.05)
     finally:
         stop.set()
