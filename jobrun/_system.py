@@ -23,6 +23,9 @@ from jobrun._core.ids import UlidMint
 class SystemClock:
     """Wall time from the system, elapsed time from ``time.monotonic``, waits on the event loop."""
 
+    # Its monotonic seconds are ``time.monotonic``'s (the watchdog's time).
+    real_time = True
+
     def __call__(self) -> datetime:
         return self.now()
 

@@ -22,7 +22,7 @@ against it behaves the same on a database. It is not durable and not shared betw
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
@@ -38,7 +38,13 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
-from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.transitions import (
+    Claimed,
+    RunChange,
+    claim_candidate,
+    claim_transition,
+    due_at,
+)
 from jobrun._testing.clock import FakeClock
 from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash, crash_after_step
 from jobrun._testing.idle import IdleReport, PassRecord, drive_until_idle
@@ -57,6 +63,10 @@ __all__ = [
     "drive_until_idle",
     "sqlite_store",
 ]
+
+
+def _not_watching() -> None:
+    return None
 
 
 class MemoryJobRunStore:
@@ -144,6 +154,9 @@ class MemoryJobRunStore:
     async def presence(self) -> int | None:
         return None
 
+    def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
+        return _not_watching
+
     async def clock_offset_s(self) -> float:
         return 0.0
 
@@ -189,8 +202,8 @@ class MemoryJobRunStore:
         self.ledgers.setdefault(run_id, {})[row.step] = (row, recorded_at)
         return True
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        if not self._held(run_id, token):
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+        if not self._held(run_id, token) or due_at(self.runs[run_id]) <= now_at:
             return False
         self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
         return True

@@ -363,7 +363,8 @@ class _Worker:
             lost.set()
 
         raw.add_termination_listener(on_lost)
-        await raw.add_listener(database.channel, notified)
+        store = database.store
+        await store.on_presence_connection(lambda raw: raw.add_listener(database.channel, notified))
         log.debug("listening for new runs on %s", database.label)
         # Anything started before the LISTEN took effect: look now.
         database.wake_all()
@@ -379,7 +380,9 @@ class _Worker:
             log.warning("lost the listening connection to %s", database.label)
             return
         with contextlib.suppress(Exception):
-            await raw.remove_listener(database.channel, notified)
+            await store.on_presence_connection(
+                lambda raw: raw.remove_listener(database.channel, notified)
+            )
 
 
 def _listens(engine: AsyncEngine) -> bool:

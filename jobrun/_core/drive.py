@@ -29,6 +29,7 @@ from jobrun._core.records import (
 from jobrun._core.registry import JobRegistry, RegisteredJob
 from jobrun._core.transitions import Claimed, takeovers_exceeded_reason
 from jobrun._system import default_driver_name, mint_run_id
+from jobrun._watchdog import real_time_guard
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -56,11 +57,12 @@ async def _claim(
     clock: Clock,
     driver: str,
     skip_ids: frozenset[str],
-) -> tuple[Claimed, RegisteredJob, Lease] | None:
+) -> tuple[Claimed, RegisteredJob, Lease, float] | None:
     jobs = list(registry)
     wanted = frozenset((job.module_id, job.name) for job in jobs)
     # Who we are, precisely enough for another claimer to prove our death.
-    identity = replace(local_identity(), presence=await store.presence())
+    presence = await store.presence()
+    identity = replace(local_identity(), presence=presence)
     holder = identity.describe(driver)
     now_at = format_instant(clock.now())
     dead = await stranded.dead_owners(store, now_at, wanted)
@@ -75,6 +77,8 @@ async def _claim(
         for job in jobs
         if job.max_concurrent is not None
     }
+    # Where the lease's self-fence starts: the claim is written after it is sent.
+    sent_s = clock.monotonic()
     claiming = asyncio.ensure_future(
         store.claim(
             ClaimRequest(
@@ -106,7 +110,7 @@ async def _claim(
     stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return claimed, registered, Lease(token, holder, registered.lease_ms)
+    return claimed, registered, Lease(token, holder, registered.lease_ms, presence), sent_s
 
 
 async def _fail_for_takeovers(
@@ -180,10 +184,10 @@ async def run_due_jobs(
         claimed = await _claim(store, registry, drive.clock, drive.driver, frozenset(driven))
         if claimed is None:
             break
-        taken, registered, lease = claimed
+        taken, registered, lease, leased_at_s = claimed
         driven.add(taken.row.id)
         drive.report.attempted += 1
-        await drive.run(taken, registered, lease)
+        await drive.run(taken, registered, lease, leased_at_s)
     return drive.report
 
 
@@ -208,12 +212,15 @@ class _Drive:
         self.stop = stop
         self.open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
         self.observer = LOG_PASSES if options.observer is None else options.observer
+        self.guard = real_time_guard(clock) if options.watchdog else None
         self.report = JobDriveReport()
 
     def stopping(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
-    async def run(self, claimed: Claimed, registered: RegisteredJob, lease: Lease) -> None:
+    async def run(
+        self, claimed: Claimed, registered: RegisteredJob, lease: Lease, leased_at_s: float
+    ) -> None:
         """Give one claimed run its passes, up to ``max_passes``, while they advance it."""
         row = claimed.row
         if row.lease_takeovers > registered.max_takeovers:
@@ -250,6 +257,8 @@ class _Drive:
                     ledger_known_empty=number > 0,
                     keep_lease=not last,
                     probe=probe,
+                    leased_at_s=leased_at_s,
+                    guard=self.guard,
                 ),
             )
             taken_over = False
@@ -259,6 +268,7 @@ class _Drive:
             if outcome.row.status != JobRunStatus.RUNNING.value:
                 return
             current = outcome.row
-            if current.lease_owner is not None:
+            if current.lease_owner is not None and outcome.leased_at_s is not None:
                 # The commit handed the lease on under a fresh token.
-                lease = Lease(current.lease_owner, lease.driver, lease.lease_ms)
+                lease = replace(lease, token=current.lease_owner)
+                leased_at_s = outcome.leased_at_s

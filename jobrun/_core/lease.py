@@ -11,6 +11,15 @@ Every write the holder makes afterwards is fenced on ``status = 'running' AND
 lease_owner = <token>``. A write that matches nothing means the lease was lost
 (expired and taken over, or an operator cancelled or released the run): the
 pass stops at that boundary and its outcome is ``superseded``.
+
+A fence only refuses writes; the bodies themselves must stop too, before anyone
+may take the run over. So the holder fences itself: it knows, on its own
+monotonic clock, the last instant before which no other driver may take the run
+(the send of its last successful claim or renewal plus the lease, less the clock
+skew the store tolerates), and past ``safe_until_s - stop_margin_s`` it starts no
+body and cancels those in flight; it does the same the moment its presence is
+lost (see ``jobrun._core.stranded``). An expired lease is never renewed: the
+renewal is conditional on the lease not having expired.
 """
 
 from __future__ import annotations
@@ -18,9 +27,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jobrun._core.clock import Clock
+from jobrun._core.dbclock import CLOCK_TOLERANCE_S
 from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun.errors import JobValidationError, LeaseLostError
 
@@ -44,47 +54,102 @@ def check_lease_ms(value: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """One claim of one run: the token every fenced write carries."""
+    """One claim of one run: the token every fenced write carries, and the
+    presence (Postgres) that vouches for its holder."""
 
     token: str
     driver: str
     lease_ms: int
+    presence: int | None = None
 
     def expiry_after(self, instant_text: str) -> str:
         return add_milliseconds(instant_text, self.lease_ms)
 
+    def skew_margin_s(self) -> float:
+        """How much earlier than its own clock says another driver may see this
+        lease expire: two clocks each off by up to ``CLOCK_TOLERANCE_S`` (the
+        alignment to the database's clock ignores less), or a quarter of a short
+        lease (shorter leases assume clocks closer than an eighth of it each)."""
+        return min(2 * CLOCK_TOLERANCE_S, self.lease_ms / 4000)
+
+    def stop_margin_s(self) -> float:
+        """How long before the takeover instant the holder stops its bodies: an
+        eighth of the lease, at most a second (the cancellation's way to a body)."""
+        return min(1.0, self.lease_ms / 8000)
+
+
+class BodyGuard(Protocol):
+    """What ends a body that cannot be cancelled (a blocking call, a process
+    woken from SIGSTOP) before another driver may take its run: a watchdog
+    outside the event loop. ``enter`` says a body started that must end before
+    ``deadline_s()`` (monotonic seconds, re-read as renewals move it); ``leave``
+    with what ``enter`` returned says it ended."""
+
+    def enter(self, deadline_s: Callable[[], float]) -> object: ...
+
+    def leave(self, entered: object) -> None: ...
+
 
 class LeaseKeeper:
     """Renews a lease in the background while a pass runs, and stops the pass
-    when the lease is gone.
+    when the lease is gone or can no longer be vouched for.
 
-    Renewal happens every quarter of the lease, so a pass survives three missed
-    renewals in a row (an event loop stalled for most of the lease) before
-    anyone may take its run over. A lost lease is sticky: once a renewal finds
-    it gone or a fenced write is refused (``lose``), no step body starts again
-    in this pass, and the pass's task is cancelled at its next ``await`` (a hung
-    step included), which the keeper turns into ``LeaseLostError`` on the way
-    out, like ``asyncio.timeout`` turns its own cancellation into a timeout.
-    The waits are on the pass's clock, so a test clock drives renewal too.
+    Renewal happens every quarter of the lease, so a pass survives missed
+    renewals for most of the lease. A lost lease is sticky: once a renewal finds
+    it gone, a fenced write is refused (``lose``), the holder's presence is lost,
+    or the self-fence instant passes without a renewal, no step body starts
+    again in this pass, and the pass's task is cancelled at its next ``await``
+    (a hung step included), which the keeper turns into ``LeaseLostError`` on
+    the way out, like ``asyncio.timeout`` turns its own cancellation into a
+    timeout. The waits are on the pass's clock, so a test clock drives them too.
     """
 
     def __init__(
         self,
         lease: Lease,
         clock: Clock,
-        extend: Callable[[str], Awaitable[bool]],
+        extend: Callable[[str, str], Awaitable[bool]],
         run_id: str = "",
+        *,
+        leased_at_s: float | None = None,
+        watch_presence: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
+        guard: BodyGuard | None = None,
     ) -> None:
         self._lease = lease
         self._clock = clock
         self._extend = extend
         self._run_id = run_id
+        sent_s = clock.monotonic() if leased_at_s is None else leased_at_s
+        self.safe_until_s = self._safe_after(sent_s)
+        self._watch_presence = watch_presence
+        self._unwatch: Callable[[], None] | None = None
+        self.guard = guard
         self._renewer: asyncio.Task[None] | None = None
         self._pass: asyncio.Task[Any] | None = None
         self._cancelling = 0
         self._cancelled_pass = False
         self._exiting = False
         self.lost = False
+
+    def _safe_after(self, sent_s: float) -> float:
+        """The last instant no other driver may take over, for a lease written by a
+        request sent at ``sent_s`` (the write happened after it was sent)."""
+        return sent_s + self._lease.lease_ms / 1000 - self._lease.skew_margin_s()
+
+    def stop_at_s(self) -> float:
+        """When this holder stops its bodies unless a renewal moves it on."""
+        return self.safe_until_s - self._lease.stop_margin_s()
+
+    def kill_at_s(self) -> float:
+        """When the watchdog ends the process if a body it cannot stop still runs:
+        half the stop margin before the earliest takeover."""
+        return self.safe_until_s - self._lease.stop_margin_s() / 2
+
+    def fenced(self) -> bool:
+        """Whether no step body may start now: the lease is lost, or past the self-fence."""
+        if not self.lost and self._clock.monotonic() >= self.stop_at_s():
+            self.lose()
+        return self.lost
 
     def lose(self) -> None:
         """The lease is gone: stop this pass (sticky; safe to call more than once)."""
@@ -97,6 +162,9 @@ class LeaseKeeper:
         self._pass = asyncio.current_task()
         if self._pass is not None:
             self._cancelling = self._pass.cancelling()
+        if self._watch_presence is not None:
+            # Called at once if the presence that vouched for the claim is gone already.
+            self._unwatch = self._watch_presence(self.lose)
         self._renewer = asyncio.create_task(self._renew_forever())
         return self
 
@@ -107,6 +175,8 @@ class LeaseKeeper:
         traceback: object,
     ) -> None:
         self._exiting = True
+        if self._unwatch is not None:
+            self._unwatch()
         interrupted: BaseException | None = exc
         if self._renewer is not None:
             self._renewer.cancel()
@@ -129,13 +199,24 @@ class LeaseKeeper:
 
     async def _renew_forever(self) -> None:
         interval_s = self._lease.lease_ms / 4000
-        while not self.lost:
-            await self._clock.sleep(interval_s)
-            expires_at = self._lease.expiry_after(format_instant(self._clock.now()))
-            try:
-                if not await self._extend(expires_at):
-                    self.lose()
-            except Exception:
-                # A failed renewal is not a lost lease: the next one may succeed,
-                # and the fenced writes are what actually protect the run.
+        next_renewal_s = self._clock.monotonic() + interval_s
+        while not self.fenced():
+            now_s = self._clock.monotonic()
+            await self._clock.sleep(max(0.0, min(next_renewal_s, self.stop_at_s()) - now_s))
+            if self.fenced() or self._clock.monotonic() < next_renewal_s:
                 continue
+            sent_s = self._clock.monotonic()
+            next_renewal_s = sent_s + interval_s
+            now_at = format_instant(self._clock.now())
+            try:
+                # A renewal that hangs (a network gone quiet) must not hold up the fence.
+                async with self._clock.timeout(max(0.0, self.stop_at_s() - sent_s)):
+                    renewed = await self._extend(self._lease.expiry_after(now_at), now_at)
+            except Exception:
+                # A failed renewal is not a lost lease: the next one may succeed.
+                # Until one does, the self-fence instant stays where it was.
+                continue
+            if not renewed:
+                self.lose()
+                return
+            self.safe_until_s = max(self.safe_until_s, self._safe_after(sent_s))

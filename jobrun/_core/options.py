@@ -71,6 +71,11 @@ class DriveOptions:
     * ``clock``: the time runs are judged by (default: the system clock, aligned
       to the database's).
     * ``random``: the source of retry jitter, returning floats in [0, 1).
+    * ``watchdog``: end the process (SIGKILL) when a step body that cannot be
+      cancelled (a blocking call, a process woken from SIGSTOP) is still running
+      when its run may be taken over, rather than let it overlap the next
+      holder's (default ``True``; watches real time only, so a test clock
+      turns it off).
 
     :func:`jobrun.run_due_jobs` and :func:`jobrun.run_worker` take one as
     ``options=`` or build one from the same names given as keywords. A bad
@@ -86,6 +91,7 @@ class DriveOptions:
     observer: PassObserver | None = None
     clock: ClockLike | None = None
     random: Callable[[], float] = system_random
+    watchdog: bool = True
 
     def __post_init__(self) -> None:
         checked_count(self.limit, "limit")
@@ -103,6 +109,8 @@ class DriveOptions:
             wanted = "a Clock or a callable returning a datetime"
             raise refuse("clock", f"must be {wanted}, got {type(self.clock).__name__}")
         _checked_callable(self.random, "random", "callable returning a float")
+        if not isinstance(self.watchdog, bool):
+            raise refuse("watchdog", f"must be True or False, got {self.watchdog!r}")
 
 
 class DriveKeywords(TypedDict, total=False):
@@ -116,6 +124,7 @@ class DriveKeywords(TypedDict, total=False):
     observer: PassObserver | None
     clock: ClockLike | None
     random: Callable[[], float]
+    watchdog: bool
 
 
 def drive_options(options: DriveOptions | None, keywords: DriveKeywords) -> DriveOptions:

@@ -31,7 +31,7 @@ from jobrun._core.formats import (
     decode_json,
     format_instant,
 )
-from jobrun._core.lease import Lease, LeaseKeeper
+from jobrun._core.lease import BodyGuard, Lease, LeaseKeeper
 from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
 from jobrun._core.port import JobRunStore
@@ -70,8 +70,10 @@ class PassOutcome:
     status: Literal["advanced", "completed", "retrying", "failed", "superseded"]
     error: str | None = None
     # After an advancing commit that kept the lease: the row as now stored, so
-    # the next pass needs no read.
+    # the next pass needs no read, and when the commit that wrote its lease was
+    # sent (the pass clock's monotonic seconds: where its self-fence starts).
     row: RunRow | None = None
+    leased_at_s: float | None = None
 
 
 def cap_error_text(text: str) -> str:
@@ -306,17 +308,16 @@ class JobPass:
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
-        if self._keeper.lost:
-            # Sticky: once the lease is gone, no step body starts again in this pass.
+        if self._keeper.fenced():
+            # Sticky: once the lease is gone (or can no longer be vouched for), no
+            # step body starts again in this pass.
             raise LeaseLostError(self.run.id)
         attempts = (prior.attempts if prior is not None else 0) + 1
         if prior is not None and prior.attempts >= policy.max_attempts:
             # Spent: nothing is called and nothing is written.
             raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
         try:
-            value = fn()
-            if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
-                value = await value
+            value = await self._body(fn)
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
@@ -328,6 +329,19 @@ class JobPass:
         await self._record(StepRow(name, stored, attempts, None))
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else json.loads(stored)
+
+    async def _body(self, fn: Callable[[], Any]) -> Any:
+        """Run a step body, watched by the guard (if any) until it ends."""
+        guard = self._keeper.guard
+        entered = None if guard is None else guard.enter(self._keeper.kill_at_s)
+        try:
+            value = fn()
+            if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
+                value = await value
+            return value
+        finally:
+            if guard is not None:
+                guard.leave(entered)
 
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
@@ -362,11 +376,15 @@ async def run_job_pass(
     ledger_known_empty: bool = False,
     keep_lease: bool = False,
     probe: PassProbe | None = None,
+    leased_at_s: float | None = None,
+    guard: BodyGuard | None = None,
 ) -> PassOutcome:
     """Run one pass of ``row``, which this driver holds under ``lease``.
 
     Handler problems become outcomes, never exceptions. With ``keep_lease`` an
-    advancing commit hands the lease straight to the next pass.
+    advancing commit hands the lease straight to the next pass. ``leased_at_s``
+    (the pass clock's monotonic seconds when the claim or commit that wrote the
+    lease was sent) and ``guard`` set the self-fence (see ``lease.py``).
 
     ``BaseException``s that are not ``Exception``s (cancellation, Ctrl-C) are not
     caught: the pass is not committed, the ledger keeps what finished, the lease
@@ -377,8 +395,11 @@ async def run_job_pass(
     keeper = LeaseKeeper(
         lease,
         clock,
-        lambda expires_at: store.extend_lease(row.id, lease.token, expires_at),
+        lambda expires_at, now_at: store.extend_lease(row.id, lease.token, expires_at, now_at),
         row.id,
+        leased_at_s=leased_at_s,
+        watch_presence=lambda lost: store.watch_presence(lease.presence, lost),
+        guard=guard,
     )
     try:
         context = JobPass(
@@ -429,6 +450,7 @@ async def _commit(
     successor = replace(lease, token=mint_run_id()) if keep_lease and not done else None
     patch = _committed_patch(cursor_json, counters_json, done, at, lease, successor)
     committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
+    sent_s = clock.monotonic()
     try:
         applied = await store.commit_pass(row.id, patch, lease.token)
     except BaseException:
@@ -438,7 +460,7 @@ async def _commit(
         raise
     if not applied:
         return PassOutcome("superseded")
-    return PassOutcome("completed" if done else "advanced", row=committed)
+    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=sent_s)
 
 
 def _committed_patch(

@@ -8,7 +8,7 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,6 +107,14 @@ class JobRunStore(Protocol):
         the backend has no such thing (SQLite, memory)."""
         ...
 
+    def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
+        """Call ``lost`` once, soon after this process's presence ``key`` is lost
+        (its liveness check failed: the session ended or stopped answering), or at
+        once if ``key`` is not the live presence now. Returns what stops the
+        watching. Where there is no presence (``key`` is ``None``; SQLite, memory)
+        nothing is ever called. No I/O: the presence checks itself."""
+        ...
+
     async def clock_offset_s(self) -> float:
         """How far the database's clock is ahead of this host's system clock, in
         seconds; ``0.0`` where both are one clock (SQLite, memory)."""
@@ -148,8 +156,11 @@ class JobRunStore(Protocol):
         """
         ...
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        """Move a held lease's expiry; ``False`` when the lease is no longer ``token``'s."""
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+        """Move a held lease's expiry to ``expires_at``; ``False`` when the lease is no
+        longer ``token``'s, or has expired by ``now_at``: an expired lease is never
+        renewed back to life (another run of a limited job may have been leased in
+        its place, and a claimer may be taking this one over)."""
         ...
 
 

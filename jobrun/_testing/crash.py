@@ -73,8 +73,8 @@ class CrashingStore:
         result: bool = await self.inner.commit_pass(run_id, patch, token)
         return result
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         """Renew the lease, unless the process is already dead (then it lapses)."""
         self._alive()
-        result: bool = await self.inner.extend_lease(run_id, token, expires_at)
+        result: bool = await self.inner.extend_lease(run_id, token, expires_at, now_at)
         return result

@@ -10,16 +10,26 @@ session and frees the lock: a claimer on any host that finds the key free in
 the lock costs no query at all. The same connection carries the worker's
 ``LISTEN`` (see ``jobrun.worker``).
 
-Should the connection be lost while the process lives (a network cut, a
-Postgres restart, ``idle_session_timeout``), the leases it vouched for are
-lost with it: other drivers may take them over, and the holder's fenced
-writes are refused from then on. The next claim opens a new presence.
+A session that ended is not proof that its process did: a network cut, a
+Postgres restart or a proxy end the sessions of live processes. So a claimer
+that finds the lock free waits ``PRESENCE_GRACE_S`` before it takes the runs
+over (see ``jobrun._core.stranded``), and the holder keeps its side of that
+bargain here: the session is told never to time out when idle
+(``idle_session_timeout = 0``, which a server or role setting would otherwise
+apply), and a round trip on it every ``PRESENCE_CHECK_INTERVAL_S``, allowed
+``PRESENCE_CHECK_TIMEOUT_S``, both keeps it busy and proves it is still there.
+When a check fails the presence is *lost*: the watchers of its key are told at
+once (the lease keepers cancel the passes it vouched for), the connection is
+closed, and the next claim opens a new presence under a new key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import BigInteger, case, column, event, func, literal, null, select, text
@@ -27,7 +37,10 @@ from sqlalchemy.exc import MissingGreenlet
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
+from jobrun._core.stranded import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
 from jobrun.sql.schema import job_runs
+
+log = logging.getLogger("jobrun.presence")
 
 # The advisory lock keys held in this database right now (a bigint key is split
 # into classid, the high half, and objid, the low half, with objsubid 1).
@@ -64,6 +77,11 @@ class Presence:
         self._raw: Any = None
         self._key: int | None = None
         self._opening = asyncio.Lock()
+        # One operation at a time on the connection: the checks and the worker's LISTEN.
+        self._busy = asyncio.Lock()
+        self._checker: asyncio.Task[None] | None = None
+        self._watchers: dict[int, Callable[[], None]] = {}
+        self._next_watch = 0
         event.listen(engine.sync_engine, "engine_disposed", self._on_dispose)
 
     def _alive(self) -> bool:
@@ -79,9 +97,33 @@ class Presence:
         return self._key
 
     async def connection(self) -> Any:
-        """The presence's own asyncpg connection (for ``LISTEN``)."""
+        """The presence's own asyncpg connection (for the termination listener)."""
         await self.key()
         return self._raw
+
+    async def on_connection(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run ``operation(raw)`` on the presence connection, never beside a check
+        (asyncpg runs one operation at a time per connection)."""
+        raw = await self.connection()
+        async with self._busy:
+            return await operation(raw)
+
+    def watch(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
+        """Call ``lost`` once when presence ``key`` is lost (at once if it is not
+        the live presence now); returns what stops the watching."""
+        if key is None:
+            return _nothing
+        if key != self._key or not self._alive():
+            lost()
+            return _nothing
+        self._next_watch += 1
+        number = self._next_watch
+        self._watchers[number] = lost
+
+        def stop() -> None:
+            self._watchers.pop(number, None)
+
+        return stop
 
     async def _open(self) -> None:
         await self.close()
@@ -94,21 +136,54 @@ class Presence:
         key = secrets.randbits(63)
         connection = await self._own.connect()
         try:
+            raw = (await connection.get_raw_connection()).driver_connection
+            await _keep_session(raw)
             # Autocommit: the lock lives in the session, no transaction stays open.
             await connection.execute(select(func.pg_advisory_lock(key)))
-            raw = (await connection.get_raw_connection()).driver_connection
         except BaseException:
             await connection.close()
             raise
         self._connection, self._raw, self._key = connection, raw, key
+        self._checker = asyncio.get_running_loop().create_task(self._check_forever(raw))
+
+    async def _check_forever(self, raw: Any) -> None:
+        """Prove the session is there every interval; on the first failure, lose it."""
+        while raw is self._raw:
+            await asyncio.sleep(PRESENCE_CHECK_INTERVAL_S)
+            try:
+                async with asyncio.timeout(PRESENCE_CHECK_TIMEOUT_S), self._busy:
+                    await raw.fetchval("SELECT 1")
+            except Exception as error:
+                if raw is self._raw:
+                    log.warning("lost this process's presence in the database: %r", error)
+                    self._lose(raw)
+                return
+
+    def _lose(self, raw: Any) -> None:
+        """The session is gone (or unreachable): tell the watchers, drop the connection."""
+        watchers, self._watchers = self._watchers, {}
+        self._connection, self._raw, self._key, self._checker = None, None, None, None
+        with contextlib.suppress(Exception):
+            raw.terminate()
+        for lost in watchers.values():
+            lost()
 
     async def close(self) -> None:
+        checker, self._checker = self._checker, None
+        if checker is not None and checker is not asyncio.current_task():
+            checker.cancel()
+        raw = self._raw
         connection, self._connection, self._raw, self._key = self._connection, None, None, None
+        watchers, self._watchers = self._watchers, {}
+        for lost in watchers.values():
+            lost()
         if connection is not None:
             try:
                 await connection.close()
             except Exception:
                 connection.sync_connection.invalidate()  # type: ignore[union-attr]
+        elif raw is not None:
+            raw.terminate()
         if self._own is not None:
             own, self._own = self._own, None
             await own.dispose()
@@ -124,5 +199,26 @@ class Presence:
         except MissingGreenlet:
             closing.close()
             raw, self._raw, self._connection, self._own = self._raw, None, None, None
+            if self._checker is not None:
+                self._checker.cancel()
+                self._checker = None
             if raw is not None:
                 raw.terminate()
+
+
+def _nothing() -> None:
+    return None
+
+
+async def _keep_session(raw: Any) -> None:
+    """Settings that would end an idle session of a live process are turned off for
+    this one (Postgres 14 added ``idle_session_timeout``); TCP keepalives are
+    shortened so that the server, too, notices a peer cut off by the network."""
+    version = int(await raw.fetchval("SHOW server_version_num"))
+    if version >= 140000:
+        await raw.execute("SET idle_session_timeout = 0")
+    await raw.execute(
+        "SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0; "
+        "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; "
+        "SET tcp_keepalives_count = 3"
+    )

@@ -130,7 +130,8 @@ class Statements:
         self.record_step = compile_(_record_step(is_postgres))
         self.extend_lease = compile_(
             update(job_runs)
-            .where(_fence())
+            # Not expired: an expired lease is never renewed back to life.
+            .where(_fence(), runs.next_attempt_at > bindparam("now_at", type_=Text))
             .values(next_attempt_at=bindparam("expires_at"))
             .returning(runs.id)
         )

@@ -131,6 +131,10 @@ def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
 
 
+def _not_watching() -> None:
+    return None
+
+
 def _fence_values(run_id: str, token: str) -> dict[str, Any]:
     return {"fence_id": run_id, "fence_token": token}
 
@@ -448,6 +452,11 @@ class SqlJobRunStore:
         async with self._operation("presence"):
             return await self._presence.key()
 
+    def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
+        if self._presence is None:
+            return _not_watching
+        return self._presence.watch(key, lost)
+
     async def presence_connection(self) -> Any:
         """Postgres (asyncpg): the presence's own connection, which ``jobrun.worker``
         also LISTENs on; ``None`` elsewhere."""
@@ -455,6 +464,13 @@ class SqlJobRunStore:
             return None
         async with self._operation("presence"):
             return await self._presence.connection()
+
+    async def on_presence_connection(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Postgres: ``operation(raw)`` on the presence connection, one at a time
+        with its liveness checks (``LISTEN`` goes through here)."""
+        assert self._presence is not None, "only Postgres has a presence connection"
+        async with self._operation("presence"):
+            return await self._presence.on_connection(operation)
 
     async def clock_offset_s(self) -> float:
         if not self._is_postgres:
@@ -516,8 +532,8 @@ class SqlJobRunStore:
         }
         return await self._one("record_step", self._statements.record_step, values)
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        values = _fence_values(run_id, token) | {"expires_at": expires_at}
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+        values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
         return await self._one("extend_lease", self._statements.extend_lease, values)
 
     def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:

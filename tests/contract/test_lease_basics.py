@@ -53,7 +53,9 @@ async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out(s
 
     # The zombie wakes up: every write it tries is refused.
     assert not await store.record_step(run.id, StepRow("b", "2", 1, None), "t", "OLD-TOKEN")
-    assert not await store.extend_lease(run.id, "OLD-TOKEN", "2999-01-01T00:00:00.000Z")
+    assert not await store.extend_lease(
+        run.id, "OLD-TOKEN", "2999-01-01T00:00:00.000Z", "2000-01-01T00:00:00.000Z"
+    )
     assert await store.steps(run.id) == {}
 
 

@@ -344,8 +344,8 @@ class _Renewals:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
-        held = await self.inner.extend_lease(run_id, token, expires_at)
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+        held = await self.inner.extend_lease(run_id, token, expires_at, now_at)
         self.landed.put_nowait(held)
         return held
 

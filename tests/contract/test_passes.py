@@ -631,7 +631,10 @@ async def test_a_pass_over_its_time_budget_is_a_failed_pass(store: Any, clock: F
     async def finishes(p: jobrun.JobPass) -> dict[str, Any]:
         return {"cursor": await p.step("before", lambda: 2)}
 
-    registry = registry_for(script(hangs, finishes), IMMEDIATE)
+    # A lease longer than the budget: advancing the clock 300 s at once is an event
+    # loop stalled that long, which a shorter lease's self-fence would end first.
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, script(hangs, finishes), retry=IMMEDIATE, lease_ms=3_600_000)
     run_id = await start_id(store, clock)
 
     driving = asyncio.create_task(drive(store, registry, clock, pass_timeout_s=300))

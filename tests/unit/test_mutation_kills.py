@@ -234,12 +234,20 @@ def _dead_driver() -> str:
 
 
 def test_a_holder_is_dead_on_proof_only() -> None:
-    assert stranded.holder_is_dead(_held("r", "T", None, presence=False)), "presence ended"
-    assert not stranded.holder_is_dead(_held("r", "T", None, presence=True))
+    grace = stranded.PRESENCE_GRACE_S
+    # A presence seen free proves death only once the grace period has passed.
+    assert not stranded.holder_is_dead(_held("r", "T", None, presence=False))
+    assert not stranded.holder_is_dead(_held("r", "T", None, presence=False), grace - 0.001)
+    assert stranded.holder_is_dead(_held("r", "T", None, presence=False), grace)
+    assert not stranded.holder_is_dead(_held("r", "T", None, presence=True), grace * 10)
     assert not stranded.holder_is_dead(_held("r", "T", None, presence=None))
     assert not stranded.holder_is_dead(_held("r", "T", "worker-1", presence=None))
     assert not stranded.holder_is_dead(_held("r", "T", local_identity().describe("me")))
+    # A process gone from this host is dead at once, with or without a presence...
     assert stranded.holder_is_dead(_held("r", "T", _dead_driver()))
+    assert stranded.holder_is_dead(_held("r", "T", _dead_driver(), presence=False))
+    # ...but a held presence is proof of life, whatever /proc suggests.
+    assert not stranded.holder_is_dead(_held("r", "T", _dead_driver(), presence=True))
 
 
 async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_runs(
@@ -256,13 +264,20 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     )
     jobs = frozenset({("m", "j")})
     at = "2026-01-01T00:00:01.000Z"
-    assert await stranded.dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
+    # The free presence is a suspect, not yet dead: only the process gone from here is.
+    assert await stranded.dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
+    assert stranded.suspects(store)  # type: ignore[arg-type]
     assert store.reads == [(at, jobs)]
-    store.leases = []
     now[0] += stranded.SCAN_INTERVAL_S / 2
     # Within the interval: no read, the last scan stands.
-    assert await stranded.dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
+    assert await stranded.dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
     assert len(store.reads) == 1
+    # Once the presence has been seen free for the grace period, it is dead too.
+    now[0] += stranded.PRESENCE_GRACE_S
+    assert await stranded.dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
+    assert not stranded.suspects(store)  # type: ignore[arg-type]
+    assert len(store.reads) == 2
+    store.leases = []
     # A claim of one of them drops only that one (for these jobs only).
     stranded.claimed(store, frozenset({("m", "other")}), "run-dead")  # type: ignore[arg-type]
     stranded.claimed(store, jobs, "run-dead")  # type: ignore[arg-type]
@@ -271,11 +286,32 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     assert await stranded.dead_owners(store, at, jobs) == {"GONE"}  # type: ignore[arg-type]
     # Another set of jobs has its own scan.
     assert await stranded.dead_owners(store, at, frozenset({("m", "x")})) == frozenset()  # type: ignore[arg-type]
-    assert len(store.reads) == 2
-    # Exactly one interval later: scanned again.
-    now[0] += stranded.SCAN_INTERVAL_S / 2
-    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     assert len(store.reads) == 3
+    # Exactly one interval later: scanned again, and the tokens no longer held forgotten.
+    now[0] += stranded.SCAN_INTERVAL_S
+    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    assert len(store.reads) == 4
+
+
+async def test_a_presence_seen_free_again_after_a_gap_restarts_its_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [50.0]
+    monkeypatch.setattr(stranded._system, "monotonic_s", lambda: now[0])
+    store = _HeldLeases([_held("run", "T", None, presence=False)])
+    jobs = frozenset({("m", "j")})
+    at = "2026-01-01T00:00:01.000Z"
+    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    # The holder is seen held again (it was the claimer's view that lagged): forgotten.
+    store.leases = [_held("run", "T", None, presence=True)]
+    now[0] += stranded.SCAN_INTERVAL_S
+    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    store.leases = [_held("run", "T", None, presence=False)]
+    now[0] += stranded.PRESENCE_GRACE_S - 0.5
+    # Free for less than the grace since it was seen free again: not dead.
+    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    now[0] += stranded.PRESENCE_GRACE_S
+    assert await stranded.dead_owners(store, at, jobs) == {"T"}  # type: ignore[arg-type]
 
 
 # --- formats: a refused JSON token is named in the error --------------------------------------
@@ -290,7 +326,7 @@ def test_a_non_finite_json_number_is_named_in_the_error(text: str, token: str) -
 # --- lease keeper: losing the lease stops this pass once, and nothing after it --------------------
 
 
-async def _extended(expires_at: str) -> bool:
+async def _extended(expires_at: str, now_at: str) -> bool:
     return True
 
 
@@ -350,7 +386,7 @@ async def test_a_pass_begun_under_a_pending_cancellation_still_ends_as_lost() ->
 async def test_a_failed_renewal_is_retried_at_the_next_interval() -> None:
     calls: list[str] = []
 
-    async def flaky_extend(expires_at: str) -> bool:
+    async def flaky_extend(expires_at: str, now_at: str) -> bool:
         calls.append(expires_at)
         if len(calls) == 1:
             raise OSError("database unreachable for a moment")
@@ -689,7 +725,7 @@ STORE_OPERATIONS: dict[str, tuple[str, Any]] = {
         "record_step",
         lambda store: store.record_step("R", StepRow("s", "1", 1, None), _NOW, "T"),
     ),
-    "extend_lease": ("extend_lease", lambda store: store.extend_lease("R", "T", _LATER)),
+    "extend_lease": ("extend_lease", lambda store: store.extend_lease("R", "T", _LATER, _LATER)),
     "cancel": ("cancel", lambda store: store.cancel("R", cancel_transition("why", _NOW))),
     "resume": ("resume", lambda store: store.resume("R", resume_transition(_NOW))),
     "release": ("release", lambda store: store.release("R", release_transition())),
