@@ -199,14 +199,12 @@ class LeaseKeeper:
 
     async def _renew_forever(self) -> None:
         interval_s = self._lease.lease_ms / 4000
-        next_renewal_s = self._clock.monotonic() + interval_s
         while not self.fenced():
-            now_s = self._clock.monotonic()
-            await self._clock.sleep(max(0.0, min(next_renewal_s, self.stop_at_s()) - now_s))
-            if self.fenced() or self._clock.monotonic() < next_renewal_s:
-                continue
+            # Every interval, or at the self-fence if that comes first.
+            await self._clock.sleep(min(interval_s, self.stop_at_s() - self._clock.monotonic()))
+            if self.fenced():
+                return
             sent_s = self._clock.monotonic()
-            next_renewal_s = sent_s + interval_s
             now_at = format_instant(self._clock.now())
             try:
                 # A renewal that hangs (a network gone quiet) must not hold up the fence.
