@@ -15,7 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from jobrun import _system
-from jobrun._core.holders import died_on_this_host, parse_holder
+from jobrun._core.holders import Liveness, liveness_on_this_host, parse_holder
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import HeldLease
 
@@ -40,7 +40,7 @@ def holder_is_dead(lease: HeldLease) -> bool:
     if lease.presence_held is False:
         return True
     holder = parse_holder(lease.lease_driver)
-    return holder is not None and died_on_this_host(holder)
+    return holder is not None and liveness_on_this_host(holder) is Liveness.DEAD
 
 
 async def dead_holders(store: JobRunStore, now_at: str, jobs: Jobs | None) -> list[HeldLease]:
