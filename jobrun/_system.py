@@ -91,14 +91,40 @@ def stat_fields(pid: int | str) -> list[str] | None:
     return text.rsplit(")", 1)[1].split()
 
 
-def pid_namespace() -> str | None:
-    """The inode of this process's pid namespace (which process table its pids index)."""
+def namespace_inode(kind: str) -> str | None:
+    """The inode of this process's ``kind`` namespace (``pid``: which process table its
+    pids index; ``time``: which boot-time offset its start times carry); ``None`` where
+    ``/proc`` or the kernel has none."""
     try:
-        link = os.readlink("/proc/self/ns/pid")
+        link = os.readlink(f"/proc/self/ns/{kind}")
     except OSError:
         return None
-    found = re.fullmatch(r"pid:\[(\d+)\]", link)
+    found = re.fullmatch(rf"{kind}:\[(\d+)\]", link)
     return found.group(1) if found else None
+
+
+def own_start_ticks() -> int | None:
+    """This process's start time (field 22 of its stat), read where others would read it;
+    ``None`` unless ``/proc`` is the view of this process's own pid namespace.
+
+    In a pid namespace under the host's ``/proc`` (``unshare --pid --fork`` without
+    ``--mount-proc``), ``/proc/<our pid>`` is another process or none: there ``/proc/self``
+    names another number than ``getpid()``, and ``NSpid`` lists more than one pid.
+    """
+    pid = os.getpid()
+    try:
+        if os.readlink("/proc/self") != str(pid):
+            return None
+    except OSError:
+        return None
+    status = read_text("/proc/self/status") or ""
+    pids = [line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")]
+    if pids != [[str(pid)]]:
+        return None
+    fields = stat_fields(pid)
+    if fields is None or len(fields) <= 19 or not fields[19].isdigit():
+        return None
+    return int(fields[19])
 
 
 def host_name() -> str:

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 import jobrun.worker as worker_module
 from jobrun._core.formats import add_milliseconds, format_instant
+from jobrun._core.holders import HolderIdentity, local_identity
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import job_runs as runs_table
@@ -187,6 +188,29 @@ def spawn_worker(app: str, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def unused_pid() -> int:
+    """A pid no process has on this host right now (the highest free one)."""
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text(encoding="ascii"))
+    for pid in range(limit - 1, 1, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except OSError:
+            continue
+    raise AssertionError("no free pid")
+
+
+def proc_identity() -> HolderIdentity:
+    """This process's holder identity; skips the test where no ``/proc`` could prove a death."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("this host has no /proc to prove a death with")
+    here = local_identity()
+    # With /proc every field is learnt: a missing one would make every death unprovable.
+    assert None not in (here.boot, here.pid_namespace, here.pid, here.start_ticks), here
+    return here
 
 
 async def revision_of(engine: AsyncEngine) -> str | None:

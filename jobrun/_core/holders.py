@@ -1,34 +1,57 @@
 """Who holds a lease, precisely enough to prove that it died.
 
 A claim writes into ``lease_driver`` the driver's name for operators followed by
-this process's identity in brackets::
+this process's identity in brackets (one line, wrapped here)::
 
-    worker-1/3 [jobrun host=web-7 boot=5c1d…e9 pidns=4026531836 pid=4121 start=8934 presence=77…]
+    worker-1/3 [jobrun host=web-7 boot=5c1d…e9 pidns=4026531836 timens=4026531834
+                       pid=4121 start=8934 presence=77…]
 
-* ``host`` is the node name, for people; it proves nothing.
-* ``boot`` (the kernel's boot id) and ``pidns`` (the pid namespace's inode) say
-  which process table ``pid`` belongs to; ``start`` (the process start time in
-  clock ticks since boot, field 22 of ``/proc/<pid>/stat``) tells a reused pid
-  apart. A claimer with the same boot id and pid namespace that finds ``pid``
-  gone, or running with another start time, or a zombie, has proof of death.
+* ``host`` is the node name, for people; it proves nothing (containers on one
+  kernel may carry other names, machines may share one).
+* ``boot`` (the kernel's boot id), ``pidns`` (the pid namespace's inode) and
+  ``timens`` (the time namespace's inode; absent where the kernel has none) say
+  which process table ``pid`` indexes and in which clock ``start`` was read.
+  ``start`` is the process start time in clock ticks since boot (field 22 of
+  ``/proc/<pid>/stat``); a reader in a time namespace sees it shifted by that
+  namespace's boot-time offset, so two start times compare only within one time
+  namespace.
+* ``pid`` and ``start`` are recorded only when this process's ``/proc`` shows
+  its own pid namespace (``/proc/self`` is our pid and ``NSpid`` has one entry): a
+  process in a pid namespace under the host's ``/proc`` knows its pid but cannot
+  read its start time, so it records neither and is never judged by pid.
 * ``presence`` (Postgres only) is the key of a session-level advisory lock the
   process holds on a connection of its own; Postgres drops it when the session
   ends, so a claimer on any host that finds the lock free has proof of death.
 
-Fields this process cannot learn (no ``/proc``: macOS) are left out and prove
-nothing; such a holder is taken over only when its lease expires. The text is
-free for operators to read; only the bracket at its very end is parsed.
+The check by pid (``liveness_on_this_host``) answers dead, alive or unknown. It
+judges only a holder with a pid and start time whose boot id, pid namespace and
+time namespace all equal the checker's (a time namespace missing on both sides
+counts as equal: that kernel has none), and only when the checker's own
+``/proc`` passes the test above; every other case is unknown. Dead means the pid
+is gone, a zombie, or running with another start time (a reused pid). Unknown
+holders are taken over only when their lease expires or their presence ends.
+The text is free for operators to read; only the bracket at its very end is
+parsed.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 
 from jobrun import _system
 
 _BRACKET = re.compile(r" \[jobrun ([^\[\]]*)\]\Z")
-_FIELD = re.compile(r"(host|boot|pidns|pid|start|presence)=(\S+)")
+_FIELD = re.compile(r"(?:^|\s)(host|boot|pidns|timens|pid|start|presence)=(\S+)")
+
+
+class Liveness(Enum):
+    """What this host can tell about a holder's process."""
+
+    DEAD = "dead"
+    ALIVE = "alive"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +62,7 @@ class HolderIdentity:
     pid: int | None = None
     start_ticks: int | None = None
     presence: int | None = None
+    time_namespace: str | None = None
 
     def describe(self, name: str) -> str:
         """``name`` followed by the bracket a claim stores in ``lease_driver``."""
@@ -46,6 +70,7 @@ class HolderIdentity:
         for label, value in (
             ("boot", self.boot),
             ("pidns", self.pid_namespace),
+            ("timens", self.time_namespace),
             ("pid", self.pid),
             ("start", self.start_ticks),
             ("presence", self.presence),
@@ -55,12 +80,18 @@ class HolderIdentity:
         return f"{name} [jobrun {' '.join(fields)}]"
 
     def same_process_table(self, other: HolderIdentity) -> bool:
-        """Whether ``other``'s pid means the same process table as ours."""
+        """Whether ``other``'s pid and start time mean what ours would: one kernel boot,
+        one pid namespace, one time namespace (or none on either side)."""
         return (
             self.boot is not None
             and self.pid_namespace is not None
-            and (self.boot, self.pid_namespace) == (other.boot, other.pid_namespace)
+            and (self.boot, self.pid_namespace, self.time_namespace)
+            == (other.boot, other.pid_namespace, other.time_namespace)
         )
+
+    def knows_its_process(self) -> bool:
+        """Whether pid and start time were read through a ``/proc`` of our own."""
+        return self.pid is not None and self.start_ticks is not None
 
 
 def parse_holder(lease_driver: str | None) -> HolderIdentity | None:
@@ -76,6 +107,7 @@ def parse_holder(lease_driver: str | None) -> HolderIdentity | None:
             host=fields.get("host", "?"),
             boot=fields.get("boot"),
             pid_namespace=fields.get("pidns"),
+            time_namespace=fields.get("timens"),
             pid=int(fields["pid"]) if "pid" in fields else None,
             start_ticks=int(fields["start"]) if "start" in fields else None,
             presence=int(fields["presence"]) if "presence" in fields else None,
@@ -92,36 +124,39 @@ def local_identity() -> HolderIdentity:
     global _local
     pid = _system.current_pid()
     if _local is None or _local[0] != pid:
-        fields = _system.stat_fields("self")
-        start = fields[19] if fields is not None and len(fields) > 19 else None
+        start = _system.own_start_ticks()
         _local = (
             pid,
             HolderIdentity(
                 host=_system.host_name(),
                 boot=_system.read_text("/proc/sys/kernel/random/boot_id"),
-                pid_namespace=_system.pid_namespace(),
-                pid=pid,
-                start_ticks=int(start) if start is not None and start.isdigit() else None,
+                pid_namespace=_system.namespace_inode("pid"),
+                time_namespace=_system.namespace_inode("time"),
+                # Without a /proc of our own, no pid of ours could be checked by anyone.
+                pid=pid if start is not None else None,
+                start_ticks=start,
             ),
         )
     return _local[1]
 
 
-def died_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = None) -> bool:
-    """Whether this host can prove that ``holder``'s process is gone.
+def liveness_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = None) -> Liveness:
+    """Whether this host sees ``holder``'s process dead, alive, or cannot tell.
 
-    ``False`` means "not proven", never "alive for sure": a holder on another
-    host, or one whose process this one may not inspect, is not proven dead.
+    ``here`` is the checker (this process by default); it judges only through a
+    ``/proc`` of its own and only a holder in its own process table and clock.
     """
     here = local_identity() if here is None else here
-    if holder.pid is None or holder.start_ticks is None or not here.same_process_table(holder):
-        return False
+    if holder.pid is None or holder.start_ticks is None:
+        return Liveness.UNKNOWN
+    if not here.knows_its_process() or not here.same_process_table(holder):
+        return Liveness.UNKNOWN
     if not _system.process_exists(holder.pid):
-        return True
+        return Liveness.DEAD
     # It exists (perhaps another user's): its start time tells whether it is the holder.
     fields = _system.stat_fields(holder.pid)
     if fields is None or len(fields) <= 19:
-        return False
+        return Liveness.UNKNOWN
     if fields[0] in ("Z", "X"):
-        return True  # exited, not yet reaped by its parent
-    return fields[19] != str(holder.start_ticks)
+        return Liveness.DEAD  # exited, not yet reaped by its parent
+    return Liveness.ALIVE if fields[19] == str(holder.start_ticks) else Liveness.DEAD

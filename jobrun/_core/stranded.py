@@ -28,7 +28,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from jobrun import _system
-from jobrun._core.holders import died_on_this_host, parse_holder
+from jobrun._core.holders import Liveness, liveness_on_this_host, parse_holder
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import HeldLease
 
@@ -66,7 +66,7 @@ def holder_is_dead(lease: HeldLease, presence_free_for_s: float | None = None) -
     if lease.presence_held is True:
         return False  # a held presence is proof of life, whatever /proc suggests
     holder = parse_holder(lease.lease_driver)
-    if holder is not None and died_on_this_host(holder):
+    if holder is not None and liveness_on_this_host(holder) is Liveness.DEAD:
         return True
     if lease.presence_held is False:
         return presence_free_for_s is not None and presence_free_for_s >= PRESENCE_GRACE_S

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -268,13 +269,7 @@ def _dead_process_identity() -> HolderIdentity:
     )
     pid_text, stat = child.stdout.split(" ", 1)
     start = stat.rsplit(")", 1)[1].split()[19]
-    return HolderIdentity(
-        host="here",
-        boot=local_identity().boot,
-        pid_namespace=local_identity().pid_namespace,
-        pid=int(pid_text),
-        start_ticks=int(start),
-    )
+    return replace(local_identity(), host="here", pid=int(pid_text), start_ticks=int(start))
 
 
 async def test_health_counts_stranded_runs_as_due(store: Any) -> None:

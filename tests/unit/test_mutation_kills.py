@@ -27,7 +27,13 @@ from jobrun._core.browse import RunQuery
 from jobrun._core.clock import as_clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import MalformedColumnError, decode_json
-from jobrun._core.holders import HolderIdentity, died_on_this_host, local_identity, parse_holder
+from jobrun._core.holders import (
+    HolderIdentity,
+    Liveness,
+    liveness_on_this_host,
+    local_identity,
+    parse_holder,
+)
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.observe import PassEnd, PassStart
 from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
@@ -47,7 +53,7 @@ from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
 from jobrun.sql.store import _prefix_successor
 from jobrun.testing import FakeClock, MemoryJobRunStore
-from tests.support import SQL_BACKENDS, claim_as
+from tests.support import SQL_BACKENDS, claim_as, proc_identity, unused_pid
 
 # --- holders: the identity a claim stores, and proof of death -----------------------------------
 
@@ -57,14 +63,15 @@ def test_a_described_identity_parses_back_field_for_field() -> None:
         host="web-7",
         boot="5c1d-e9",
         pid_namespace="4026531836",
+        time_namespace="4026531834",
         pid=4121,
         start_ticks=8934,
         presence=77,
     )
     text = identity.describe("worker-1/3")
     assert text == (
-        "worker-1/3 [jobrun host=web-7 boot=5c1d-e9 pidns=4026531836 pid=4121 start=8934 "
-        "presence=77]"
+        "worker-1/3 [jobrun host=web-7 boot=5c1d-e9 pidns=4026531836 timens=4026531834 pid=4121 "
+        "start=8934 presence=77]"
     )
     assert parse_holder(text) == identity
 
@@ -97,22 +104,15 @@ def test_an_identity_bracket_without_a_host_reads_as_an_unknown_host() -> None:
     assert parse_holder("w [jobrun pid=5]") == HolderIdentity(host="?", pid=5)
 
 
-def _here() -> HolderIdentity:
-    if not Path("/proc/self/stat").exists():
-        pytest.skip("this host has no /proc to prove a death with")
-    here = local_identity()
-    # With /proc every field is learnt: a missing one would make every death unprovable.
-    assert None not in (here.boot, here.pid_namespace, here.start_ticks), here
-    return here
-
-
 def test_this_process_knows_its_own_identity() -> None:
-    here = _here()
+    here = proc_identity()
     stat = Path("/proc/self/stat").read_text(encoding="ascii")
     assert here.pid == os.getpid()
     assert here.start_ticks == int(stat.rsplit(")", 1)[1].split()[19])
     assert here.host == os.uname().nodename
     assert here.pid_namespace == os.readlink("/proc/self/ns/pid")[len("pid:[") : -1]
+    if Path("/proc/self/ns/time").exists():
+        assert here.time_namespace == os.readlink("/proc/self/ns/time")[len("time:[") : -1]
     assert here.boot == Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
     assert local_identity() is here, "learnt once per process"
 
@@ -124,69 +124,48 @@ def test_this_process_knows_its_own_identity() -> None:
 def test_a_holder_in_another_process_table_is_never_proven_dead(
     boot: str | None, pid_namespace: str | None
 ) -> None:
-    here = _here()
+    here = proc_identity()
     holder = HolderIdentity(
         host="x",
         boot=here.boot if boot == "same" else boot,
         pid_namespace=here.pid_namespace if pid_namespace == "same" else pid_namespace,
-        pid=_unused_pid(),
+        time_namespace=here.time_namespace,
+        pid=unused_pid(),
         start_ticks=1,
     )
-    assert not died_on_this_host(holder, here)
+    assert liveness_on_this_host(holder, here) is Liveness.UNKNOWN
     assert not holder.same_process_table(here)
 
 
 def test_a_pid_gone_from_this_host_is_proven_dead() -> None:
-    here = _here()
-    gone = HolderIdentity(
-        host="x", boot=here.boot, pid_namespace=here.pid_namespace, pid=_unused_pid(), start_ticks=1
-    )
-    assert died_on_this_host(gone, here)
-    assert died_on_this_host(gone) is True, "compared with this process by default"
+    here = proc_identity()
+    gone = replace(here, host="x", pid=unused_pid(), start_ticks=1)
+    assert liveness_on_this_host(gone, here) is Liveness.DEAD
+    assert liveness_on_this_host(gone) is Liveness.DEAD, "compared with this process by default"
 
 
 @pytest.mark.parametrize("missing", ["pid", "start_ticks"])
 def test_a_holder_without_pid_or_start_proves_nothing(missing: str) -> None:
-    here = _here()
-    fields = {"pid": _unused_pid(), "start_ticks": 1, missing: None}
-    holder = HolderIdentity(host="x", boot=here.boot, pid_namespace=here.pid_namespace, **fields)
-    assert not died_on_this_host(holder, here)
+    here = proc_identity()
+    fields = {"pid": unused_pid(), "start_ticks": 1, missing: None}
+    holder = replace(here, host="x", **fields)
+    assert liveness_on_this_host(holder, here) is Liveness.UNKNOWN
 
 
 def test_a_live_process_is_dead_only_when_its_pid_was_reused() -> None:
-    here = _here()
-    assert not died_on_this_host(here, here), "this very process is alive"
+    here = proc_identity()
+    assert liveness_on_this_host(here, here) is Liveness.ALIVE, "this very process is alive"
     assert here.start_ticks is not None
-    reused = HolderIdentity(
-        host=here.host,
-        boot=here.boot,
-        pid_namespace=here.pid_namespace,
-        pid=here.pid,
-        start_ticks=here.start_ticks + 1,
-    )
-    assert died_on_this_host(reused, here), "same pid, another start: the holder is gone"
+    reused = replace(here, start_ticks=here.start_ticks + 1)
+    assert liveness_on_this_host(reused, here) is Liveness.DEAD, "same pid, another start: gone"
 
 
 def test_a_zombie_holder_is_proven_dead(zombie: int) -> None:
-    here = _here()
+    here = proc_identity()
     stat = Path(f"/proc/{zombie}/stat").read_text(encoding="ascii")
     start = int(stat.rsplit(")", 1)[1].split()[19])
-    holder = HolderIdentity(
-        host="x", boot=here.boot, pid_namespace=here.pid_namespace, pid=zombie, start_ticks=start
-    )
-    assert died_on_this_host(holder, here)
-
-
-def _unused_pid() -> int:
-    limit = int(Path("/proc/sys/kernel/pid_max").read_text(encoding="ascii"))
-    for pid in range(limit - 1, 1, -1):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        except OSError:
-            continue
-    raise AssertionError("no free pid")
+    holder = replace(here, host="x", pid=zombie, start_ticks=start)
+    assert liveness_on_this_host(holder, here) is Liveness.DEAD
 
 
 @pytest.fixture
@@ -227,10 +206,7 @@ def _held(run_id: str, token: str, driver: str | None, presence: bool | None = N
 
 
 def _dead_driver() -> str:
-    here = _here()
-    return HolderIdentity(
-        host="x", boot=here.boot, pid_namespace=here.pid_namespace, pid=_unused_pid(), start_ticks=1
-    ).describe("dead")
+    return replace(proc_identity(), host="x", pid=unused_pid(), start_ticks=1).describe("dead")
 
 
 def test_a_holder_is_dead_on_proof_only() -> None:
