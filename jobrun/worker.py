@@ -471,11 +471,9 @@ async def run_worker(
     waits. ``concurrency`` bounds the calls in flight across all databases.
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
     database every ``interval_s``. A failing database is retried after a second
-    (``interval_s`` if shorter) and logged when it begins to fail and once per
-    ``interval_s`` after; it never stops the others. A job whose code raises
-    ``KeyboardInterrupt`` or ``SystemExit`` gets a failed attempt and an error in
-    the log; the worker goes on. On Postgres, ``schema`` is the
-    tenant's schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
+    (at most ``interval_s``) and never stops the others; a job's ``sys.exit()``
+    is its run's failed attempt, logged. On Postgres, ``schema`` is the tenant's
+    schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
     The registry's schedules are started at each slot (once per slot across any

@@ -466,13 +466,10 @@ async def run_job_pass(
     Handler problems become outcomes, never exceptions. With ``keep_lease`` an
     advancing commit hands the lease straight to the next pass.
 
-    A cancellation of the pass's task is not caught: the pass is not committed,
-    the ledger keeps what finished, the lease is handed back so another driver
-    need not wait for it to expire, and the cancellation goes on. Any other
-    ``BaseException`` from user code (a ``CancelledError`` it raised itself,
-    ``GeneratorExit``, ...) is a failed attempt like an ``Exception``; a
-    ``KeyboardInterrupt`` or ``SystemExit`` is recorded the same way and handed
-    back in the outcome's ``raised`` for the driver to raise again.
+    A cancellation of the pass's task is not caught: nothing is committed, the
+    ledger keeps what finished, the lease is handed back, the cancellation goes
+    on. Anything else user code raises is a failed attempt (see
+    ``interrupts_the_pass``); an exit also comes back in the outcome's ``raised``.
     """
     job_policy = retry if retry is not None else DEFAULT_RETRY
     keeper = LeaseKeeper(
