@@ -189,8 +189,32 @@ class StoreError(JobRunError):
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
+    text = _message_of(error).strip()
     return text.splitlines()[0] if text else "(no message)"
+
+
+def printable_text(text: str) -> str:
+    """``text`` as every database stores it: lone surrogates (which UTF-8 cannot
+    encode) and NUL (which Postgres text cannot hold) shown as escapes."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _message_of(error: BaseException) -> str:
+    """``str(error)``, or a stand-in when the exception's ``__str__`` misbehaves.
+
+    User code can raise anything: a ``__str__`` that raises, or returns something
+    other than a str, must not turn the recording of a failure into a failure.
+    """
+    try:
+        text = str(error)
+    except Exception as broken:
+        return f"(its message could not be read: __str__ raised {type(broken).__name__})"
+    # A str subclass may override anything; its plain text is what is stored.
+    return text if type(text) is str else str.__str__(text)
 
 
 def describe_exception(error: BaseException) -> str:
@@ -198,9 +222,12 @@ def describe_exception(error: BaseException) -> str:
 
     ``str(KeyError('x'))`` alone is ``'x'``; the type makes it readable. jobrun's
     own errors already read as sentences, so they are stored as their message.
+    Never raises, whatever the exception's ``__str__`` does, and the text it
+    returns is storable: see :func:`printable_text`.
     """
-    if isinstance(error, JobRunError):
-        return error.message
-    text = str(error)
-    name = type(error).__name__
-    return f"{name}: {text}" if text else name
+    message = getattr(error, "message", None) if isinstance(error, JobRunError) else None
+    if type(message) is str:
+        return printable_text(message)
+    text = _message_of(error)
+    name = printable_text(type(error).__name__)
+    return f"{name}: {printable_text(text)}" if text else name

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
+from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits
 from jobrun._core.records import (
     ClaimRequest,
@@ -85,6 +86,7 @@ class MemoryJobRunStore:
         self.runs: dict[str, RunRow] = {}
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
+        self._owed_releases = OwedReleases()
 
     @property
     def limits(self) -> StoreLimits:
@@ -93,6 +95,10 @@ class MemoryJobRunStore:
     @property
     def default_scope(self) -> object:
         return self._default_scope
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        return self._owed_releases
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         for existing in self.runs.values():

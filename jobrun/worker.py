@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections import deque
@@ -40,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core.actions import job_run_health
 from jobrun._core.clock import Clock
-from jobrun._core.drive import run_due_jobs
+from jobrun._core.drive import drive_due_jobs
 from jobrun._core.formats import format_instant
 from jobrun._core.observe import (
     LOG_PASSES,
@@ -57,11 +58,12 @@ from jobrun._core.options import (
     drive_options,
     refuse,
 )
-from jobrun._core.records import JobRunHealth
+from jobrun._core.records import JobRunHealth, RunKey
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._core.scheduled_runs import start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
+from jobrun.errors import describe_exception
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 
@@ -76,6 +78,8 @@ DEFAULT_INTERVAL_S = 5.0
 # register (never less than the interval): a read of its own, so the claim,
 # and an idle database's one claim per interval, stay as they are.
 UNREGISTERED_CHECK_S = 60.0
+FAILED_DRIVE_RETRY_S = 1.0
+"""How soon a driver whose drive failed tries again (never later than the interval)."""
 PRUNE_INTERVAL_S = 600.0
 """Retention runs at start and then every ten minutes: pruning is never urgent."""
 MAX_SCHEDULE_SLEEP_S = 60.0
@@ -104,6 +108,9 @@ class _Database:
         self.polling = False
         # A wake-up that found nobody idle: the next driver to go idle claims again.
         self.pending = False
+        # Monotonic instants: when the drives began to fail, and the last warning.
+        self.failing_since: float | None = None
+        self.warned_at = 0.0
         self._idle: deque[asyncio.Future[None]] = deque()
 
     def wake_one(self) -> None:
@@ -213,20 +220,25 @@ class _Worker:
                 async with self.slots:
                     if self.stop.is_set():
                         return
-                    report = await run_due_jobs(
-                        database.store, self.registry, options=options, stop=self.stop
+                    report = await drive_due_jobs(
+                        database.store,
+                        self.registry,
+                        options,
+                        stop=self.stop,
+                        on_user_exit=functools.partial(_log_user_exit, database),
                     )
-            except Exception as error:
-                log.warning(
-                    "driving %s failed: %s; trying again in %.1f s",
-                    database.label,
-                    error,
-                    self.interval_s,
-                    exc_info=True,
-                    extra={"database": database.label},
-                )
-                await self._sleep(self.interval_s)
+            except asyncio.CancelledError as error:
+                task = asyncio.current_task()
+                if task is None or task.cancelling() > 0:
+                    raise
+                # Nobody cancelled this driver: left to go on, it would end without a
+                # word (a task group ignores a child's CancelledError), and drive nothing.
+                await self._after_failure(database, error)
                 continue
+            except Exception as error:
+                await self._after_failure(database, error)
+                continue
+            database.failing_since = None
             if report.attempted:
                 database.delay_s = FIRST_IDLE_DELAY_S
                 continue
@@ -245,6 +257,33 @@ class _Worker:
                 await database.idle(delay)
             finally:
                 database.polling = False
+
+    async def _after_failure(self, database: _Database, error: BaseException) -> None:
+        """Log a failed drive and wait a moment before the next.
+
+        The next try comes soon (the store may answer again any moment, and the
+        runs whose release it failed wait for it: see ``jobrun._core.owed``); the
+        warning comes when a streak of failures begins and once per interval after.
+        """
+        now = self.clock.monotonic()
+        retry_s = min(self.interval_s, FAILED_DRIVE_RETRY_S)
+        if database.failing_since is None or now - database.warned_at >= self.interval_s:
+            database.warned_at = now
+            level = logging.WARNING
+        else:
+            level = logging.DEBUG
+        if database.failing_since is None:
+            database.failing_since = now
+        log.log(
+            level,
+            "driving %s failed: %s; trying again in %.1f s",
+            database.label,
+            describe_exception(error),
+            retry_s,
+            exc_info=True,
+            extra={"database": database.label},
+        )
+        await self._sleep(retry_s)
 
     async def _health(self, database: _Database, record: HealthCallback) -> None:
         while not self.stop.is_set():
@@ -385,6 +424,23 @@ class _Worker:
             )
 
 
+def _log_user_exit(
+    database: _Database, run: RunKey, raised: KeyboardInterrupt | SystemExit
+) -> None:
+    """A job's own code raised ``KeyboardInterrupt`` or ``SystemExit``: the worker goes on."""
+    log.error(
+        "run %s of %s/%s[%s] on %s raised %s in its own code; recorded as a failed "
+        "attempt of the run, and this worker goes on with other runs",
+        run.id,
+        run.module_id,
+        run.job,
+        run.instance,
+        database.label,
+        describe_exception(raised),
+        extra={"database": database.label, "run_id": run.id},
+    )
+
+
 def _listens(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql" and engine.dialect.driver == "asyncpg"
 
@@ -417,9 +473,10 @@ async def run_worker(
     each :func:`jobrun.run_due_jobs` call; its ``clock`` also times the worker's
     waits. ``concurrency`` bounds the calls in flight across all databases.
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
-    database every ``interval_s``. A failing database is logged and retried every
-    ``interval_s``; it never stops the others. On Postgres, ``schema`` is the
-    tenant's schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
+    database every ``interval_s``. A failing database is retried after a second
+    (at most ``interval_s``) and never stops the others; a job's ``sys.exit()``
+    is its run's failed attempt, logged. On Postgres, ``schema`` is the tenant's
+    schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
     The registry's schedules are started at each slot (once per slot across any

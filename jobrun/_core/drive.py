@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from jobrun._core import stranded
 from jobrun._core.clock import Clock
@@ -33,6 +33,8 @@ from jobrun._watchdog import real_time_guard
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"], None]
 
 
 def _count(report: JobDriveReport, run_id: str, outcome: PassOutcome) -> None:
@@ -163,14 +165,38 @@ async def run_due_jobs(
 
     Runs are leased one at a time, in the order they became due, so any number of
     drivers may share a database: each run is driven by one of them at a time.
-    A run's failure is recorded on the run and reported, never raised; only the
-    store's own failures (a lost database) escape. When ``stop`` is set, no new
-    run is claimed and the run in hand gets no further pass.
+    A run's failure is recorded on the run and reported, never raised, whatever
+    the handler raised; only the store's own failures (a lost database) escape,
+    and a write that would have released a lease then is sent again before the
+    next claim on the same store, so the run need not wait for its lease to
+    expire. A ``KeyboardInterrupt`` or ``SystemExit`` raised inside a handler or
+    step (``sys.exit()``) is recorded as that run's failed attempt, releasing its
+    lease, and then raised again, so it still stops the program. When ``stop`` is
+    set, no new run is claimed and the run in hand gets no further pass.
 
     ``observer`` hears each pass and its steps (see ``jobrun.PassObserver``); by
     default they are logged on the ``jobrun.pass`` and ``jobrun.step`` loggers.
     """
-    chosen = drive_options(options, keywords)
+    return await drive_due_jobs(store, registry, drive_options(options, keywords), stop=stop)
+
+
+async def drive_due_jobs(
+    store: JobRunStore,
+    registry: JobRegistry,
+    chosen: DriveOptions,
+    *,
+    stop: asyncio.Event | None = None,
+    on_user_exit: UserExitHandler | None = None,
+) -> JobDriveReport:
+    """:func:`run_due_jobs` with its options judged, for the worker.
+
+    A ``KeyboardInterrupt`` or ``SystemExit`` raised by a handler or a step body
+    is recorded as that run's failed attempt, which releases its lease. Without
+    ``on_user_exit`` it is then raised again, as a program embedding
+    :func:`run_due_jobs` expects of ``sys.exit()`` or Ctrl-C; with it, it goes to
+    ``on_user_exit(run, exception)`` and the drive goes on with other runs, as a
+    worker must when one job's code calls ``sys.exit()``.
+    """
     drive = _Drive(
         store,
         registry,
@@ -178,9 +204,12 @@ async def run_due_jobs(
         driver=chosen.driver_name or default_driver_name(),
         clock=await aligned_clock(store, chosen.clock),
         stop=stop,
+        on_user_exit=on_user_exit,
     )
     driven: set[str] = set()
     while drive.report.attempted < chosen.limit and not drive.stopping():
+        # Releases the store failed earlier go first: their runs are due again now.
+        await store.owed_releases.settle(store)
         claimed = await _claim(store, registry, drive.clock, drive.driver, frozenset(driven))
         if claimed is None:
             break
@@ -203,7 +232,9 @@ class _Drive:
         driver: str,
         clock: Clock,
         stop: asyncio.Event | None,
+        on_user_exit: UserExitHandler | None = None,
     ) -> None:
+        self.on_user_exit = on_user_exit
         self.store = store
         self.registry = registry
         self.options = options
@@ -263,6 +294,12 @@ class _Drive:
             )
             taken_over = False
             _count(self.report, row.id, outcome)
+            if outcome.raised is not None:
+                # Recorded, and the lease released by that record: now raised or reported.
+                if self.on_user_exit is None:
+                    raise outcome.raised
+                self.on_user_exit(_key_of(current), outcome.raised)
+                return
             if outcome.status != "advanced" or last or outcome.row is None:
                 return
             if outcome.row.status != JobRunStatus.RUNNING.value:

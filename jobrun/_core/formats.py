@@ -131,8 +131,15 @@ def decode_json(text: str, column: str) -> Any:
         raise MalformedColumnError(column, error) from error
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def is_count(value: object) -> bool:
+    """A counter's value: an int or float that is a finite float (an int past
+    ~1.8e308 is not: ``math.isfinite`` cannot even take it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def decode_counters(text: str) -> dict[str, int | float]:
@@ -143,7 +150,7 @@ def decode_counters(text: str) -> dict[str, int | float]:
             "counters", ValueError(f"expected an object of numbers, got {type(value).__name__}")
         )
     for name, number in value.items():
-        if not _is_count(number):
+        if not is_count(number):
             raise MalformedColumnError(
                 "counters", ValueError(f"counter {name!r} is {number!r}, not a finite number")
             )
@@ -168,7 +175,7 @@ def repaired_counters(text: str) -> str | None:
         return "{}"
     if not isinstance(value, dict):
         return "{}"
-    return encode_json({name: number for name, number in value.items() if _is_count(number)})
+    return encode_json({name: number for name, number in value.items() if is_count(number)})
 
 
 class MalformedColumnError(ValueError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
 from jobrun._core.records import RunKey
-from jobrun.errors import LeaseLostError, StepFailedError
+from jobrun.errors import LeaseLostError, StepFailedError, describe_exception
 
 PassOutcomeName: TypeAlias = Literal[
     "advanced", "completed", "retrying", "failed", "superseded", "interrupted"
@@ -160,7 +160,7 @@ class PassProbe:
             elif isinstance(error, LeaseLostError):
                 end = StepEnd(name, "lost", 0, elapsed, str(error))
             else:
-                end = StepEnd(name, "error", 0, elapsed, f"{type(error).__name__}: {error}")
+                end = StepEnd(name, "error", 0, elapsed, describe_exception(error))
             self._step_ended(end)
             raise
         elapsed = self._monotonic() - began

@@ -15,7 +15,6 @@ write ends the pass as ``superseded`` and nothing more is written.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
 import math
@@ -30,6 +29,7 @@ from jobrun._core.formats import (
     decode_counters,
     decode_json,
     format_instant,
+    is_count,
 )
 from jobrun._core.lease import BodyGuard, Lease, LeaseKeeper
 from jobrun._core.names import name_problem, shown_name
@@ -43,17 +43,20 @@ from jobrun._core.results import (
     counters_text,
     cursor_text,
     interpret_result,
+    refuse_generator,
     step_result_text,
 )
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
 from jobrun._system import mint_run_id
 from jobrun.errors import (
     HandlerMistakeError,
+    JobRunError,
     LeaseLostError,
     PassTimeoutError,
     StepFailedError,
     StepReusedError,
     describe_exception,
+    printable_text,
 )
 
 __all__ = ["KEEP_CURSOR", "HandlerResult", "JobPass", "PassResult", "run_job_pass"]
@@ -74,15 +77,19 @@ class PassOutcome:
     # sent (the pass clock's monotonic seconds: where its self-fence starts).
     row: RunRow | None = None
     leased_at_s: float | None = None
+    # A KeyboardInterrupt or SystemExit user code raised, recorded as this
+    # failure: the driver raises it again unless told to go on.
+    raised: KeyboardInterrupt | SystemExit | None = None
 
 
 def cap_error_text(text: str) -> str:
     """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut.
 
-    A NUL (which Postgres text cannot hold) is shown escaped, so an exception
-    message can never make the failure record itself fail.
+    A NUL (which Postgres text cannot hold) and a lone surrogate (which UTF-8
+    cannot encode) are shown escaped, so an exception message can never make
+    the failure record itself fail.
     """
-    text = text.replace("\x00", "\\x00")
+    text = printable_text(text)
     encoded = text.encode("utf-8")
     if len(encoded) <= MAX_ERROR_TEXT_BYTES:
         return text
@@ -188,6 +195,8 @@ class JobPass:
         # Step coroutines handed out but not started yet, by call number.
         self._unstarted: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = {}
         self._step_calls = 0
+        # The step failure a KeyboardInterrupt or SystemExit from a step body stands for.
+        self._exit_failure: StepFailedError | None = None
 
     def count(self, name: str, by: int | float = 1) -> None:
         """Add ``by`` (a finite int or float) to counter ``name``.
@@ -203,25 +212,43 @@ class JobPass:
             problem = name_problem(name)
             if problem is not None:
                 raise _mistake(f"counter name {shown_name(name)} {problem}", "counters")
-        if isinstance(by, bool) or not isinstance(by, int | float) or not math.isfinite(by):
+        if not is_count(by):
             raise _mistake(
-                f"p.count({name!r}, by={by!r}): by must be a finite int or float", "counters"
+                f"p.count({name!r}, by={_shown_number(by)}): by must be a finite int or "
+                "float, within a float's range (about 1.8e308)",
+                "counters",
             )
-        total = self._counters.get(name, 0) + by
-        if not math.isfinite(total):
-            raise _mistake(f"counter {name!r} would overflow to {total!r}", "counters")
+        try:
+            total = self._counters.get(name, 0) + by
+        except OverflowError:
+            # A huge int added to a float counter: the float cannot hold the sum.
+            total = math.inf
+        if not is_count(total):
+            raise _mistake(f"counter {name!r} would overflow to {_shown_number(total)}", "counters")
         self._counters[name] = total
 
     async def scope(self) -> Any:
         """What the host's ``open_scope(run)`` returns; opened at first use, once per pass."""
         if self._scope_task is None:
             self._scope_task = asyncio.ensure_future(self._open())
-        # Shielded: one caller being cancelled must not cancel the others' scope.
-        return await asyncio.shield(self._scope_task)
+        try:
+            # Shielded: one caller being cancelled must not cancel the others' scope.
+            return await asyncio.shield(self._scope_task)
+        except _CarriedExit as carried:
+            # Raised again in the pass's own task, where the handler call records it.
+            raise carried.raised from None
 
     async def _open(self) -> Any:
-        opened = self._open_scope(self.run)
-        return await opened if inspect.isawaitable(opened) else opened
+        try:
+            opened = self._open_scope(self.run)
+            return await opened if inspect.isawaitable(opened) else opened
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            raise
+        except BaseException as error:
+            # Out of a task of its own, asyncio would stop the event loop with it.
+            raise _CarriedExit(error) from error
 
     def step(
         self,
@@ -323,6 +350,18 @@ class JobPass:
             # Written before raising so the next pass knows how many attempts were spent.
             await self._record(StepRow(name, None, attempts, cause))
             raise StepFailedError(name, attempts, policy, cause) from error
+        except BaseException as error:
+            if interrupts_the_pass(error):
+                raise
+            cause = cap_error_text(raised_by_user_code(error, "the step's code"))
+            await self._record(StepRow(name, None, attempts, cause))
+            failure = StepFailedError(name, attempts, policy, cause)
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                # Goes on as itself, so a handler's `except Exception` cannot keep
+                # the pass going; the handler call turns it into the failure.
+                self._exit_failure = failure
+                raise
+            raise failure from error
         # Not storable is a mistake, not a failed attempt: retrying would run the body again.
         stored = step_result_text(name, value, self._store.limits.max_step_result_bytes)
         # The write that makes the step durable; the one round trip a new step costs.
@@ -353,6 +392,25 @@ class JobPass:
         return format_instant(self._clock.now())
 
 
+def _shown_number(value: object) -> str:
+    """A number as a message shows it: a huge int by its size, not 400 digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        # Counted from the bits: str() of a very large int raises.
+        return f"an int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        return repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+
+
+class _CarriedExit(Exception):
+    """A ``BaseException`` from ``open_scope`` (not a cancellation), out of its task."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
+
+
 def _mistake(text: str, path: str) -> HandlerMistakeError:
     return HandlerMistakeError(text, [{"path": path, "message": text}])
 
@@ -360,6 +418,46 @@ def _mistake(text: str, path: str) -> HandlerMistakeError:
 def _fails_at_once(error: Exception) -> bool:
     """A mistake in handler code: it would fail the same way on every retry."""
     return isinstance(error, HandlerMistakeError | StepReusedError)
+
+
+def interrupts_the_pass(error: BaseException) -> bool:
+    """Whether a ``BaseException`` that is not an ``Exception`` stops the pass
+    rather than failing it: only a cancellation of the pass's own task does.
+
+    A ``CancelledError`` while nobody is cancelling the task (``cancelling()``
+    is 0: the lease keeper, the pass budget and the host all cancel through the
+    task) was raised by user code, often from awaiting a future someone else
+    cancelled; like ``GeneratorExit`` or a ``BaseException`` subclass of its own,
+    it is a failed attempt. So are ``KeyboardInterrupt`` and ``SystemExit``, which
+    the driver then raises again (see :class:`UserExit`).
+    """
+    if not isinstance(error, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def raised_by_user_code(error: BaseException, where: str) -> str:
+    """The failure text of a ``BaseException`` user code raised that is no interruption."""
+    text = f"{describe_exception(error)} raised by {where}"
+    if isinstance(error, asyncio.CancelledError):
+        return f"{text} (not a cancellation of the pass)"
+    return text
+
+
+class UserExit(Exception):
+    """``KeyboardInterrupt`` or ``SystemExit`` raised by user code in a pass.
+
+    Carried out of the handler call as an ordinary failure, so the pass records
+    it (charging the attempt; that write also releases the lease). The outcome
+    then carries ``raised`` back to the driver, which raises it again, unless its
+    caller (the worker) asked to go on with other runs.
+    """
+
+    def __init__(self, failure: Exception, raised: KeyboardInterrupt | SystemExit) -> None:
+        super().__init__(describe_exception(failure))
+        self.failure = failure
+        self.raised = raised
 
 
 async def run_job_pass(
@@ -386,10 +484,10 @@ async def run_job_pass(
     (the pass clock's monotonic seconds when the claim or commit that wrote the
     lease was sent) and ``guard`` set the self-fence (see ``lease.py``).
 
-    ``BaseException``s that are not ``Exception``s (cancellation, Ctrl-C) are not
-    caught: the pass is not committed, the ledger keeps what finished, the lease
-    is handed back so another driver need not wait for it to expire, and the
-    exception goes on.
+    A cancellation of the pass's task is not caught: nothing is committed, the
+    ledger keeps what finished, the lease is handed back, the cancellation goes
+    on. Anything else user code raises is a failed attempt (see
+    ``interrupts_the_pass``); an exit also comes back in the outcome's ``raised``.
     """
     job_policy = retry if retry is not None else DEFAULT_RETRY
     keeper = LeaseKeeper(
@@ -419,6 +517,10 @@ async def run_job_pass(
         return await _commit(store, row, context, result, lease, clock, keep_lease)
     except LeaseLostError:
         return PassOutcome("superseded")
+    except UserExit as escaped:
+        failure = escaped.failure
+        outcome = await _record_failure(store, row, job_policy, failure, clock, random, lease)
+        return replace(outcome, raised=escaped.raised)
     except Exception as error:
         return await _record_failure(store, row, job_policy, error, clock, random, lease)
     except BaseException:
@@ -527,6 +629,7 @@ async def _call_handler(
     try:
         async with keeper, budget:
             result = handler(context)
+            refuse_generator(result)
             if inspect.isawaitable(result):
                 result = await result
     except Exception as error:
@@ -537,13 +640,35 @@ async def _call_handler(
         if isinstance(error, TimeoutError) and timeout_s is not None and budget.expired():
             raise PassTimeoutError(timeout_s) from error
         raise
-    except BaseException:
-        context._close_unawaited_steps()
-        raise
+    except BaseException as error:
+        mistake = context._close_unawaited_steps()
+        if interrupts_the_pass(error):
+            raise
+        raise _user_failure(error, context, mistake) from error
     mistake = context._close_unawaited_steps()
     if mistake is not None:
         raise mistake
     return result
+
+
+def _user_failure(
+    error: BaseException, context: JobPass, mistake: HandlerMistakeError | None
+) -> Exception:
+    """What a ``BaseException`` from the handler call (not an interruption) fails the pass as."""
+    failure: Exception
+    if mistake is not None:
+        failure = mistake
+    elif context._exit_failure is not None and isinstance(error, KeyboardInterrupt | SystemExit):
+        failure = context._exit_failure
+    else:
+        failure = _HandlerRaised(raised_by_user_code(error, "the handler's code"))
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        return UserExit(failure, error)
+    return failure
+
+
+class _HandlerRaised(JobRunError):
+    """Stands for a ``BaseException`` the handler raised; stored as its message."""
 
 
 def _unleased(row: RunRow) -> RunPatch:
@@ -564,11 +689,23 @@ def _unleased(row: RunRow) -> RunPatch:
 async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
     """Give a held lease back (fenced), shielded from a cancellation in progress.
 
-    Best effort: if it cannot be written, the lease simply expires and the run
-    is taken over then.
+    Never raises for a store failure: the hand-back is then owed (see
+    ``jobrun._core.owed``) and sent again before the next claim on the store.
     """
-    with contextlib.suppress(Exception):
-        await asyncio.shield(store.patch(row.id, _unleased(row), lease.token))
+    unleased = _unleased(row)
+    try:
+        await asyncio.shield(store.patch(row.id, unleased, lease.token))
+    except Exception:
+        store.owed_releases.owe(row.id, unleased, lease.token)
+
+
+async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:
+    """A fenced write that ends the lease; owed (then raised) when the store fails it."""
+    try:
+        return await store.patch(run_id, patch, lease.token)
+    except Exception:
+        store.owed_releases.owe(run_id, patch, lease.token)
+        raise
 
 
 async def fail_run(
@@ -583,7 +720,7 @@ async def fail_run(
         updated_at=at,
         ended_at=at,
     )
-    if not await store.patch(row.id, patch, lease.token):
+    if not await _release_write(store, row.id, patch, lease):
         return PassOutcome("superseded")
     return PassOutcome("failed", reason)
 
@@ -607,7 +744,8 @@ async def _record_failure(
     exhausted = _fails_at_once(error) or against >= policy.max_attempts
     text = cap_error_text(describe_exception(error))
     at = format_instant(clock.now())
-    written = await store.patch(
+    written = await _release_write(
+        store,
         row.id,
         RunPatch(
             status=JobRunStatus.FAILED.value if exhausted else JobRunStatus.RUNNING.value,
@@ -621,7 +759,7 @@ async def _record_failure(
             ended_at=at if exhausted else None,
             lease_takeovers=row.lease_takeovers,
         ),
-        lease.token,
+        lease,
     )
     if not written:
         return PassOutcome("superseded", text)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.owed import OwedReleases
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
@@ -56,6 +57,12 @@ class JobRunStore(Protocol):
     @property
     def default_scope(self) -> object:
         """What ``await p.scope()`` returns when the host supplies no ``open_scope``."""
+        ...
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        """Lease releases this store failed to write, sent again before the next
+        claim (see ``jobrun._core.owed``); the store only keeps them."""
         ...
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:

@@ -8,6 +8,7 @@ pass, with a ``last_error`` that says what to fix.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,6 +79,24 @@ def _type_name(value: object) -> str:
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
+def refuse_generator(result: object) -> None:
+    """A handler written as a generator is a mistake, found before anything awaits it.
+
+    A generator marked awaitable (``types.coroutine``) would otherwise be awaited
+    and fail with asyncio's "Task got bad yield" on every retry.
+    """
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        if inspect.isgenerator(result):
+            # Never started, so closing runs none of its code; it just cannot linger.
+            result.close()
+        raise _mistake(
+            f"the handler returned {_type_name(result)}: a handler is a plain or `async def` "
+            f"function without `yield`; {_RESULT_HELP}",
+            "result",
+            _type_name(result),
+        )
+
+
 def interpret_result(result: object) -> tuple[Any, bool]:
     """``(cursor or KEEP_CURSOR, done)`` from what a handler returned, or a mistake."""
     if result is None:
@@ -99,6 +118,9 @@ def interpret_result(result: object) -> tuple[Any, bool]:
             )
         cursor, done = result.get("cursor", KEEP_CURSOR), result.get("done", False)
     else:
+        if inspect.iscoroutine(result):
+            # Awaited by nobody: closed, so Python does not warn about it later.
+            result.close()
         raise _mistake(
             f"the handler returned {_type_name(result)}: {_RESULT_HELP}",
             "result",

@@ -23,6 +23,7 @@ from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.ids import first_id_at
+from jobrun._core.owed import OwedReleases
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
@@ -193,6 +194,8 @@ class SqlJobRunStore:
         self._statements = Statements(compile_, self._is_postgres)
         self._shapes = Shapes(compile_)
         self._schema_checked = False
+        # Kept by the store because it is what every drive of this database shares.
+        self._owed_releases = OwedReleases()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
         # (measured at, database clock minus system clock in seconds)
@@ -215,6 +218,10 @@ class SqlJobRunStore:
     @property
     def default_scope(self) -> object:
         return self._host_engine
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        return self._owed_releases
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:

@@ -24,6 +24,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+from jobrun._core.formats import format_instant
 from jobrun._core.records import RunRow, StepRow
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, StatementLog, drive, logged_store, row_of
@@ -185,12 +186,16 @@ async def test_a_dropped_connection_mid_pass_leaves_the_run_whole(
             assert caught.value.__cause__ is not None
             row = await row_of(store, run.id)
             assert row.lease_owner is not None, "nothing could be written, not even a hand-back"
-            # Held until it expires: another drive now finds nothing to do.
-            assert (await drive(store, registry, clock)).attempted == 0
+            assert len(store.owed_releases) == 1, "the failure record is owed"
         assert sorted(killer.killed) == sorted(set(plan))
         assert (row.status, row.cursor, row.counters) == ("running", None, "{}")
         assert sorted(await store.steps(run.id)) == ledger_after
         await assert_whole(store, run.id, None)
+        if escapes is not None:
+            # The next drive writes the owed failure record first and takes the run at
+            # once: the clock never moved, so its lease did not have to expire.
+            assert (await drive(store, registry, clock)).completed == 1
+            assert len(store.owed_releases) == 0
 
         final = await finish(store, registry, clock, run.id)
         assert (final.status, final.cursor, final.attempts) == ("done", '"end"', 0)
@@ -472,11 +477,9 @@ async def test_a_hanging_step_times_out_as_a_failed_pass_and_is_not_wedged(
 # --- interruption: Ctrl-C, cancellation, a cancelled drive --------------------------------
 
 
+# A KeyboardInterrupt or CancelledError raised by the handler's own code is a failed
+# attempt, not an interruption: see test_poison.py.
 INTERRUPTIONS = [
-    pytest.param("handler", KeyboardInterrupt, id="keyboard-interrupt-in-handler"),
-    pytest.param("handler", asyncio.CancelledError, id="cancelled-error-in-handler"),
-    pytest.param("step", KeyboardInterrupt, id="keyboard-interrupt-in-step"),
-    pytest.param("step", asyncio.CancelledError, id="cancelled-error-in-step"),
     pytest.param("task", asyncio.CancelledError, id="task-cancelled"),
 ]
 
@@ -740,3 +743,96 @@ async def test_drives_cancelled_at_random_moments_never_lose_or_undo_work(
     assert set(executions) == {(run.id, c, i) for run in runs for c in range(3) for i in range(4)}
     # Once a step's result was recorded, every later pass got that same result back.
     assert all(len(values) == 1 for values in returned.values())
+
+
+# --- a full disk: a release it kept from being written is owed, not waited out ------------
+
+
+class FullDisk:
+    """While ``full``, every write the store sends fails as a full disk fails it."""
+
+    WRITES = ("INSERT", "UPDATE", "DELETE", "WITH")
+
+    def __init__(self, log: StatementLog) -> None:
+        self.full = False
+        self.refused = 0
+        log.before = self._before
+
+    async def _before(self, _operation: str, statement: str) -> None:
+        if self.full and statement.lstrip().upper().startswith(self.WRITES):
+            self.refused += 1
+            raise OSError(28, "database or disk is full")
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_a_failure_record_a_full_disk_refused_is_written_once_space_returns(
+    engine: AsyncEngine, clock: FakeClock
+) -> None:
+    store, log = logged_store(engine)
+    disk = FullDisk(log)
+    job = TwoSteps()
+    registry = job.registry()
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+
+    async def fill() -> None:
+        disk.full = True
+
+    job.before_b = fill
+    # Step b's record fails, then so does the failure record that would release the lease.
+    with pytest.raises(jobrun.StoreError):
+        await drive(store, registry, clock)
+    held = await row_of(store, run.id)
+    assert held.lease_owner is not None
+    assert held.next_attempt_at is not None
+    assert len(store.owed_releases) == 1
+    # Still full: the owed write fails again and is kept; the run is still leased.
+    assert (await drive(store, registry, clock)).attempted == 0
+    assert len(store.owed_releases) == 1
+
+    disk.full = False
+    assert await store.owed_releases.settle(store) == 1
+    released = await row_of(store, run.id)
+    # Released long before the lease would have expired (the clock never moved).
+    assert (released.lease_owner, released.attempts, released.status) == (None, 1, "running")
+    assert released.last_error is not None
+    assert "database or disk is full" in released.last_error
+    assert format_instant(clock.now()) < held.next_attempt_at, "the lease had not expired"
+    report = await drive(store, registry, clock)
+    assert report.completed == 1
+    assert job.calls == ["a", "b", "b"]
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_a_hand_back_a_full_disk_refused_is_written_before_the_next_claim(
+    engine: AsyncEngine, clock: FakeClock
+) -> None:
+    store, log = logged_store(engine)
+    disk = FullDisk(log)
+    job = TwoSteps()
+    registry = job.registry()
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    in_b = asyncio.Event()
+
+    async def fill_and_hang() -> None:
+        disk.full = True
+        in_b.set()
+        await asyncio.Event().wait()
+
+    job.before_b = fill_and_hang
+    task = asyncio.create_task(drive(store, registry, clock))
+    await asyncio.wait_for(in_b.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    held = await row_of(store, run.id)
+    assert held.lease_owner is not None, "the hand-back could not be written"
+    assert len(store.owed_releases) == 1
+
+    disk.full = False
+    # The next drive sends the hand-back first, then claims the run: no lease waited out.
+    report = await drive(store, registry, clock)
+    assert report.completed == 1
+    assert len(store.owed_releases) == 0
+    final = await row_of(store, run.id)
+    assert (final.status, final.attempts, final.lease_takeovers) == ("done", 0, 0)
+    assert format_instant(clock.now()) < (held.next_attempt_at or ""), "still within the lease"

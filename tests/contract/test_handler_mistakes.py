@@ -8,6 +8,7 @@ the fix lets it finish. Runs on memory, SQLite and Postgres (``store`` fixture).
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +103,46 @@ async def test_a_bad_handler_result_fails_the_run_at_once(
     failed, _ = await _fails_at_once(store, clock, handler)
     assert expected in (failed.last_error or ""), failed.last_error
     assert calls == 1
+    await _resume_and_finish(store, clock, failed.id)
+
+
+def _generator(p: jobrun.JobPass) -> Any:
+    yield jobrun.PassResult(done=True)
+
+
+async def _async_generator(p: jobrun.JobPass) -> Any:
+    yield jobrun.PassResult(done=True)
+
+
+@types.coroutine
+def _awaitable_generator(p: jobrun.JobPass) -> Any:
+    # Awaitable, so without the check asyncio would fail it with "Task got bad yield"
+    # on every retry.
+    yield jobrun.PassResult(done=True)
+
+
+async def _returns_a_coroutine(p: jobrun.JobPass) -> Any:
+    async def inner() -> jobrun.PassResult:
+        return jobrun.PassResult(done=True)
+
+    return inner()
+
+
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [
+        (_generator, "the handler returned a generator: a handler is a plain or `async def`"),
+        (_async_generator, "the handler returned an async_generator: a handler is"),
+        (_awaitable_generator, "the handler returned a generator: a handler is"),
+        (_returns_a_coroutine, "the handler returned a coroutine: return PassResult("),
+    ],
+    ids=["generator", "async-generator", "awaitable-generator", "coroutine"],
+)
+async def test_a_handler_of_the_wrong_kind_fails_the_run_at_once(
+    store: Any, clock: FakeClock, handler: Any, expected: str
+) -> None:
+    failed, _ = await _fails_at_once(store, clock, handler)
+    assert expected in (failed.last_error or ""), failed.last_error
     await _resume_and_finish(store, clock, failed.id)
 
 
@@ -258,10 +299,13 @@ async def test_counters_are_read_only_to_the_handler(store: Any, clock: FakeCloc
     [
         ("x", "text", "p.count('x', by='text'): by must be a finite int or float"),
         ("x", math.inf, "by must be a finite int or float"),
+        # An int no float can hold: JSON would store it, but no counter could read it.
+        ("x", 10**400, "p.count('x', by=an int of about 401 digits): by must be a finite"),
+        ("x", -(10**309), "by=an int of about 310 digits"),
         ("x" * 600, 1, "over the 512-byte limit for names"),
         (3, 1, "p.count() got a counter name of type int: use a str"),
     ],
-    ids=["text", "inf", "long-name", "int-name"],
+    ids=["text", "inf", "huge-int", "huge-negative-int", "long-name", "int-name"],
 )
 async def test_a_bad_count_fails_at_once(
     store: Any, clock: FakeClock, name: Any, by: Any, expected: str
@@ -272,6 +316,20 @@ async def test_a_bad_count_fails_at_once(
 
     failed, _ = await _fails_at_once(store, clock, handler)
     assert expected in (failed.last_error or "")
+
+
+@pytest.mark.parametrize("first", [1.5e308, 10**308], ids=["float", "int"])
+async def test_a_count_that_overflows_a_float_fails_at_once(
+    store: Any, clock: FakeClock, first: int | float
+) -> None:
+    def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        p.count("x", first)
+        p.count("x", 10**308)
+        return jobrun.PassResult(done=True)
+
+    failed, _ = await _fails_at_once(store, clock, handler)
+    assert "counter 'x' would overflow to" in (failed.last_error or "")
+    assert failed.counters == {}
 
 
 async def test_counters_over_their_cap_fail_at_once(

@@ -586,39 +586,6 @@ async def test_a_huge_error_text_is_cut_with_a_visible_marker(store: Any, clock:
 # --- interruption and time budget ----------------------------------------------------
 
 
-@pytest.mark.parametrize("interruption", [asyncio.CancelledError, KeyboardInterrupt])
-async def test_an_interrupted_pass_is_not_committed_and_resumes_from_the_ledger(
-    store: Any, clock: FakeClock, interruption: type[BaseException]
-) -> None:
-    calls: list[str] = []
-
-    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
-        p.count("seen")
-        await p.step("a", lambda: calls.append("a"))
-        if "interrupted" not in calls:
-            calls.append("interrupted")
-            raise interruption()
-        await p.step("b", lambda: calls.append("b"))
-        return jobrun.PassResult(cursor="after-b")
-
-    registry = registry_for(script(returns({"cursor": "c0"}), handler))
-    run_id = await start_id(store, clock)
-    await drive(store, registry, clock)
-    before = await row_of(store, run_id)
-
-    clock.advance(seconds=1)
-    with pytest.raises(interruption):
-        await drive(store, registry, clock)
-    assert await row_of(store, run_id) == before
-    assert await store.steps(run_id) == {"a": StepRow("a", "null", 1, None)}
-
-    report = await drive(store, registry, clock)
-    assert report.advanced == 1
-    assert calls == ["a", "interrupted", "b"]
-    row = await row_of(store, run_id)
-    assert (row.cursor, row.counters, row.attempts) == ('"after-b"', '{"seen":1}', 0)
-
-
 async def test_a_pass_over_its_time_budget_is_a_failed_pass(store: Any, clock: FakeClock) -> None:
     """The budget runs on the drive's clock: advancing the fake clock past it ends the pass."""
     hung = asyncio.Event()

@@ -438,6 +438,95 @@ async def test_a_second_sigterm_cancels_the_pass_and_hands_its_lease_back(
     assert record.lease_driver is None, "the lease was handed back, not left to expire"
 
 
+@SECOND
+async def test_the_command_survives_steps_that_raise_cancellation_and_exits(
+    database_url: str, engine: AsyncEngine
+):
+    store = jobrun.SqlJobRunStore(engine)
+    poisoned = {
+        kind: (
+            await jobrun.start_job_run(
+                store, module_id="demo", job="poison", instance=kind, payload={"raise": kind}
+            )
+        ).id
+        for kind in ("cancelled", "keyboard", "exit")
+    }
+    # Started after the poison, so driven after it too: the worker must still be driving.
+    healthy = await start_pages(engine, 2, pages=2)
+    process = spawn("--url", database_url, "--interval", "0.2", "--concurrency", "2")
+    try:
+
+        async def settled() -> bool:
+            found = await statuses(engine)
+            return all(found[run] == "failed" for run in poisoned.values()) and all(
+                found[run] == "done" for run in healthy
+            )
+
+        await eventually(settled, timeout_s=60)
+        assert process.poll() is None, "the worker died"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    records = {record.id: record for record in await jobrun.job_runs(store)}
+    expected = {
+        "cancelled": "CancelledError raised by the step's code (not a cancellation of the pass)",
+        "keyboard": "KeyboardInterrupt raised by the step's code",
+        "exit": "SystemExit: 3 raised by the step's code",
+    }
+    for kind, run_id in poisoned.items():
+        record = records[run_id]
+        assert record.last_error == f"step 'poison' failed: {expected[kind]}"
+        assert record.lease_driver is None
+    assert stderr.count("raised KeyboardInterrupt in its own code") == 2, stderr
+    assert stderr.count("raised SystemExit: 3 in its own code") == 2, stderr
+
+
+async def test_after_a_full_disk_the_worker_resumes_well_within_the_lease(
+    sqlite_template: Path,
+    tmp_path: Path,
+    engines: Callable[[str], AsyncEngine],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The failure record the full disk refused is sent again as soon as the disk takes
+    writes: the run does not wait for its (one minute) lease to expire."""
+    engine = engines(sqlite_copy(sqlite_template, tmp_path, "full"))
+    full = {"on": False}
+    refused: list[str] = []
+
+    async def disk(_operation: str, statement: str) -> None:
+        if full["on"] and statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            refused.append(statement)
+            raise OSError(28, "database or disk is full")
+
+    async def refused_record_and_release() -> bool:
+        # The step's record, then the failure record that would release the lease.
+        return len(refused) >= 2
+
+    log_worker_statements(monkeypatch).before = disk
+    slow = await jobrun.start_job_run(
+        jobrun.SqlJobRunStore(engine), module_id="demo", job="slow", payload={"sleep_s": 1}
+    )
+    worker = Worker([engine], interval_s=5.0)
+    try:
+        await eventually(lambda: lease_held(engine, slow.id), timeout_s=30)
+        full["on"] = True
+        await eventually(refused_record_and_release, timeout_s=30)
+        assert await lease_held(engine, slow.id), "nothing could be written while full"
+        full["on"] = False
+        freed = time.monotonic()
+        await eventually(lambda: all_done(engine), timeout_s=50)
+        resumed_s = time.monotonic() - freed
+    finally:
+        await worker.finish()
+    print(f"done {resumed_s:.2f} s after the disk took writes again")
+    # Against the lease, not a speed goal: waiting it out would take about 60 s.
+    assert resumed_s < 30
+
+
 def test_the_command_refuses_a_bad_app_and_an_unknown_database(tmp_path: Path):
     from jobrun._cli import worker as _registers  # noqa: F401
     from jobrun._cli.app import cli

@@ -3,6 +3,8 @@
 * ``demo/pages``: ``payload["pages"]`` passes, one step each, then done.
 * ``demo/slow``: one pass whose step sleeps ``payload["sleep_s"]`` seconds, then done.
 * ``demo/concurrent``: one pass that records how many of its kind run at once.
+* ``demo/poison``: a step that raises ``payload["raise"]`` (``CancelledError``,
+  ``KeyboardInterrupt`` or ``SystemExit``) on each of its two attempts.
 """
 
 from __future__ import annotations
@@ -48,3 +50,19 @@ async def concurrent(p: jobrun.JobPass) -> dict[str, Any]:
     finally:
         in_flight -= 1
     return {"done": True}
+
+
+POISONS: dict[str, BaseException] = {
+    "cancelled": asyncio.CancelledError(),
+    "keyboard": KeyboardInterrupt(),
+    "exit": SystemExit(3),
+}
+
+
+@registry.job("demo", "poison", retry=jobrun.RetryPolicy(max_attempts=2, base_delay_ms=0))
+async def poison(p: jobrun.JobPass) -> jobrun.PassResult:
+    def swallowed() -> None:
+        raise POISONS[p.payload["raise"]]
+
+    await p.step("poison", swallowed)
+    return jobrun.PassResult(done=True)
