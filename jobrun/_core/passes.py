@@ -227,7 +227,8 @@ class JobPass:
         """A key for an outside write made in step ``step_name`` of this pass.
 
         ``<run id>-p<pass number>-<16 hex digits of the SHA-256 of step_name>``,
-        e.g. ``01J9Z3V6Q8W2M4K7R5T1X0Y3N6-p3-9f86d081884c7d65``: ASCII letters,
+        e.g. ``01J9Z3V6Q8W2M4K7R5T1X0Y3N6-p3-729461faeb187aef`` for
+        ``"charge-42"`` in a run's third pass: ASCII letters,
         digits and ``-``, at most 55 characters whatever the name's length. The
         pass number counts the run's committed passes (1 for the first pass), so
         every retry of a failed pass and every takeover of an interrupted one,
