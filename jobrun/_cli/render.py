@@ -231,6 +231,8 @@ def lease_lines(run: JobRun, at: datetime) -> str:
             )
     if run.lease_takeovers:
         text += f"; taken over {run.lease_takeovers} time(s)"
+    if run.lease_epoch:
+        text += f"; fencing epoch {run.lease_epoch}"
     return text
 
 
@@ -259,6 +261,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("counters", counters_text(run.counters) or "-")
     record.add_row("attempts", str(run.attempts))
     record.add_row("priority", str(run.priority))
+    record.add_row("passes", f"{run.passes_committed} committed")
     record.add_row("last error", run.last_error or "-")
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")

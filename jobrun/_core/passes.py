@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 from jobrun._core.clock import Clock
+from jobrun._core.fencing import idempotency_key
 from jobrun._core.formats import (
     JSON_SCALARS,
     MalformedColumnError,
@@ -138,6 +139,12 @@ class JobPass:
     * ``counters``: the committed counters plus this pass's ``count()`` calls, a
       read-only mapping of name to number.
     * ``run``: the run's id and key (``RunKey``: id, module_id, job, instance).
+    * ``lease_epoch``: this pass's fencing epoch, an int that grows with every
+      claim of the run and every lease handed on to a next pass, so a higher
+      epoch is always the later holder, whichever host it runs on. An outside
+      store that keeps the highest epoch it has seen and refuses writes below it
+      is fenced against a holder that lost its lease (the lease token, a
+      ULID, cannot be compared that way).
 
     Do:
 
@@ -147,6 +154,8 @@ class JobPass:
     * ``p.count(name, by=1)``: add to a counter, committed with the pass.
     * ``await p.scope()``: what the host's ``open_scope(run)`` gives (by default
       the store's engine), opened at first use.
+    * ``p.idempotency_key(step_name)``: a key for an outside write made by that
+      step, the same on every replay of this pass (see the method).
 
     Then return ``PassResult(cursor=..., done=...)`` (see :class:`PassResult`).
     The driver makes one per pass; handlers never construct it.
@@ -159,6 +168,7 @@ class JobPass:
     payload: Any
     cursor: Any
     counters: Mapping[str, int | float]
+    lease_epoch: int
 
     def __init__(
         self,
@@ -177,6 +187,9 @@ class JobPass:
         probe: PassProbe | None = None,
     ) -> None:
         self.run = RunKey(row.id, row.module_id, row.job, row.instance)
+        self.lease_epoch = row.lease_epoch
+        # 1 for the run's first pass; a retry or takeover replays the same number.
+        self._pass_number = row.passes_committed + 1
         self.payload = payload
         self.cursor = cursor
         # Read-only to the handler: every write goes through count(), which checks it.
@@ -226,6 +239,32 @@ class JobPass:
         if not is_count(total):
             raise _mistake(f"counter {name!r} would overflow to {_shown_number(total)}", "counters")
         self._counters[name] = total
+
+    def idempotency_key(self, step_name: str) -> str:
+        """A key for an outside write made in step ``step_name`` of this pass.
+
+        ``<run id>-p<pass number>-<16 hex digits of the SHA-256 of step_name>``,
+        e.g. ``01J9Z3V6Q8W2M4K7R5T1X0Y3N6-p3-729461faeb187aef`` for
+        ``"charge-42"`` in a run's third pass: ASCII letters,
+        digits and ``-``, at most 55 characters whatever the name's length. The
+        pass number counts the run's committed passes (1 for the first pass), so
+        every retry of a failed pass and every takeover of an interrupted one,
+        which replay the same ledger from the same cursor, get the same key,
+        and the next pass gets a new one. Give it to an API that remembers keys
+        (an ``Idempotency-Key`` header) and a step body run twice takes effect
+        once. ``step_name`` is checked like a step's name; it need not be the
+        name of the step making the call, only the same on every replay.
+        """
+        if not isinstance(step_name, str):
+            raise _mistake(
+                f"p.idempotency_key() got a step name of type {type(step_name).__name__}: "
+                "use a str",
+                "idempotency_key",
+            )
+        problem = name_problem(step_name)
+        if problem is not None:
+            raise _mistake(f"step name {shown_name(step_name)} {problem}", "idempotency_key")
+        return idempotency_key(self.run.id, self._pass_number, step_name)
 
     async def scope(self) -> Any:
         """What the host's ``open_scope(run)`` returns; opened at first use, once per pass."""
@@ -550,7 +589,7 @@ async def _commit(
     # or hand-back this pass writes next, fenced on the old token, then misses
     # and can never write the pre-commit state over the commit.
     successor = replace(lease, token=mint_run_id()) if keep_lease and not done else None
-    patch = _committed_patch(cursor_json, counters_json, done, at, lease, successor)
+    patch = _committed_patch(row, cursor_json, counters_json, done, at, lease, successor)
     committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
     sent_s = clock.monotonic()
     try:
@@ -566,6 +605,7 @@ async def _commit(
 
 
 def _committed_patch(
+    row: RunRow,
     cursor_json: str | None,
     counters_json: str,
     done: bool,
@@ -573,7 +613,11 @@ def _committed_patch(
     lease: Lease,
     successor: Lease | None,
 ) -> RunPatch:
-    """The row after a pass that succeeded; with a ``successor``, still leased to this driver."""
+    """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
+
+    One more pass committed; a lease handed on is a new holder as far as the
+    outside world can tell, so it gets the next epoch, as a claim would.
+    """
     kept = successor is not None
     return RunPatch(
         status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
@@ -590,6 +634,8 @@ def _committed_patch(
         lease_driver=lease.driver if kept else None,
         lease_began_at=at if kept else None,
         lease_takeovers=0,
+        lease_epoch=row.lease_epoch + 1 if kept else row.lease_epoch,
+        passes_committed=row.passes_committed + 1,
     )
 
 
@@ -683,6 +729,8 @@ def _unleased(row: RunRow) -> RunPatch:
         next_attempt_at=None,
         ended_at=row.ended_at,
         lease_takeovers=row.lease_takeovers,
+        lease_epoch=row.lease_epoch,
+        passes_committed=row.passes_committed,
     )
 
 
@@ -758,6 +806,8 @@ async def _record_failure(
             next_attempt_at=None if exhausted else policy.next_attempt_at(against, at, random),
             ended_at=at if exhausted else None,
             lease_takeovers=row.lease_takeovers,
+            lease_epoch=row.lease_epoch,
+            passes_committed=row.passes_committed,
         ),
         lease,
     )

@@ -51,6 +51,10 @@ class RunRow:
     lease_began_at: str | None = None
     lease_takeovers: int = 0
     priority: int = 0
+    # Revision 0004: the fencing epoch (one more per claim and per lease handed
+    # on), and the passes committed so far (the idempotency keys' pass number).
+    lease_epoch: int = 0
+    passes_committed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +62,8 @@ class RunPatch:
     """The whole mutable state of a run: every outcome writes all of it, never part.
 
     The lease fields are part of it: an outcome either hands the lease on to the
-    next pass of the same driver or clears it.
+    next pass of the same driver or clears it. So are ``lease_epoch`` and
+    ``passes_committed``: an outcome writes them back as read, or one higher.
     """
 
     status: str
@@ -73,6 +78,8 @@ class RunPatch:
     lease_driver: str | None = None
     lease_began_at: str | None = None
     lease_takeovers: int = 0
+    lease_epoch: int = 0
+    passes_committed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +179,10 @@ class JobRun:
     ``next_attempt_at`` is when a backing-off run is due again, or, while a
     driver holds the run, its lease's expiry (also in ``lease_expires_at``, with
     the holder in ``lease_driver``). Times are aware UTC datetimes.
+    ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
+    lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
+    passes it has committed; both read 0 on a run no jobrun of revision 0004 or
+    later has touched.
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -197,6 +208,8 @@ class JobRun:
     lease_expires_at: datetime | None = None
     lease_takeovers: int = 0
     priority: int = 0
+    lease_epoch: int = 0
+    passes_committed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +350,8 @@ def job_run_of(row: RunRow) -> JobRun:
         lease_expires_at=next_attempt_at if leased else None,
         lease_takeovers=row.lease_takeovers,
         priority=row.priority,
+        lease_epoch=row.lease_epoch,
+        passes_committed=row.passes_committed,
     )
 
 

@@ -33,6 +33,7 @@ CLAIM_FIELDS = (
     "lease_takeovers",
     "attempts",
     "last_error",
+    "lease_epoch",
 )
 
 
@@ -82,13 +83,15 @@ def takeover_note(previous: PreviousHolder) -> str:
 def claim_transition(row: RunRow, request: ClaimRequest) -> Claimed:
     """The run after ``request`` leases it: a fresh lease, and when another
     driver's lease was still on it, the takeover counted (one more takeover and,
-    if its pass had begun, one attempt charged, with why in ``last_error``)."""
+    if its pass had begun, one attempt charged, with why in ``last_error``).
+    Every claim raises the run's fencing epoch by one."""
     leased = replace(
         row,
         lease_owner=request.token,
         lease_driver=request.driver,
         lease_began_at=request.now_at,
         next_attempt_at=request.expires_at[(row.module_id, row.job)],
+        lease_epoch=row.lease_epoch + 1,
     )
     if row.lease_owner is None:
         return Claimed(leased)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -44,6 +44,11 @@ job_runs = Table(
     Column("lease_takeovers", Integer, nullable=False, server_default=text("0")),
     # Revision 0003: higher is claimed first among due runs.
     Column("priority", Integer, nullable=False, server_default=text("0")),
+    # Revision 0004: the fence for the outside world. The epoch grows with every
+    # claim and every lease handed on; passes_committed numbers the passes (the
+    # idempotency keys'). Defaulted, so a writer that does not know them still inserts.
+    Column("lease_epoch", Integer, nullable=False, server_default=text("0")),
+    Column("passes_committed", Integer, nullable=False, server_default=text("0")),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,

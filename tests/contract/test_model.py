@@ -120,6 +120,8 @@ class Model:
             )
             driven.add(run.row.id)
             report["attempted"] += 1
+            # Every claim raises the epoch, and so does every lease handed on.
+            run.row = replace(run.row, lease_epoch=run.row.lease_epoch + 1)
             for number in range(max_passes):
                 outcome = self.one_pass(run, queue.popleft() if queue else DEFAULT_PLAN, now)
                 if outcome is None:
@@ -127,6 +129,7 @@ class Model:
                 report[outcome] += 1
                 if outcome != "advanced" or number + 1 >= max_passes:
                     break
+                run.row = replace(run.row, lease_epoch=run.row.lease_epoch + 1)
         return report
 
     def one_pass(self, run: ModelRun, plan: PassPlan, now: str) -> str | None:
@@ -190,6 +193,7 @@ class Model:
             updated_at=now,
             next_attempt_at=None,
             ended_at=now if done else None,
+            passes_committed=row.passes_committed + 1,
         )
         run.ledger = {}
         return "completed" if done else "advanced"

@@ -65,6 +65,9 @@ EXPECTED: dict[str, Any] = {
             ("lease_takeovers", "INTEGER", False, "0"),
             # Revision 0003: the claim takes higher priorities first.
             ("priority", "INTEGER", False, "0"),
+            # Revision 0004: the fencing epoch and the passes committed, from 0.
+            ("lease_epoch", "INTEGER", False, "0"),
+            ("passes_committed", "INTEGER", False, "0"),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)

@@ -143,11 +143,11 @@ def file_url(path: Path) -> str:
 def _db_upgrade_current_check(url: str) -> None:
     assert "no jobrun schema" in fails(1, "db", "check", "--url", url).stdout
     assert "upgraded from none" in ok("db", "upgrade", "--url", url).stdout
-    assert "already at head: 0003" in ok("db", "upgrade", "--url", url).stdout
+    assert "already at head: 0004" in ok("db", "upgrade", "--url", url).stdout
     current = ok("db", "current", "--url", url).stdout
-    assert "current: 0003" in current
-    assert "head:    0003" in current
-    assert "ok: at head 0003" in ok("db", "check", "--url", url).stdout
+    assert "current: 0004" in current
+    assert "head:    0004" in current
+    assert "ok: at head 0004" in ok("db", "check", "--url", url).stdout
 
 
 def test_db_upgrade_on_a_new_sqlite_file(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_db_current_and_check_report_a_schema_behind(database_url: str) -> None:
     run_in_thread(to_0001)
     assert "current: 0001  (behind" in ok("db", "current", "--url", database_url).stdout
     drift = fails(1, "db", "check", "--url", database_url).stdout
-    assert "drift: the database is at 0001, head is 0003" in drift
+    assert "drift: the database is at 0001, head is 0004" in drift
     # Every other command refuses, naming the fix.
     refused = fails(1, "runs", "--url", database_url)
     assert "revision 0001" in refused.stderr
@@ -286,6 +286,7 @@ def _lease(url: str, run_id: str) -> None:
             lease_driver="host-a:123",
             lease_began_at="2030-01-01T00:00:00.000Z",
             next_attempt_at="2999-01-01T00:00:00.000Z",
+            lease_epoch=7,
         ),
     )
 
@@ -293,9 +294,13 @@ def _lease(url: str, run_id: str) -> None:
 def test_show_and_release_a_lease(database_url: str) -> None:
     run_id = start(database_url)
     _lease(database_url, run_id)
-    assert "held by host-a:123" in ok("show", "--url", database_url, run_id).stdout
+    shown = ok("show", "--url", database_url, run_id).stdout
+    assert "held by host-a:123" in shown
+    assert "fencing epoch 7" in shown
+    assert "0 committed" in shown
     data = json.loads(ok("show", "--url", database_url, run_id, "--json").stdout)
     assert data["run"]["lease_driver"] == "host-a:123"
+    assert (data["run"]["lease_epoch"], data["run"]["passes_committed"]) == (7, 0)
     assert data["run"]["lease_expires_at"].startswith("2999-01-01")
 
     released = ok("release", "--url", database_url, run_id).stdout

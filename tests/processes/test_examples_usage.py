@@ -5,7 +5,8 @@
 * ``examples/asyncio_loop.py``: a real process, to the end and stopped by SIGTERM;
 * ``examples/provision.py``: fifty SQLite files through ``upgrade_many``, and a
   Postgres database (or a tenant schema) through plain Alembic;
-* ``examples/test_invoice_job.py``: the job's own tests, run by pytest.
+* ``examples/test_invoice_job.py``, ``examples/test_fenced_writes.py``: jobs' own tests,
+  run by pytest.
 """
 
 from __future__ import annotations
@@ -246,6 +247,7 @@ def test_the_example_job_tests_pass() -> None:
             "-m",
             "pytest",
             "examples/test_invoice_job.py",
+            "examples/test_fenced_writes.py",
             "-q",
             "-p",
             "no:cacheprovider",
@@ -258,7 +260,7 @@ def test_the_example_job_tests_pass() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 passed" in result.stdout
+    assert "5 passed" in result.stdout
 
 
 # --- the tutorial -------------------------------------------------------------------------

@@ -46,9 +46,24 @@ def _request(token: str = "T", dead: frozenset[str] = frozenset()) -> ClaimReque
 
 def test_a_fresh_claim_leases_and_charges_nothing():
     claimed = claim_transition(_row(), _request())
-    leased = _row(lease_owner="T", lease_driver="me:1", lease_began_at=NOW, next_attempt_at=LATER)
+    leased = _row(
+        lease_owner="T",
+        lease_driver="me:1",
+        lease_began_at=NOW,
+        next_attempt_at=LATER,
+        lease_epoch=1,
+    )
     assert claimed == Claimed(leased, None)
     assert not claimed.taken_over
+
+
+def test_every_claim_raises_the_epoch_and_keeps_the_pass_count():
+    fresh = claim_transition(_row(lease_epoch=6, passes_committed=4), _request())
+    assert (fresh.row.lease_epoch, fresh.row.passes_committed) == (7, 4)
+    held = _row(lease_owner="OLD", lease_began_at=NOW, next_attempt_at=NOW, lease_epoch=7)
+    taken = claim_transition(held, _request("T2"))
+    assert taken.taken_over
+    assert taken.row.lease_epoch == 8
 
 
 def test_taking_over_a_begun_pass_counts_it_and_says_why():
