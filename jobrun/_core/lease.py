@@ -130,6 +130,7 @@ class LeaseKeeper:
         self._cancelled_pass = False
         self._exiting = False
         self.lost = False
+        self.refused = False
 
     def _safe_after(self, sent_s: float) -> float:
         """The last instant no other driver may take over, for a lease written by a
@@ -151,8 +152,10 @@ class LeaseKeeper:
             self.lose()
         return self.lost
 
-    def lose(self) -> None:
-        """The lease is gone: stop this pass (sticky; safe to call more than once)."""
+    def lose(self, refused: bool = False) -> None:
+        """The lease is gone (``refused``: a fenced write proved another holds it), or
+        can no longer be vouched for: stop this pass (sticky; safe to call more than once)."""
+        self.refused = self.refused or refused
         self.lost = True
         if self._pass is not None and not self._exiting and not self._cancelled_pass:
             self._cancelled_pass = True
@@ -215,6 +218,6 @@ class LeaseKeeper:
                 # Until one does, the self-fence instant stays where it was.
                 continue
             if not renewed:
-                self.lose()
+                self.lose(refused=True)
                 return
             self.safe_until_s = max(self.safe_until_s, self._safe_after(sent_s))

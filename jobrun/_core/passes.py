@@ -424,7 +424,7 @@ class JobPass:
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
             # Refused: the lease is gone. The pass stops even if the handler catches this.
-            self._keeper.lose()
+            self._keeper.lose(refused=True)
             raise LeaseLostError(self.run.id)
 
     def _now(self) -> str:
@@ -555,6 +555,10 @@ async def run_job_pass(
         result = await _call_handler(handler, context, keeper, clock, timeout_s)
         return await _commit(store, row, context, result, lease, clock, keep_lease)
     except LeaseLostError:
+        if not keeper.refused:
+            # The holder stopped itself (self-fence, lost presence) and may still
+            # hold the lease: handed back, so any driver may take the run at once.
+            await hand_back(store, row, lease)
         return PassOutcome("superseded")
     except UserExit as escaped:
         failure = escaped.failure

@@ -53,6 +53,8 @@ class _Scan:
     dead: dict[str, str] = field(default_factory=dict)
     # When this process first saw each token's presence free (monotonic seconds).
     free_since: dict[str, float] = field(default_factory=dict)
+    # Whether the last scan saw any unexpired lease at all (a holder that may die).
+    held: bool = False
 
 
 _scans: weakref.WeakKeyDictionary[object, dict[Jobs | None, _Scan]] = weakref.WeakKeyDictionary()
@@ -91,6 +93,7 @@ async def dead_holders(
     }
     # Tokens no longer held are forgotten: a token is never leased again.
     scan.free_since = free_since
+    scan.held = bool(leases)
     return [
         lease
         for lease in leases
@@ -114,13 +117,19 @@ async def dead_owners(store: JobRunStore, now_at: str, jobs: Jobs) -> frozenset[
 
 
 def suspects(store: JobRunStore) -> bool:
-    """Whether a scan on ``store`` saw a presence free that is not proven dead yet
-    (a driver should look again within the grace period instead of idling)."""
+    """Whether a scan on ``store`` saw a presence free that is not proven dead yet."""
     return any(
         token not in scan.dead
         for scan in _scans.get(store, {}).values()
         for token in scan.free_since
     )
+
+
+def leases_held(store: JobRunStore) -> bool:
+    """Whether the last scan on ``store`` saw unexpired leases: their holders may die,
+    and an idle driver that looks again every ``SCAN_INTERVAL_S`` takes a dead one's
+    runs over within about a second of the proof (instead of its idle interval)."""
+    return any(scan.held for scan in _scans.get(store, {}).values())
 
 
 def claimed(store: JobRunStore, jobs: Jobs, run_id: str) -> None:

@@ -82,6 +82,7 @@ class Presence:
         self._checker: asyncio.Task[None] | None = None
         self._watchers: dict[int, Callable[[], None]] = {}
         self._next_watch = 0
+        self._discarding: asyncio.Future[None] | None = None
         event.listen(engine.sync_engine, "engine_disposed", self._on_dispose)
 
     def _alive(self) -> bool:
@@ -162,11 +163,15 @@ class Presence:
     def _lose(self, raw: Any) -> None:
         """The session is gone (or unreachable): tell the watchers, drop the connection."""
         watchers, self._watchers = self._watchers, {}
+        connection = self._connection
         self._connection, self._raw, self._key, self._checker = None, None, None, None
         with contextlib.suppress(Exception):
             raw.terminate()
         for lost in watchers.values():
             lost()
+        if connection is not None:
+            # Given back to its pool as invalid (not left for the garbage collector).
+            self._discarding = asyncio.ensure_future(_discard(connection))
 
     async def close(self) -> None:
         checker, self._checker = self._checker, None
@@ -204,6 +209,13 @@ class Presence:
                 self._checker = None
             if raw is not None:
                 raw.terminate()
+
+
+async def _discard(connection: AsyncConnection) -> None:
+    with contextlib.suppress(Exception):
+        await connection.invalidate()
+    with contextlib.suppress(Exception):
+        await connection.close()
 
 
 def _nothing() -> None:
