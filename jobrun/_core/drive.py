@@ -67,6 +67,8 @@ async def _claim(
     identity = replace(local_identity(), presence=presence)
     holder = identity.describe(driver)
     now_at = format_instant(clock.now())
+    # Where the lease's self-fence starts: its expiry is counted from ``now_at``.
+    leased_at_s = clock.monotonic()
     dead = await stranded.dead_owners(store, now_at, wanted)
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = mint_run_id()
@@ -79,8 +81,6 @@ async def _claim(
         for job in jobs
         if job.max_concurrent is not None
     }
-    # Where the lease's self-fence starts: the claim is written after it is sent.
-    sent_s = clock.monotonic()
     claiming = asyncio.ensure_future(
         store.claim(
             ClaimRequest(
@@ -112,7 +112,7 @@ async def _claim(
     stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return claimed, registered, Lease(token, holder, registered.lease_ms, presence), sent_s
+    return claimed, registered, Lease(token, holder, registered.lease_ms, presence), leased_at_s
 
 
 async def _fail_for_takeovers(

@@ -207,6 +207,7 @@ class LeaseKeeper:
             await self._clock.sleep(min(interval_s, self.stop_at_s() - self._clock.monotonic()))
             if self.fenced():
                 return
+            # Read together: the new expiry is counted from ``now_at``.
             sent_s = self._clock.monotonic()
             now_at = format_instant(self._clock.now())
             try:

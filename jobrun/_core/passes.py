@@ -588,6 +588,8 @@ async def _commit(
         cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
     counters_json = counters_text(context.counters, store.limits.max_counters_bytes)
     at = format_instant(clock.now())
+    # The successor lease expires counted from ``at``: its self-fence starts here.
+    leased_at_s = clock.monotonic()
     # A lease handed on gets a fresh token. Should this commit land unseen (its
     # reply lost, or the pass interrupted while awaiting it), the failure record
     # or hand-back this pass writes next, fenced on the old token, then misses
@@ -595,7 +597,6 @@ async def _commit(
     successor = replace(lease, token=mint_run_id()) if keep_lease and not done else None
     patch = _committed_patch(row, cursor_json, counters_json, done, at, lease, successor)
     committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
-    sent_s = clock.monotonic()
     try:
         applied = await store.commit_pass(row.id, patch, lease.token)
     except BaseException:
@@ -605,7 +606,7 @@ async def _commit(
         raise
     if not applied:
         return PassOutcome("superseded")
-    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=sent_s)
+    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
 
 
 def _committed_patch(
