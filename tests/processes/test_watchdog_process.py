@@ -1,0 +1,73 @@
+"""A step body that blocks the event loop past its lease ends its process (issue 21 item 3).
+
+The child drives one run on SQLite whose step sleeps synchronously for longer than
+the lease: nothing inside the loop can stop it, so the watchdog thread kills the
+process before another driver may take the run over. With ``watchdog=False`` the
+same body runs to its end (the documented opt-out).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CHILD = """
+import asyncio, sys, time
+import jobrun
+from sqlalchemy.ext.asyncio import create_async_engine
+
+async def main(url, watchdog):
+    engine = create_async_engine(url)
+    await jobrun.upgrade(engine)
+    store = jobrun.SqlJobRunStore(engine)
+    registry = jobrun.JobRegistry()
+
+    @registry.job("wd", "block", lease_ms=2000)
+    async def handler(p):
+        def blocks():
+            print("body-start", time.monotonic(), flush=True)
+            time.sleep(6)  # holds the event loop: no renewal, no cancellation
+            print("body-end", flush=True)
+            return 1
+        await p.step("block", blocks)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="wd", job="block")
+    await jobrun.run_due_jobs(store, registry, watchdog=watchdog)
+    print("drive-end", flush=True)
+    await engine.dispose()
+
+asyncio.run(main(sys.argv[1], sys.argv[2] == "on"))
+"""
+
+
+@pytest.mark.parametrize("watchdog", ["on", "off"])
+def test_a_blocking_body_past_its_lease_ends_the_process(tmp_path: Path, watchdog: str) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'wd.db'}"
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, url, watchdog],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = child.stdout.split()
+    assert "body-start" in lines, child.stderr
+    if watchdog == "off":
+        assert child.returncode == 0, child.stderr
+        assert "body-end" in lines
+        return
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert "body-end" not in lines, "the body was stopped before it ended"
+    assert "jobrun watchdog:" in child.stderr
+    body_started_s = float(lines[lines.index("body-start") + 1])
+    killed_after_s = time.monotonic() - body_started_s  # one system-wide monotonic clock
+    print(f"\nwatchdog: killed {killed_after_s:.3f} s into the body (lease 2 s)")
+    # Killed before the lease (2 s, counted from the claim, just before the body)
+    # could be seen expired by another driver on this host.
+    assert killed_after_s < 2.0
