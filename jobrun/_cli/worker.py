@@ -254,6 +254,13 @@ async def _work(
     show_default=True,
     help="json: one object per line with the structured fields (run_id, outcome, ...).",
 )
+@click.option(
+    "--watchdog/--no-watchdog",
+    default=True,
+    show_default=True,
+    help="End the process (SIGKILL) when a step body that cannot be cancelled is still "
+    "running when its run may be taken over (--no-watchdog: let it overlap).",
+)
 def worker(
     urls: tuple[str, ...],
     app: str,
@@ -268,6 +275,7 @@ def worker(
     log_level: str,
     log_format: str,
     schema: str | None,
+    watchdog: bool,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
@@ -290,7 +298,11 @@ def worker(
     try:
         # Judged once, here: every drive of every database gets this object.
         options = DriveOptions(
-            limit=limit, max_passes=max_passes, pass_timeout_s=pass_timeout, observer=observer
+            limit=limit,
+            max_passes=max_passes,
+            pass_timeout_s=pass_timeout,
+            observer=observer,
+            watchdog=watchdog,
         )
         worker_options = {
             "interval_s": interval,
