@@ -217,6 +217,11 @@ def _message_of(error: BaseException) -> str:
     return text if type(text) is str else str.__str__(text)
 
 
+def safe_message(error: BaseException) -> str:
+    """``str(error)``, never raising, in text every database can store."""
+    return printable_text(_message_of(error))
+
+
 def describe_exception(error: BaseException) -> str:
     """The text stored for a failure: ``Type: message`` for foreign errors.
 

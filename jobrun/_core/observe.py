@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
 from jobrun._core.records import RunKey
-from jobrun.errors import LeaseLostError, StepFailedError, describe_exception
+from jobrun.errors import LeaseLostError, StepFailedError, safe_message
 
 PassOutcomeName: TypeAlias = Literal[
     "advanced", "completed", "retrying", "failed", "superseded", "interrupted"
@@ -160,7 +160,8 @@ class PassProbe:
             elif isinstance(error, LeaseLostError):
                 end = StepEnd(name, "lost", 0, elapsed, str(error))
             else:
-                end = StepEnd(name, "error", 0, elapsed, describe_exception(error))
+                text = f"{type(error).__name__}: {safe_message(error)}"
+                end = StepEnd(name, "error", 0, elapsed, text)
             self._step_ended(end)
             raise
         elapsed = self._monotonic() - began
