@@ -10,6 +10,15 @@ before the earliest takeover), ends the process with SIGKILL, as if the machine
 had lost it: the pass is lost, its finished steps are not, and since the
 process is gone other drivers take its runs over at once.
 
+A lost presence (Postgres) is the other instant it keeps: another host may take
+the runs over ``PRESENCE_GRACE_S`` after the session ended, and a blocked event
+loop cannot run the presence check that would stop its bodies. So for a body
+vouched for by a presence, the thread also watches that connection's socket;
+once the server has closed it (``pg_terminate_backend``, an idle timeout, a
+restart), the body must end within ``HANGUP_KILL_S``, comfortably inside the
+grace. A loop that runs notices the same close within half a second and
+cancels the body itself; only a blocked one reaches the kill.
+
 It watches real time only: a pass on a test clock is not watched. Opt out with
 ``watchdog=False`` (``run_due_jobs``, ``run_worker``) or ``jobrun worker
 --no-watchdog``; then such a body may overlap the next holder's (see
@@ -20,19 +29,46 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from jobrun._core.clock import Clock
+from jobrun._core.stranded import PRESENCE_GRACE_S
 
 log = logging.getLogger("jobrun.watchdog")
 
 # How often the thread looks: the most a body can outlive its kill instant by
 # (plus the wait for the GIL, a switch interval: 5 ms by default).
 CHECK_INTERVAL_S = 0.02
+# After its presence's socket was closed by the server, how long a body may run on.
+HANGUP_KILL_S = PRESENCE_GRACE_S - 1.0
+_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+
+
+@dataclass(slots=True)
+class _Body:
+    deadline_s: Callable[[], float]
+    socket_fd: int | None
+    hung_up_at_s: float | None = None
+
+    def kill_at_s(self, now_s: float) -> float:
+        if self.socket_fd is not None and self.hung_up_at_s is None and _hung_up(self.socket_fd):
+            self.hung_up_at_s = now_s
+        if self.hung_up_at_s is None:
+            return self.deadline_s()
+        return min(self.deadline_s(), self.hung_up_at_s + HANGUP_KILL_S)
+
+
+def _hung_up(socket_fd: int) -> bool:
+    """Whether the peer closed ``socket_fd`` (read without consuming anything)."""
+    poller = select.poll()
+    poller.register(socket_fd, _HANGUP)
+    return any(events & _HANGUP for _, events in poller.poll(0))
 
 
 def _kill_this_process(reason: str) -> None:
@@ -48,16 +84,17 @@ class Watchdog:
     def __init__(self, end: Callable[[str], None] = _kill_this_process) -> None:
         self._end = end
         self._lock = threading.Lock()
-        self._bodies: dict[int, Callable[[], float]] = {}
+        self._bodies: dict[int, _Body] = {}
         self._next = 0
         self._thread: threading.Thread | None = None
 
-    def enter(self, deadline_s: Callable[[], float]) -> object:
-        """A body started that must end before ``deadline_s()`` (``time.monotonic``)."""
+    def enter(self, deadline_s: Callable[[], float], socket_fd: int | None = None) -> object:
+        """A body started that must end before ``deadline_s()`` (``time.monotonic``),
+        and within ``HANGUP_KILL_S`` of the server closing ``socket_fd`` (its presence)."""
         with self._lock:
             self._next += 1
             number = self._next
-            self._bodies[number] = deadline_s
+            self._bodies[number] = _Body(deadline_s, socket_fd)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._watch, name="jobrun-watchdog", daemon=True
@@ -76,10 +113,10 @@ class Watchdog:
     def _watch(self) -> None:
         while True:
             time.sleep(CHECK_INTERVAL_S)
-            with self._lock:
-                deadlines = list(self._bodies.values())
             now_s = time.monotonic()
-            late = [deadline() for deadline in deadlines if now_s >= deadline()]
+            with self._lock:
+                kill_at = [body.kill_at_s(now_s) for body in self._bodies.values()]
+            late = [instant for instant in kill_at if now_s >= instant]
             if late:
                 self._end(
                     f"a step body was still running {now_s - min(late):.3f} s past the "

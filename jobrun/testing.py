@@ -163,6 +163,9 @@ class MemoryJobRunStore:
     def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
         return _not_watching
 
+    def presence_fd(self, key: int | None) -> int | None:
+        return None
+
     async def clock_offset_s(self) -> float:
         return 0.0
 

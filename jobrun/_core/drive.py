@@ -112,7 +112,8 @@ async def _claim(
     stranded.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
-    return claimed, registered, Lease(token, holder, registered.lease_ms, presence), leased_at_s
+    lease = Lease(token, holder, registered.lease_ms, presence, store.presence_fd(presence))
+    return claimed, registered, lease, leased_at_s
 
 
 async def _fail_for_takeovers(

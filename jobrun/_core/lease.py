@@ -61,6 +61,8 @@ class Lease:
     driver: str
     lease_ms: int
     presence: int | None = None
+    # The presence connection's socket, for the watchdog (see ``BodyGuard``).
+    presence_fd: int | None = None
 
     def expiry_after(self, instant_text: str) -> str:
         return add_milliseconds(instant_text, self.lease_ms)
@@ -82,10 +84,11 @@ class BodyGuard(Protocol):
     """What ends a body that cannot be cancelled (a blocking call, a process
     woken from SIGSTOP) before another driver may take its run: a watchdog
     outside the event loop. ``enter`` says a body started that must end before
-    ``deadline_s()`` (monotonic seconds, re-read as renewals move it); ``leave``
-    with what ``enter`` returned says it ended."""
+    ``deadline_s()`` (monotonic seconds, re-read as renewals move it), and soon
+    after the server closes ``socket_fd`` (the presence that vouches for it);
+    ``leave`` with what ``enter`` returned says it ended."""
 
-    def enter(self, deadline_s: Callable[[], float]) -> object: ...
+    def enter(self, deadline_s: Callable[[], float], socket_fd: int | None = None) -> object: ...
 
     def leave(self, entered: object) -> None: ...
 
@@ -140,6 +143,10 @@ class LeaseKeeper:
     def stop_at_s(self) -> float:
         """When this holder stops its bodies unless a renewal moves it on."""
         return self.safe_until_s - self._lease.stop_margin_s()
+
+    @property
+    def presence_fd(self) -> int | None:
+        return self._lease.presence_fd
 
     def kill_at_s(self) -> float:
         """When the watchdog ends the process if a body it cannot stop still runs:

@@ -411,7 +411,9 @@ class JobPass:
     async def _body(self, fn: Callable[[], Any]) -> Any:
         """Run a step body, watched by the guard (if any) until it ends."""
         guard = self._keeper.guard
-        entered = None if guard is None else guard.enter(self._keeper.kill_at_s)
+        entered = (
+            None if guard is None else guard.enter(self._keeper.kill_at_s, self._keeper.presence_fd)
+        )
         try:
             value = fn()
             if type(value) not in JSON_SCALARS and inspect.isawaitable(value):

@@ -122,6 +122,12 @@ class JobRunStore(Protocol):
         nothing is ever called. No I/O: the presence checks itself."""
         ...
 
+    def presence_fd(self, key: int | None) -> int | None:
+        """The socket of the connection that holds presence ``key``, for the
+        watchdog to see the server close it while the event loop is blocked;
+        ``None`` where there is none (or ``key`` is not the live presence). No I/O."""
+        ...
+
     async def clock_offset_s(self) -> float:
         """How far the database's clock is ahead of this host's system clock, in
         seconds; ``0.0`` where both are one clock (SQLite, memory)."""

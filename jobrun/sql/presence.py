@@ -126,6 +126,15 @@ class Presence:
 
         return stop
 
+    def socket_fd(self, key: int | None) -> int | None:
+        """The socket of the presence connection, if ``key`` is the live presence."""
+        if key is None or key != self._key or not self._alive():
+            return None
+        # asyncpg keeps its transport private; without it the watchdog watches the lease only.
+        transport = getattr(self._raw, "_transport", None)
+        sock = None if transport is None else transport.get_extra_info("socket")
+        return None if sock is None else int(sock.fileno())
+
     async def _open(self) -> None:
         await self.close()
         if self._own is None:

@@ -464,6 +464,9 @@ class SqlJobRunStore:
             return _not_watching
         return self._presence.watch(key, lost)
 
+    def presence_fd(self, key: int | None) -> int | None:
+        return None if self._presence is None else self._presence.socket_fd(key)
+
     async def presence_connection(self) -> Any:
         """Postgres (asyncpg): the presence's own connection, which ``jobrun.worker``
         also LISTENs on; ``None`` elsewhere."""

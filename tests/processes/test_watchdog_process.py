@@ -4,10 +4,15 @@ The child drives one run on SQLite whose step sleeps synchronously for longer th
 the lease: nothing inside the loop can stop it, so the watchdog thread kills the
 process before another driver may take the run over. With ``watchdog=False`` the
 same body runs to its end (the documented opt-out).
+
+On Postgres, a body blocking the loop (under a long lease) whose presence session
+the server terminates is killed within ``HANGUP_KILL_S`` of the termination, before
+the grace period after which another host may take the run over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -21,17 +26,17 @@ import asyncio, sys, time
 import jobrun
 from sqlalchemy.ext.asyncio import create_async_engine
 
-async def main(url, watchdog):
+async def main(url, watchdog, lease_ms=2000, blocked_s=6):
     engine = create_async_engine(url)
     await jobrun.upgrade(engine)
     store = jobrun.SqlJobRunStore(engine)
     registry = jobrun.JobRegistry()
 
-    @registry.job("wd", "block", lease_ms=2000)
+    @registry.job("wd", "block", lease_ms=lease_ms)
     async def handler(p):
         def blocks():
             print("body-start", time.monotonic(), flush=True)
-            time.sleep(6)  # holds the event loop: no renewal, no cancellation
+            time.sleep(blocked_s)  # holds the event loop: no renewal, no cancellation
             print("body-end", flush=True)
             return 1
         await p.step("block", blocks)
@@ -42,7 +47,7 @@ async def main(url, watchdog):
     print("drive-end", flush=True)
     await engine.dispose()
 
-asyncio.run(main(sys.argv[1], sys.argv[2] == "on"))
+asyncio.run(main(sys.argv[1], sys.argv[2] == "on", *map(int, sys.argv[3:])))
 """
 
 
@@ -71,3 +76,52 @@ def test_a_blocking_body_past_its_lease_ends_the_process(tmp_path: Path, watchdo
     # Killed before the lease (2 s, counted from the claim, just before the body)
     # could be seen expired by another driver on this host.
     assert killed_after_s < 2.0
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_a_blocked_body_whose_presence_ends_is_killed_within_the_grace(
+    backend: str, database_url: str
+) -> None:
+    import asyncpg
+    from sqlalchemy import make_url
+
+    from jobrun._core.stranded import PRESENCE_GRACE_S
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        database_url,
+        "on",
+        "600000",
+        "20",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        first = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert first.startswith(b"body-start"), "the body started"
+        admin = await asyncpg.connect(
+            make_url(database_url).set(drivername="postgresql").render_as_string(False)
+        )
+        try:
+            killed = await admin.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        finally:
+            await admin.close()
+        assert len(killed) == 1, "the child's presence was found and terminated"
+        terminated_s = time.monotonic()
+        returncode = await asyncio.wait_for(child.wait(), 30)
+        ended_after_s = time.monotonic() - terminated_s
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.communicate()
+    print(f"\nwatchdog: presence terminated -> process ended {ended_after_s:.3f} s later")
+    assert returncode == -signal.SIGKILL
+    assert ended_after_s < PRESENCE_GRACE_S, "ended before another host may take over"
