@@ -314,7 +314,7 @@ class NoRenewals:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str) -> bool:
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         return True
 
 
@@ -323,8 +323,11 @@ async def drive_until_all_done(
 ) -> None:
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
+        # The watchdog off: these drivers measure what overlap a lease too short
+        # for its steps costs when nothing ends the process (the documented opt-out);
+        # with it on, a blocking 0.3 s body under a 100 ms lease ends its process.
         report = await jobrun.run_due_jobs(
-            store, registry, driver_name=driver, limit=5, max_passes=2
+            store, registry, driver_name=driver, limit=5, max_passes=2, watchdog=False
         )
         for outcome in ("advanced", "completed", "retrying", "failed", "superseded"):
             tally[outcome] += getattr(report, outcome)
@@ -388,14 +391,21 @@ def check_overlap_bounds(
         for index in range(Walker.STEPS)
     }
     assert set(by_key) == expected, "a step of some pass never ran"
+    cut_after_writing = 0
     for key, runs in by_key.items():
         recorded = [execution for execution in runs if execution.recorded]
-        # Exactly one execution's result was recorded; every other pass got its memo.
-        assert len(recorded) == 1, f"{key}: {len(recorded)} recorded results"
+        # At most one execution's result was recorded; every other pass got its memo.
+        assert len(recorded) <= 1, f"{key}: {len(recorded)} recorded results"
+        if not recorded:
+            # The self-fence cancelled the pass while the step's write was landing:
+            # the result is in the ledger, but the step never returned to its pass.
+            cut_after_writing += 1
+            continue
         (winner,) = recorded
         # No body began after the step's result was recorded: a memo is never re-run.
         for execution in runs:
             assert execution.began <= winner.ended, f"{key} ran again after it was recorded"
+    assert cut_after_writing <= superseded
     repeated = len(executions) - len(by_key)
     # Each repeat is the step a stale pass was in when it lost its lease, and
     # that pass is counted superseded.
