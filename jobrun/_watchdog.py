@@ -19,9 +19,10 @@ restart), the body must end within ``HANGUP_KILL_S``, comfortably inside the
 grace. A loop that runs notices the same close within half a second and
 cancels the body itself; only a blocked one reaches the kill.
 
-It watches real time only: a pass on a test clock is not watched. Opt out with
-``watchdog=False`` (``run_due_jobs``, ``run_worker``) or ``jobrun worker
---no-watchdog``; then such a body may overlap the next holder's (see
+It watches real time only: a pass on a test clock is not watched. It is on in
+``run_worker`` and ``jobrun worker`` unless ``watchdog=False`` / ``--no-watchdog``,
+and in ``run_due_jobs`` only with ``watchdog=True`` (that runs in a host's
+process); without it such a body may overlap the next holder's (see
 ``docs/design.md``, "Self-fencing").
 """
 

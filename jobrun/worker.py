@@ -489,6 +489,9 @@ async def run_worker(
     every ``PRUNE_INTERVAL_S``.
     """
     chosen = drive_options(options, keywords)
+    if chosen.watchdog is None:
+        # The worker's process is jobrun's own: a body that cannot be stopped ends it.
+        chosen = replace(chosen, watchdog=True)
     if not databases:
         raise refuse("databases", "must name at least one database: run_worker needs one")
     if not isinstance(registry, JobRegistry):

@@ -244,7 +244,8 @@ class _Drive:
         self.stop = stop
         self.open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
         self.observer = LOG_PASSES if options.observer is None else options.observer
-        self.guard = real_time_guard(clock) if options.watchdog else None
+        # On only when asked: run_worker asks unless told not to (see DriveOptions).
+        self.guard = real_time_guard(clock) if options.watchdog is True else None
         self.report = JobDriveReport()
 
     def stopping(self) -> bool:

@@ -74,8 +74,11 @@ class DriveOptions:
     * ``watchdog``: end the process (SIGKILL) when a step body that cannot be
       cancelled (a blocking call, a process woken from SIGSTOP) is still running
       when its run may be taken over, rather than let it overlap the next
-      holder's (default ``True``; watches real time only, so a test clock
-      turns it off).
+      holder's. ``None`` (the default): on in :func:`jobrun.run_worker` and
+      ``jobrun worker``, whose processes jobrun owns; off in
+      :func:`jobrun.run_due_jobs`, which runs inside a host's own process (pass
+      ``True`` there to have it). It watches real time only: with a test clock
+      it does nothing.
 
     :func:`jobrun.run_due_jobs` and :func:`jobrun.run_worker` take one as
     ``options=`` or build one from the same names given as keywords. A bad
@@ -91,7 +94,7 @@ class DriveOptions:
     observer: PassObserver | None = None
     clock: ClockLike | None = None
     random: Callable[[], float] = system_random
-    watchdog: bool = True
+    watchdog: bool | None = None
 
     def __post_init__(self) -> None:
         checked_count(self.limit, "limit")
@@ -109,8 +112,8 @@ class DriveOptions:
             wanted = "a Clock or a callable returning a datetime"
             raise refuse("clock", f"must be {wanted}, got {type(self.clock).__name__}")
         _checked_callable(self.random, "random", "callable returning a float")
-        if not isinstance(self.watchdog, bool):
-            raise refuse("watchdog", f"must be True or False, got {self.watchdog!r}")
+        if self.watchdog is not None and not isinstance(self.watchdog, bool):
+            raise refuse("watchdog", f"must be True, False or None, got {self.watchdog!r}")
 
 
 class DriveKeywords(TypedDict, total=False):
@@ -124,7 +127,7 @@ class DriveKeywords(TypedDict, total=False):
     observer: PassObserver | None
     clock: ClockLike | None
     random: Callable[[], float]
-    watchdog: bool
+    watchdog: bool | None
 
 
 def drive_options(options: DriveOptions | None, keywords: DriveKeywords) -> DriveOptions:
