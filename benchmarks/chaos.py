@@ -58,7 +58,7 @@ def row_of(outcome: Outcome) -> list[str]:
     resume = "-" if verdict.resume_s is None else f"{verdict.resume_s:.2f}"
     lost = f"{outcome.lost} of {outcome.runs}" if outcome.runs else "?"
     cells = [outcome.scenario, outcome.backend, overlaps, str(verdict.repeated), lost, resume]
-    return [*cells, "; ".join(notes).replace("|", "/")]
+    return [*cells, " ".join("; ".join(notes).replace("|", "/").split())]
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -76,8 +76,9 @@ def header(started_at: datetime) -> str:
     ).stdout.strip()
     return (
         f"Chaos run of {started_at:%Y-%m-%d %H:%M} UTC on commit {commit or '?'}: "
-        f"lease_ms={LEASE_MS} (short, so that a scenario takes seconds), 3 drivers, "
-        f"3 runs, 3 steps a pass, bodies of {BODY_MS} or {2 * BODY_MS} ms."
+        f"lease_ms={LEASE_MS} (short, so that a scenario takes seconds); 3 drivers, "
+        f"2 runs of 6 passes (8 for idle_session_timeout) of 3 steps each, one claim "
+        f"a run; bodies of {BODY_MS} or {2 * BODY_MS} ms."
     )
 
 

@@ -1,7 +1,7 @@
 """Faults that need a machine of their own: a throwaway Postgres cluster, a small tmpfs.
 
 The cluster (``pg_createcluster 15 <name>``) has its data directory on a tmpfs
-mounted for the scenario, listens on a free port of 127.0.0.1 only, trusts
+mounted for the scenario, listens on a free port of localhost (its default), trusts
 local logins, and is dropped (``pg_dropcluster --stop``) and unmounted at the
 end. The shared server at 5432 is never touched by these faults. Disk full
 means filling the tmpfs with a file, holding it full, and deleting the file.
@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.chaos.stage import Fault, Stage
+from tests.chaos.stage import Fault, Stage, admin
 
 VERSION = "15"
 FILLER = "filler"
@@ -69,7 +69,7 @@ async def throwaway_cluster(stage: Stage) -> tuple[str, Path]:
     shutil.chown(mount, "postgres", "postgres")
     name, port = f"chaos_{uuid.uuid4().hex[:6]}", _free_port()
     stage.stack.callback(_drop_cluster, name)
-    settings = ["listen_addresses=127.0.0.1", "max_wal_size=48MB", "min_wal_size=4MB"]
+    settings = ["max_wal_size=48MB", "min_wal_size=4MB"]
     settings += ["shared_buffers=16MB", "fsync=off", "restart_after_crash=on"]
     create = ["pg_createcluster", "-q", "-p", str(port), "-d", str(mount / "data")]
     create += [option for setting in settings for option in ("-o", setting)]
@@ -134,10 +134,19 @@ class DiskFull(Fault):
     async def before_database(self, stage: Stage) -> None:
         self.cluster, self.mount = await throwaway_cluster(stage)
 
+    async def before_drivers(self, stage: Stage) -> None:
+        # One row now: the page it allocates takes the later one-row inserts.
+        await admin(
+            stage.url,
+            "CREATE TABLE chaos_pressure (n int)",
+            "INSERT INTO chaos_pressure VALUES (0)",
+        )
+
     async def inject(self, stage: Stage) -> None:
         await stage.victim_body()
         written = await asyncio.to_thread(fill, self.mount, 1024)
         try:
+            stage.notes.append(await _press(stage.url))
             # sleep: how long the disk stays full
             await asyncio.sleep(self.full_s)
         finally:
@@ -147,13 +156,29 @@ class DiskFull(Fault):
         stage.resume_from_ns = time.monotonic_ns()
 
 
+async def _press(url: str) -> str:
+    """Make Postgres need new space (new WAL segments) until it fails.
+
+    The drivers' own writes are too small: they fit in recycled WAL segments and
+    pages already allocated, so a full disk alone would not reach them.
+    """
+    for _ in range(40):
+        try:
+            await admin(url, "INSERT INTO chaos_pressure VALUES (1)", "SELECT pg_switch_wal()")
+        except Exception as error:
+            return f"Postgres refused new space: {' '.join(str(error).split())[:160]}"
+    return "Postgres never ran out of space"
+
+
 async def _bring_back(stage: Stage, cluster: str) -> None:
-    """After the disk is freed: is Postgres still up? Start it by hand if not (noted)."""
-    # sleep: a crashed server's automatic restart takes a moment to show
-    await asyncio.sleep(1)
-    if not await asyncio.to_thread(_cluster_online, cluster):
-        stage.notes.append("Postgres was down after the disk filled: started by hand")
-        await asyncio.to_thread(_run, "pg_ctlcluster", VERSION, cluster, "start")
+    """After the disk is freed: is Postgres up within 10 s? Start it by hand if not (noted)."""
+    for _ in range(20):
+        if await asyncio.to_thread(_cluster_online, cluster):
+            return
+        # sleep: a poll for the server's own restart after a crash
+        await asyncio.sleep(0.5)
+    stage.notes.append("Postgres still down 10 s after the disk was freed: started by hand")
+    await asyncio.to_thread(_run, "pg_ctlcluster", VERSION, cluster, "start")
 
 
 class SqliteDiskFull(Fault):
