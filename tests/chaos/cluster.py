@@ -129,7 +129,7 @@ class DiskFull(Fault):
     """The cluster's disk full for ``full_s``, then freed."""
 
     name, backends = "Postgres disk full 5 s", ("postgres",)
-    passes, full_s = 6, 5.0
+    passes, full_s = 12, 5.0  # filling takes a while: the runs must outlast it
 
     async def before_database(self, stage: Stage) -> None:
         self.cluster, self.mount = await throwaway_cluster(stage)
