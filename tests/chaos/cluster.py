@@ -92,10 +92,6 @@ def fill(directory: Path, limit_mb: int) -> int:
     return written
 
 
-def _cluster_online(name: str) -> bool:
-    return "online" in _run("pg_lsclusters", "-h", VERSION, name)
-
-
 class PostgresRestart(Fault):
     """Postgres restarted (fast, immediate) or down for ``outage_s`` while drivers work."""
 
@@ -118,11 +114,10 @@ class PostgresRestart(Fault):
             )
             # sleep: the outage's length
             await asyncio.sleep(self.outage_s)
-            await asyncio.to_thread(_run, "pg_ctlcluster", VERSION, self.cluster, "start")
+            await until_back(stage, "pg_ctlcluster", VERSION, self.cluster, "start")
         else:
             command = ("pg_ctlcluster", VERSION, self.cluster, "restart", "-m", self.mode)
-            await asyncio.to_thread(_run, *command)
-        stage.resume_from_ns = time.monotonic_ns()
+            await until_back(stage, *command)
 
 
 class DiskFull(Fault):
@@ -153,7 +148,6 @@ class DiskFull(Fault):
             (self.mount / FILLER).unlink()
         stage.notes.append(f"filled {written} MB")
         await _bring_back(stage, self.cluster)
-        stage.resume_from_ns = time.monotonic_ns()
 
 
 async def _press(url: str) -> str:
@@ -170,15 +164,43 @@ async def _press(url: str) -> str:
     return "Postgres never ran out of space"
 
 
+async def _accepts(url: str) -> bool:
+    try:
+        await admin(url, "SELECT 1")
+    except Exception:
+        return False
+    return True
+
+
+async def until_back(stage: Stage, *command: str) -> None:
+    """Run a start or restart; the fault ends when the server accepts connections again.
+
+    Not when the command returns: ``pg_ctlcluster`` waits a while after the
+    server is ready, and the drivers do not.
+    """
+    running = asyncio.ensure_future(asyncio.to_thread(_run, *command))
+    seen_down, deadline = False, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        up = await _accepts(stage.server_url)
+        if up and (seen_down or running.done()):
+            stage.resume_from_ns = time.monotonic_ns()
+            break
+        seen_down = seen_down or not up
+        # sleep: a poll for the server coming back
+        await asyncio.sleep(0.05)
+    await running
+
+
 async def _bring_back(stage: Stage, cluster: str) -> None:
     """After the disk is freed: is Postgres up within 10 s? Start it by hand if not (noted)."""
-    for _ in range(20):
-        if await asyncio.to_thread(_cluster_online, cluster):
+    for _ in range(50):
+        if await _accepts(stage.server_url):
+            stage.resume_from_ns = time.monotonic_ns()
             return
         # sleep: a poll for the server's own restart after a crash
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.2)
     stage.notes.append("Postgres still down 10 s after the disk was freed: started by hand")
-    await asyncio.to_thread(_run, "pg_ctlcluster", VERSION, cluster, "start")
+    await until_back(stage, "pg_ctlcluster", VERSION, cluster, "start")
 
 
 class SqliteDiskFull(Fault):
