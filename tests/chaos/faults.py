@@ -1,7 +1,7 @@
 """The faults that need no throwaway cluster or mount, and the list of every scenario.
 
-Each fault waits until a driver is inside a step body of its run's second pass,
-then strikes. ``quick`` marks the bounded set that CI runs
+Each fault waits until a driver is inside a step body of one of its run's
+middle passes, then strikes. ``quick`` marks the bounded set that CI runs
 (``tests/processes/test_chaos.py``).
 """
 
@@ -142,7 +142,7 @@ class ProxyCut(Fault):
 
 class ProxyBlackhole(Fault):
     name, backends = "network blackholed 5 s (one driver via proxy)", ("postgres",)
-    blackhole_s = 5.0
+    blackhole_s, first_driver_alone = 5.0, True
 
     async def before_drivers(self, stage: Stage) -> None:
         self.proxy = _proxy_for(stage)
@@ -151,12 +151,14 @@ class ProxyBlackhole(Fault):
     async def inject(self, stage: Stage) -> None:
         _victim, event = await stage.victim_body(only=stage.children[0])
         await asyncio.to_thread(self.proxy.blackhole)
+        # The others take the run over during the partition: resume counts from its start.
+        stage.resume_from_ns, stage.affected_runs = time.monotonic_ns(), {event["run"]}
         try:
             # sleep: the partition's length, past the lease
             await asyncio.sleep(self.blackhole_s)
         finally:
             await asyncio.to_thread(self.proxy.heal)
-        stage.resume_from_ns, stage.affected_runs = time.monotonic_ns(), {event["run"]}
+        stage.notes.append("resume counted from the blackhole's start")
 
 
 _HOLD_LOCK = """

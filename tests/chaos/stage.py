@@ -71,22 +71,25 @@ class Stage:
     resume_from_ns: int | None = None
     affected_runs: set[str] | None = None
     notes: list[str] = field(default_factory=list)
+    passes: int = 6
 
     async def victim_body(
         self, only: Child | None = None, timeout_s: float = 60.0
     ) -> tuple[Child, dict[str, Any]]:
-        """A driver that is inside a body of its run's second pass, right now."""
+        """A driver that is inside a body of its run's middle passes (not the first, nor
+        the last two), right now."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for child in [only] if only else self.children:
                 fresh_ns = time.monotonic_ns() - 60_000_000
 
                 def wanted(event: dict[str, Any], fresh_ns: int = fresh_ns) -> bool:
-                    return bool(event["step"].startswith("p2.") and event["ns"] > fresh_ns)
+                    pass_no = int(event["step"][1:].split(".")[0])
+                    return 2 <= pass_no <= self.passes - 2 and event["ns"] > fresh_ns
 
                 with contextlib.suppress(AssertionError):
                     return child, await asyncio.to_thread(child.wait_for, "body", 0.05, wanted)
-        raise AssertionError("no driver entered a second pass in time")
+        raise AssertionError("no driver entered a middle pass of its run in time")
 
 
 class Fault:
@@ -97,6 +100,8 @@ class Fault:
     quick = False
     passes = 6
     deadline_s = 60.0
+    # The fault is aimed at the first driver: it must hold a run, so it starts alone.
+    first_driver_alone = False
 
     async def before_database(self, stage: Stage) -> None:
         pass
@@ -164,9 +169,11 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     options += ["--body-ms", str(BODY_MS), "--deadline-s", str(fault.deadline_s)]
     for index in range(drivers):
         url = stage.driver_urls.get(index, stage.url)
-        stage.children.append(Child(f"d{index}", url, stage.workdir, *options, script=CHILD))
-    for child in stage.children:
+        child = Child(f"d{index}", url, stage.workdir, *options, script=CHILD)
+        stage.children.append(child)
         threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
+        if index == 0 and fault.first_driver_alone:
+            child.wait_for("body", 60)  # it holds a run before the others start
     for child in stage.children:
         child.wait_for("ready", 60)
 
@@ -215,6 +222,7 @@ async def run_scenario(
     os.makedirs(workdir, exist_ok=True)
     async with contextlib.AsyncExitStack() as stack:
         stage = Stage(backend, workdir, postgres_url, stack, log=workdir / "bodies.log")
+        stage.passes = fault.passes
         try:
             await fault.before_database(stage)
             await _make_database(stage)
