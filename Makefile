@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Material's banner about its successor is not a warning about these docs.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: venv demo test docs mutation clean
+.PHONY: venv demo test docs mutation chaos clean
 
 venv: $(STAMP)
 
@@ -49,7 +49,14 @@ mutation: venv
 	env -u CI -u JOBRUN_TEST_POSTGRES_URL $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
 	$(BIN)/mutmut results
 
+# Faults injected into real drivers, judged from the step bodies' own log (issue 21);
+# the table goes to chaos-results.md/.json. Root (tmpfs mounts, a throwaway Postgres
+# cluster) for the full set; CHAOS='--quick' for the bounded set, CHAOS="--only 'kill -9'".
+CHAOS ?=
+chaos: venv
+	$(BIN)/python benchmarks/chaos.py $(CHAOS)
+
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache \
 		.import_linter_cache .hypothesis mutants
-	rm -f demo.db demo.db-wal demo.db-shm
+	rm -f demo.db demo.db-wal demo.db-shm chaos-results.md chaos-results.json

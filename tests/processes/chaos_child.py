@@ -1,0 +1,148 @@
+"""One driver process of the chaos runner (``tests/chaos``), not a test module.
+
+It registers ``("chaos", "walk")`` with a short lease and calls
+``run_due_jobs`` in a loop until no running run is left (or its deadline). A
+store error escaping a call (the database went away) is reported as an
+``error`` event and the loop goes on after a short pause, as a worker would.
+
+Each pass ``n`` runs ``--steps`` steps named ``p<n>.s<k>``; each step body
+sleeps a known time (``--body-ms`` to twice that, by step) and writes to the
+referee's log, a file shared by every driver and opened with ``O_APPEND``:
+``B <run> <step> <pid> <start_ns>`` when it starts and
+``E <run> <step> <pid> <start_ns> <end_ns> <outcome>`` when it ends (``ok``,
+or ``cancelled`` when the pass was stopped inside it). Times are
+``time.monotonic_ns()``, one clock for every process on Linux. A killed body
+leaves only its ``B`` line.
+
+Events go to stdout as JSON lines (``tests.support.Child`` reads them):
+``ready``, ``body`` (a body started: run, step, ns), ``error``, ``report``
+(the drive reports' counters summed, store errors, and ``taken_over``: passes
+that began on a run taken over from another holder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import jobrun
+
+MODULE, JOB = "chaos", "walk"
+COUNTED = ("attempted", "advanced", "completed", "retrying", "failed", "superseded")
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "t": time.time(), "pid": os.getpid(), **fields}), flush=True)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--log", required=True, help="the referee's log file")
+    parser.add_argument("--lease-ms", type=int, default=3000)
+    parser.add_argument("--passes", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3, help="steps per pass")
+    parser.add_argument("--body-ms", type=int, default=100)
+    parser.add_argument("--max-passes", type=int, default=2, help="passes per claim")
+    parser.add_argument("--poll-s", type=float, default=0.05)
+    parser.add_argument("--deadline-s", type=float, default=90.0)
+    return parser.parse_args(argv)
+
+
+class CountTakeovers:
+    """A pass observer that counts the passes that began with a takeover."""
+
+    def __init__(self, totals: dict[str, Any]) -> None:
+        self.totals = totals
+
+    def pass_started(self, start: Any) -> None:
+        self.totals["taken_over"] += int(start.taken_over)
+
+
+def make_registry(args: argparse.Namespace, log_fd: int) -> jobrun.JobRegistry:
+    registry = jobrun.JobRegistry()
+
+    def write(line: str) -> None:
+        os.write(log_fd, line.encode())  # one write: O_APPEND keeps lines whole
+
+    async def body(run_id: str, step: str, sleep_ms: int) -> str:
+        start_ns = time.monotonic_ns()
+        write(f"B {run_id} {step} {os.getpid()} {start_ns}\n")
+        emit("body", run=run_id, step=step, ns=start_ns)
+        outcome = "cancelled"
+        try:
+            # sleep: the body's known duration (simulated work)
+            await asyncio.sleep(sleep_ms / 1000)
+            outcome = "ok"
+        finally:
+            end_ns = time.monotonic_ns()
+            write(f"E {run_id} {step} {os.getpid()} {start_ns} {end_ns} {outcome}\n")
+        return step
+
+    @registry.job(MODULE, JOB, lease_ms=args.lease_ms)
+    async def walk(p: jobrun.JobPass) -> jobrun.PassResult:
+        pass_no = (p.cursor or 0) + 1
+        for index in range(1, args.steps + 1):
+            step = f"p{pass_no}.s{index}"
+            sleep_ms = args.body_ms * (1 + (pass_no + index) % 2)
+            await p.step(step, lambda step=step, sleep_ms=sleep_ms: body(p.run.id, step, sleep_ms))
+        return jobrun.PassResult(cursor=pass_no, done=pass_no >= args.passes)
+
+    return registry
+
+
+async def drive(
+    args: argparse.Namespace, store: Any, registry: jobrun.JobRegistry, totals: dict[str, Any]
+) -> None:
+    deadline = time.monotonic() + args.deadline_s
+    while time.monotonic() < deadline:
+        try:
+            report = await jobrun.run_due_jobs(
+                store,
+                registry,
+                max_passes=args.max_passes,
+                limit=1,
+                driver_name=args.name,
+                observer=CountTakeovers(totals),
+            )
+            totals["calls"] += 1
+            for counted in COUNTED:
+                totals[counted] += getattr(report, counted)
+            if report.attempted:
+                continue
+            if not await jobrun.job_runs(store, status="running", limit=1):
+                return
+        except Exception as error:
+            totals["store_errors"] += 1
+            emit("error", error=f"{type(error).__name__}: {error}"[:300])
+        # sleep: a poll interval between looks for due runs (or after a store error)
+        await asyncio.sleep(args.poll_s)
+    emit("deadline")
+
+
+async def main(args: argparse.Namespace) -> None:
+    log_fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    engine = create_async_engine(args.url)
+    store = jobrun.SqlJobRunStore(engine)
+    try:
+        await jobrun.job_runs(store, limit=1)  # schema check and a first connection
+        emit("ready", name=args.name)
+        totals: dict[str, Any] = dict.fromkeys(COUNTED, 0)
+        totals |= {"calls": 0, "store_errors": 0, "taken_over": 0}
+        await drive(args, store, make_registry(args, log_fd), totals)
+        emit("report", name=args.name, **totals)
+    finally:
+        os.close(log_fd)
+        await engine.dispose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse(sys.argv[1:])))
