@@ -239,6 +239,13 @@ class _Worker:
             except Exception as error:
                 await self._after_failure(database, error)
                 continue
+            except BaseException as error:
+                if isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit):
+                    raise
+                # A BaseException class of the job's own stopped its pass (the lease
+                # was handed back): logged like a failed drive, and the worker goes on.
+                await self._after_failure(database, error)
+                continue
             database.failing_since = None
             if report.attempted:
                 database.delay_s = FIRST_IDLE_DELAY_S

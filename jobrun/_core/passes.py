@@ -463,19 +463,23 @@ def _fails_at_once(error: Exception) -> bool:
 
 def interrupts_the_pass(error: BaseException) -> bool:
     """Whether a ``BaseException`` that is not an ``Exception`` stops the pass
-    rather than failing it: only a cancellation of the pass's own task does.
+    (nothing recorded, the lease handed back, the exception goes on) rather than
+    failing it.
 
-    A ``CancelledError`` while nobody is cancelling the task (``cancelling()``
-    is 0: the lease keeper, the pass budget and the host all cancel through the
-    task) was raised by user code, often from awaiting a future someone else
-    cancelled; like ``GeneratorExit`` or a ``BaseException`` subclass of its own,
-    it is a failed attempt. So are ``KeyboardInterrupt`` and ``SystemExit``, which
-    the driver then raises again (see :class:`UserExit`).
+    A cancellation of the pass's own task does (the lease keeper, the pass
+    budget and the host all cancel through the task). A ``CancelledError`` while
+    nobody is cancelling the task (``cancelling()`` is 0) was raised by user
+    code, often from awaiting a future someone else cancelled; like
+    ``GeneratorExit`` it is a failed attempt. So are ``KeyboardInterrupt`` and
+    ``SystemExit``, which the driver then raises again (see :class:`UserExit`).
+    A ``BaseException`` class of the user's own stops the pass, as before: tests
+    raise one to stand for the process dying (``jobrun worker`` logs it and goes
+    on, see ``jobrun.worker``).
     """
-    if not isinstance(error, asyncio.CancelledError):
-        return False
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
+    if isinstance(error, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is None or task.cancelling() > 0
+    return not isinstance(error, GeneratorExit | KeyboardInterrupt | SystemExit)
 
 
 def raised_by_user_code(error: BaseException, where: str) -> str:

@@ -1,8 +1,10 @@
-"""Nothing a handler raises poisons the driver: every exception from user code is a
+"""Nothing a handler raises poisons the driver: an exception from user code is a
 failed attempt of its run, recorded with a readable ``last_error``, its lease released.
 
 * A ``CancelledError`` raised by user code while nobody cancels the pass, a
-  ``GeneratorExit``, a ``BaseException`` of the user's own: an ordinary failed attempt.
+  ``GeneratorExit``: an ordinary failed attempt.
+* A ``BaseException`` class of the user's own (what tests raise to stand for the
+  process dying): the pass stops, nothing recorded, the lease handed back.
 * ``KeyboardInterrupt`` and ``SystemExit`` (``sys.exit()`` in a step): recorded the
   same way, then raised again by ``run_due_jobs`` (so they still stop a program);
   the worker's drive reports them and goes on (``drive_due_jobs(on_user_exit=...)``).
@@ -121,7 +123,6 @@ WHERE = ["step", "handler", "scope"]
 FAILURES = [
     pytest.param(asyncio.CancelledError, id="cancelled-error"),
     pytest.param(GeneratorExit, id="generator-exit"),
-    pytest.param(OwnBaseException, id="own-base-exception"),
 ]
 EXITS = [
     pytest.param(KeyboardInterrupt, id="keyboard-interrupt"),
@@ -140,6 +141,21 @@ async def test_a_base_exception_from_user_code_is_a_failed_attempt(
     assert (report.attempted, report.retrying, report.superseded) == (1, 1, 0), report
     await _assert_recorded(store, run_id, "step" if where == "step" else "handler", raised)
     assert report.errors[0].error == (await row_of(store, run_id)).last_error
+    await _finishes_from_the_ledger(store, clock, job, run_id)
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_base_exception_of_the_users_own_stops_the_pass_like_a_crash(
+    store: Any, clock: FakeClock, where: str
+) -> None:
+    """What tests raise to stand for the process dying: nothing recorded, the lease
+    handed back, raised on; the next drive finishes from the ledger."""
+    job = Poisoned(where, OwnBaseException)
+    run_id = await start_id(store, clock)
+    with pytest.raises(OwnBaseException):
+        await drive(store, job.registry(), clock, open_scope=job.open_scope)
+    row = await row_of(store, run_id)
+    assert (row.status, row.attempts, row.last_error, row.lease_owner) == ("running", 0, None, None)
     await _finishes_from_the_ledger(store, clock, job, run_id)
 
 
