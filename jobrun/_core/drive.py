@@ -16,7 +16,8 @@ from jobrun._core.holders import local_identity
 from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
 from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
-from jobrun._core.passes import OpenScope, PassOutcome, fail_run, hand_back, run_job_pass
+from jobrun._core.outcomes import PassOutcome, fail_for_takeovers, hand_back
+from jobrun._core.passes import OpenScope, PassSettings, run_job_pass
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import (
     ClaimRequest,
@@ -27,7 +28,7 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
-from jobrun._core.transitions import Claimed, takeovers_exceeded_reason
+from jobrun._core.transitions import Claimed
 from jobrun._system import default_driver_name, mint_run_id
 from jobrun._watchdog import real_time_guard
 
@@ -113,13 +114,6 @@ async def _claim(
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
     return claimed, registered, Lease(token, holder, registered.lease_ms, presence), leased_at_s
-
-
-async def _fail_for_takeovers(
-    store: JobRunStore, row: RunRow, job: RegisteredJob, lease: Lease, clock: Clock
-) -> PassOutcome:
-    reason = takeovers_exceeded_reason(row.lease_takeovers, job.max_takeovers)
-    return await fail_run(store, row, reason, lease, clock)
 
 
 def _key_of(row: RunRow) -> RunKey:
@@ -241,9 +235,17 @@ class _Drive:
         self.driver = driver
         self.clock = clock
         self.stop = stop
-        self.open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
+        open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
         self.observer = LOG_PASSES if options.observer is None else options.observer
-        self.guard = real_time_guard(clock) if options.watchdog else None
+        self.settings = PassSettings(
+            store=store,
+            clock=clock,
+            random=options.random,
+            mint_id=mint_run_id,
+            open_scope=open_scope,
+            timeout_s=options.pass_timeout_s,
+            guard=real_time_guard(clock) if options.watchdog else None,
+        )
         self.report = JobDriveReport()
 
     def stopping(self) -> bool:
@@ -255,7 +257,9 @@ class _Drive:
         """Give one claimed run its passes, up to ``max_passes``, while they advance it."""
         row = claimed.row
         if row.lease_takeovers > registered.max_takeovers:
-            outcome = await _fail_for_takeovers(self.store, row, registered, lease, self.clock)
+            outcome = await fail_for_takeovers(
+                self.store, row, registered.max_takeovers, lease, self.clock
+            )
             _count(self.report, row.id, outcome)
             return
         passes = self.options.max_passes
@@ -275,21 +279,15 @@ class _Drive:
             outcome = await _observed(
                 probe,
                 run_job_pass(
-                    store=self.store,
-                    row=current,
-                    handler=registered.handler,
-                    retry=registered.retry,
-                    clock=self.clock,
-                    random=self.options.random,
-                    open_scope=self.open_scope,
-                    lease=lease,
-                    timeout_s=self.options.pass_timeout_s,
+                    self.settings,
+                    registered,
+                    current,
+                    lease,
+                    leased_at_s=leased_at_s,
                     # After this driver's own commit the ledger is known to be empty.
                     ledger_known_empty=number > 0,
                     keep_lease=not last,
                     probe=probe,
-                    leased_at_s=leased_at_s,
-                    guard=self.guard,
                 ),
             )
             taken_over = False

@@ -132,6 +132,11 @@ class LeaseKeeper:
         self.lost = False
         self.refused = False
 
+    @property
+    def lease(self) -> Lease:
+        """The lease this keeper renews (its token fences every write of the pass)."""
+        return self._lease
+
     def _safe_after(self, sent_s: float) -> float:
         """The last instant no other driver may take over, for a lease written by a
         request sent at ``sent_s`` (the write happened after it was sent)."""

@@ -36,7 +36,7 @@ from jobrun._core.holders import (
 )
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.observe import PassEnd, PassStart
-from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
+from jobrun._core.outcomes import MAX_ERROR_TEXT_BYTES, cap_error_text
 from jobrun._core.port import StoreLimits
 from jobrun._core.progress import Poll, progress_of, span
 from jobrun._core.records import (
