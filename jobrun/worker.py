@@ -40,7 +40,6 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core import stranded
-from jobrun._core.actions import job_run_health
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
 from jobrun._core.formats import format_instant
@@ -62,7 +61,7 @@ from jobrun._core.options import (
 from jobrun._core.records import JobRunHealth, RunKey
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
-from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun.errors import describe_exception
 from jobrun.sql.store import SqlJobRunStore
@@ -225,6 +224,7 @@ class _Worker:
                         database.store,
                         self.registry,
                         options,
+                        SYSTEM_SOURCES,
                         stop=self.stop,
                         on_user_exit=functools.partial(_log_user_exit, database),
                     )
@@ -349,7 +349,10 @@ class _Worker:
         while not self.stop.is_set():
             try:
                 deleted = await prune_by_retention(
-                    database.store, self.registry, prune_after=self.prune_after
+                    database.store,
+                    self.registry,
+                    prune_after=self.prune_after,
+                    sources=SYSTEM_SOURCES,
                 )
                 if deleted:
                     log.info(

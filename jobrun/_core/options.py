@@ -15,7 +15,6 @@ from typing import TypedDict
 from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.observe import PassObserver
 from jobrun._core.passes import OpenScope
-from jobrun._system import system_random
 from jobrun.errors import JobValidationError
 
 JOB_DRIVE_LIMIT = 50
@@ -70,7 +69,8 @@ class DriveOptions:
     * ``observer``: hears each pass and step (default: ``jobrun.LOG_PASSES``).
     * ``clock``: the time runs are judged by (default: the system clock, aligned
       to the database's).
-    * ``random``: the source of retry jitter, returning floats in [0, 1).
+    * ``random``: the source of retry jitter, returning floats in [0, 1)
+      (default ``None``: the system's).
     * ``watchdog``: end the process (SIGKILL) when a step body that cannot be
       cancelled (a blocking call, a process woken from SIGSTOP) is still running
       when its run may be taken over, rather than let it overlap the next
@@ -90,7 +90,7 @@ class DriveOptions:
     driver_name: str | None = None
     observer: PassObserver | None = None
     clock: ClockLike | None = None
-    random: Callable[[], float] = system_random
+    random: Callable[[], float] | None = None
     watchdog: bool = True
 
     def __post_init__(self) -> None:
@@ -123,7 +123,7 @@ class DriveKeywords(TypedDict, total=False):
     driver_name: str | None
     observer: PassObserver | None
     clock: ClockLike | None
-    random: Callable[[], float]
+    random: Callable[[], float] | None
     watchdog: bool
 
 

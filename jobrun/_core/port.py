@@ -23,6 +23,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import Claimed, RunChange
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -63,6 +64,12 @@ class JobRunStore(Protocol):
     def owed_releases(self) -> OwedReleases:
         """Lease releases this store failed to write, sent again before the next
         claim (see ``jobrun._core.owed``); the store only keeps them."""
+        ...
+
+    @property
+    def stranded_scans(self) -> StrandedScans:
+        """What the scans for runs of dead holders saw on this store, kept between
+        drives (see ``jobrun._core.stranded``); the store only keeps it."""
         ...
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:

@@ -9,6 +9,7 @@ from jobrun._core.clock import ClockLike
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRunStatus
 from jobrun._core.registry import JobRegistry
+from jobrun._core.sources import Sources
 
 FINISHED = (JobRunStatus.DONE.value, JobRunStatus.FAILED.value)
 RETENTION_BATCH = 100
@@ -37,6 +38,7 @@ async def prune_by_retention(
     prune_after: timedelta | None,
     clock: ClockLike | None = None,
     batch_size: int = RETENTION_BATCH,
+    sources: Sources,
 ) -> int:
     """Delete finished (done and failed) runs past their retention; returns how many.
 
@@ -54,6 +56,7 @@ async def prune_by_retention(
             batch_size=batch_size,
             clock=clock,
             only_jobs=frozenset({key}),
+            sources=sources,
         )
     if prune_after is not None:
         deleted += await prune_job_runs(
@@ -63,5 +66,6 @@ async def prune_by_retention(
             batch_size=batch_size,
             clock=clock,
             except_jobs=frozenset(kept),
+            sources=sources,
         )
     return deleted

@@ -40,6 +40,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import (
     CLAIM_FIELDS,
     Claimed,
@@ -196,6 +197,7 @@ class SqlJobRunStore:
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
+        self._stranded_scans = StrandedScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
         # (measured at, database clock minus system clock in seconds)
@@ -222,6 +224,10 @@ class SqlJobRunStore:
     @property
     def owed_releases(self) -> OwedReleases:
         return self._owed_releases
+
+    @property
+    def stranded_scans(self) -> StrandedScans:
+        return self._stranded_scans
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:
