@@ -46,6 +46,7 @@ from jobrun._entry import (
 )
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
+    ArgumentTypeError,
     HandlerMistakeError,
     JobConflictError,
     JobRunError,
@@ -104,6 +105,7 @@ if not typing.TYPE_CHECKING:  # hidden from type checkers, so that a misspelt na
 __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
+    "ArgumentTypeError",
     "DriveError",
     "DriveOptions",
     "HandlerMistakeError",

@@ -50,15 +50,9 @@ from jobrun._core.observe import (
     PassWatch,
     observe_all,
 )
-from jobrun._core.options import (
-    DriveKeywords,
-    DriveOptions,
-    checked_count,
-    checked_seconds,
-    drive_options,
-    refuse,
-)
+from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
 from jobrun._core.records import JobRunHealth, RunKey
+from jobrun._core.refusals import checked_count, checked_seconds, refuse, refuse_type
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
@@ -495,7 +489,7 @@ async def run_worker(
     if not databases:
         raise refuse("databases", "must name at least one database: run_worker needs one")
     if not isinstance(registry, JobRegistry):
-        raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+        raise refuse_type("registry", f"must be a JobRegistry, got {type(registry).__name__}")
     timing = resolve_clock(chosen.clock)
     worker = _Worker(
         [],
@@ -536,8 +530,11 @@ def _store_of(
         return SqlJobRunStore(engine, schema=schema)
     if isinstance(database, AsyncEngine):
         return SqlJobRunStore(database, schema=schema)
-    raise TypeError(
-        f"a database is a URL, an AsyncEngine or a SqlJobRunStore, got {type(database).__name__}"
+    raise refuse_type(
+        "databases",
+        f"must each be a URL, an AsyncEngine or a SqlJobRunStore, got {type(database).__name__}",
+        message="a database is a URL, an AsyncEngine or a SqlJobRunStore, "
+        f"got {type(database).__name__}",
     )
 
 

@@ -16,19 +16,18 @@ from jobrun._core.formats import format_instant, parse_instant, repaired_counter
 from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
+from jobrun._core.refusals import checked_positive_int, checked_str, refuse, refuse_type, type_name
 from jobrun._core.sources import Sources
 from jobrun._core.stranded import dead_holders
 from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
-from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
+from jobrun.errors import JobConflictError, JobRunNotFoundError
 
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
 
 
 def _check_id(run_id: object) -> str:
-    if not isinstance(run_id, str):
-        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
-    return require_text(run_id, "run_id")
+    return require_text(checked_str(run_id, "run_id"), "run_id")
 
 
 async def _record(store: OperatorStore, run_id: str) -> JobRun:
@@ -48,9 +47,8 @@ async def cancel_job_run(
 ) -> JobRun:
     """:func:`jobrun.cancel_job_run`, handed its sources (the system clock)."""
     if not isinstance(reason, str) or not reason.strip():
-        raise JobValidationError(
-            "a cancellation needs a reason for the record",
-            [{"path": "reason", "message": "empty or not a str"}],
+        raise refuse(
+            "reason", "empty or not a str", message="a cancellation needs a reason for the record"
         )
     require_text(reason, "reason")
     _check_id(run_id)
@@ -139,23 +137,23 @@ async def prune_job_runs(
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
     if not wanted or unknown:
-        raise JobValidationError(
-            f"statuses must be drawn from done and failed, got {list(wanted)!r}",
-            [{"path": "statuses", "message": f"not prunable: {unknown!r}"}],
+        raise refuse(
+            "statuses",
+            f"not prunable: {unknown!r}",
+            message=f"statuses must be drawn from done and failed, got {list(wanted)!r}",
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    checked_positive_int(batch_size, "batch_size")
     if isinstance(older_than, timedelta):
         if older_than < timedelta(0):
-            raise ValueError(f"older_than must not be negative, got {older_than}")
+            raise refuse("older_than", f"must not be negative, got {older_than}")
         now = sources.clock_for(clock).now()
         # An age reaching before year 1 keeps everything: nothing ended that long ago.
         cutoff = now - older_than if older_than < now - _EARLIEST else _EARLIEST
     elif isinstance(older_than, datetime):
         cutoff = older_than
     else:
-        raise TypeError(
-            f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
+        raise refuse_type(
+            "older_than", f"must be a timedelta or datetime, got {type_name(older_than)}"
         )
     return await store.prune(
         format_instant(cutoff),

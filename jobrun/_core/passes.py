@@ -43,6 +43,7 @@ from jobrun._core.observe import PassProbe
 from jobrun._core.outcomes import PassOutcome, cap_error_text, commit, hand_back, record_failure
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunKey, RunRow, StepRow
+from jobrun._core.refusals import is_int, mistake
 from jobrun._core.results import (
     KEEP_CURSOR,
     HandlerResult,
@@ -117,14 +118,14 @@ class _ReadOnlyCounters(Mapping[str, int | float]):
         return repr(self._counters)
 
     def __setitem__(self, name: str, value: object) -> None:
-        raise _mistake(
+        raise mistake(
+            "counters",
             f"p.counters[{name!r}] = ... : p.counters is read-only; "
             f"use p.count({name!r}, by) to add to a counter",
-            "counters",
         )
 
     def __delitem__(self, name: str) -> None:
-        raise _mistake(f"del p.counters[{name!r}]: p.counters is read-only", "counters")
+        raise mistake("counters", f"del p.counters[{name!r}]: p.counters is read-only")
 
 
 class JobPass:
@@ -210,18 +211,18 @@ class JobPass:
         """
         if name not in self._counters:
             if not isinstance(name, str):
-                raise _mistake(
-                    f"p.count() got a counter name of type {type(name).__name__}: use a str",
+                raise mistake(
                     "counters",
+                    f"p.count() got a counter name of type {type(name).__name__}: use a str",
                 )
             problem = name_problem(name)
             if problem is not None:
-                raise _mistake(f"counter name {shown_name(name)} {problem}", "counters")
+                raise mistake("counters", f"counter name {shown_name(name)} {problem}")
         if not is_count(by):
-            raise _mistake(
+            raise mistake(
+                "counters",
                 f"p.count({name!r}, by={_shown_number(by)}): by must be a finite int or "
                 "float, within a float's range (about 1.8e308)",
-                "counters",
             )
         try:
             total = self._counters.get(name, 0) + by
@@ -229,7 +230,7 @@ class JobPass:
             # A huge int added to a float counter: the float cannot hold the sum.
             total = math.inf
         if not is_count(total):
-            raise _mistake(f"counter {name!r} would overflow to {_shown_number(total)}", "counters")
+            raise mistake("counters", f"counter {name!r} would overflow to {_shown_number(total)}")
         self._counters[name] = total
 
     def idempotency_key(self, step_name: str) -> str:
@@ -248,14 +249,14 @@ class JobPass:
         name of the step making the call, only the same on every replay.
         """
         if not isinstance(step_name, str):
-            raise _mistake(
+            raise mistake(
+                "idempotency_key",
                 f"p.idempotency_key() got a step name of type {type(step_name).__name__}: "
                 "use a str",
-                "idempotency_key",
             )
         problem = name_problem(step_name)
         if problem is not None:
-            raise _mistake(f"step name {shown_name(step_name)} {problem}", "idempotency_key")
+            raise mistake("idempotency_key", f"step name {shown_name(step_name)} {problem}")
         return idempotency_key(self.run.id, self._pass_number, step_name)
 
     async def scope(self) -> Any:
@@ -303,15 +304,15 @@ class JobPass:
         A result JSON cannot store fails the run at once (the body is not rerun).
         """
         if not isinstance(name, str):
-            raise _mistake(f"a step name must be a str, got {type(name).__name__}", "step")
+            raise mistake("step", f"a step name must be a str, got {type(name).__name__}")
         problem = name_problem(name)
         if problem is not None:
-            raise _mistake(f"step name {shown_name(name)} {problem}", "step")
+            raise mistake("step", f"step name {shown_name(name)} {problem}")
         if not callable(fn):
-            raise _mistake(f"step {name!r}: fn must be callable, got {type(fn).__name__}", "step")
+            raise mistake("step", f"step {name!r}: fn must be callable, got {type(fn).__name__}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise _mistake(
-                f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}", "step"
+            raise mistake(
+                "step", f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}"
             )
         number = self._step_calls
         self._step_calls = number + 1
@@ -340,10 +341,10 @@ class JobPass:
             running.close()
         self._unstarted.clear()
         shown = ", ".join(repr(name) for name in names)
-        return _mistake(
+        return mistake(
+            "step",
             f"p.step({shown}, ...) was called without `await`, so the step never ran: "
             "write `await p.step(...)` (the handler must be `async def`)",
-            "step",
         )
 
     def _attempt_of(self, name: str) -> int | None:
@@ -425,7 +426,7 @@ class JobPass:
 
 def _shown_number(value: object) -> str:
     """A number as a message shows it: a huge int by its size, not 400 digits."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+    if is_int(value) and value.bit_length() > 64:
         # Counted from the bits: str() of a very large int raises.
         return f"an int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     try:
@@ -440,10 +441,6 @@ class _CarriedExit(Exception):
     def __init__(self, raised: BaseException) -> None:
         super().__init__(type(raised).__name__)
         self.raised = raised
-
-
-def _mistake(text: str, path: str) -> HandlerMistakeError:
-    return HandlerMistakeError(text, [{"path": path, "message": text}])
 
 
 def interrupts_the_pass(error: BaseException) -> bool:
@@ -557,10 +554,10 @@ def _decoded(row: RunRow) -> tuple[dict[str, int | float], Any, Any]:
         counters = decode_counters(row.counters)
     except MalformedColumnError as error:
         # Only a write that bypassed p.count() gets here; retrying cannot help.
-        raise _mistake(
+        raise mistake(
+            "counters",
             f"{error}; counters are written only through p.count(). Resuming the run "
             "keeps its valid counters and drops the rest",
-            "counters",
         ) from error
     payload = decode_json(row.payload, "payload")
     cursor = None if row.cursor is None else decode_json(row.cursor, "cursor")

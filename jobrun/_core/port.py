@@ -23,6 +23,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.refusals import checked_positive_int
 from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import Claimed, RunChange
 
@@ -42,9 +43,7 @@ class StoreLimits:
     def __post_init__(self) -> None:
         names = ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes")
         for name in (*names, "max_counters_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            checked_positive_int(getattr(self, name), name)
 
 
 class JobRunStore(Protocol):

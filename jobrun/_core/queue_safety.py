@@ -14,7 +14,7 @@ import math
 from typing import Any, NoReturn
 
 from jobrun._core.formats import OverCapError, encode_json_within
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import refuse
 
 MAX_DEPTH = 256
 """Deeper nesting is refused: it would also defeat the JSON decoder on replay."""
@@ -161,8 +161,9 @@ def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
 
 
 def _refuse(root: str, path: str, what: str, why: str) -> NoReturn:
-    raise JobValidationError(
-        f"{root} is not queue-safe: {path} is {what}; a run carries ids and configuration, "
-        "not bytes, objects or functions",
-        [{"path": path, "message": f"{what} {why}"}],
+    raise refuse(
+        path,
+        f"{what} {why}",
+        message=f"{root} is not queue-safe: {path} is {what}; a run carries ids and "
+        "configuration, not bytes, objects or functions",
     )

@@ -8,6 +8,7 @@ from jobrun._core.actions import prune_job_runs
 from jobrun._core.clock import ClockLike
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRunStatus
+from jobrun._core.refusals import refuse, refuse_type, type_name
 from jobrun._core.registry import JobRegistry
 from jobrun._core.sources import Sources
 
@@ -20,9 +21,9 @@ def check_prune_after(value: object) -> timedelta | None:
     if value is None:
         return None
     if not isinstance(value, timedelta):
-        raise TypeError(f"prune_after must be a timedelta or None, got {type(value).__name__}")
+        raise refuse_type("prune_after", f"must be a timedelta or None, got {type_name(value)}")
     if value <= timedelta(0):
-        raise ValueError(f"prune_after must be positive, got {value}")
+        raise refuse("prune_after", f"must be positive, got {value}")
     return value
 
 

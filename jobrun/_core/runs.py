@@ -21,6 +21,7 @@ from jobrun._core.records import (
     priority_value,
     status_filter,
 )
+from jobrun._core.refusals import checked_str
 from jobrun._core.sources import Sources
 
 
@@ -104,10 +105,9 @@ async def job_runs(
     returns an empty list once none of that job's runs is live.
     """
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")
         if value is not None:
-            require_text(value, f"{argument} filter")
+            wanted, subject = "a str or None", f"{argument} filter"
+            require_text(checked_str(value, argument, wanted=wanted, subject=subject), subject)
     run_filter = RunFilter(
         module_id=module_id,
         job=job,
@@ -120,8 +120,6 @@ async def job_runs(
 
 async def get_job_run(store: JobRunStore, run_id: str) -> JobRun | None:
     """One run by id, whatever its status; ``None`` when there is none."""
-    if not isinstance(run_id, str):
-        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
-    require_text(run_id, "run_id")
+    require_text(checked_str(run_id, "run_id"), "run_id")
     row = await store.get(run_id)
     return None if row is None else job_run_of(row)

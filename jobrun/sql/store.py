@@ -40,6 +40,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.refusals import refuse_type, type_name
 from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import (
     CLAIM_FIELDS,
@@ -169,9 +170,11 @@ class SqlJobRunStore:
         statement_hook: StatementHook | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
-            raise TypeError(
-                "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
-                f"got {type(engine).__name__}"
+            raise refuse_type(
+                "engine",
+                f"must be an AsyncEngine, got {type_name(engine)}",
+                message="SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
+                f"got {type_name(engine)}",
             )
         self._host_engine = engine
         self._schema = checked_schema(engine, schema)
