@@ -60,7 +60,7 @@ class _Scan:
     scanned_at: float | None = None
     # Dead holders' tokens, by the run each held; dropped once that run is claimed.
     dead: dict[str, str] = field(default_factory=dict)
-    # When this process first saw each token's presence free (monotonic seconds).
+    # When this process first saw each token's presence free (the drive clock's monotonic s).
     free_since: dict[str, float] = field(default_factory=dict)
     # Whether the last scan saw any unexpired lease at all (a holder that may die).
     held: bool = False
