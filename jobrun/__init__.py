@@ -8,14 +8,7 @@ its result as it completes so that it never runs again.
 import importlib
 import typing
 
-from jobrun._core.actions import (
-    cancel_job_run,
-    job_run_health,
-    prune_job_runs,
-    release_job_lease,
-    resume_job_run,
-)
-from jobrun._core.drive import run_due_jobs
+from jobrun._core.actions import release_job_lease
 from jobrun._core.observe import (
     LOG_PASSES,
     LoggingObserver,
@@ -41,10 +34,19 @@ from jobrun._core.records import (
 )
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
-from jobrun._core.runs import get_job_run, job_runs, start_job_run
-from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun._core.runs import get_job_run, job_runs
+from jobrun._entry import (
+    cancel_job_run,
+    job_run_health,
+    prune_job_runs,
+    resume_job_run,
+    run_due_jobs,
+    start_job_run,
+    start_scheduled_runs,
+)
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
+    ArgumentTypeError,
     HandlerMistakeError,
     JobConflictError,
     JobRunError,
@@ -103,6 +105,7 @@ if not typing.TYPE_CHECKING:  # hidden from type checkers, so that a misspelt na
 __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
+    "ArgumentTypeError",
     "DriveError",
     "DriveOptions",
     "HandlerMistakeError",

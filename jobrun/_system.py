@@ -1,9 +1,11 @@
 """The real sources the core is handed: the system clock, this process's name, ids and chance.
 
-``jobrun._core`` imports no ``time``, ``os``, ``socket`` or ``random`` itself
-(import-linter checks it); everything it needs from the machine comes from here,
-and each piece can be replaced by an argument (``clock=``, ``random=``,
-``driver_name=``) so tests can make it deterministic.
+``jobrun._core`` imports no ``time``, ``os``, ``socket`` or ``random``, directly
+or through another module (import-linter checks it), and does not import this
+module either: everything it needs from the machine is made here and handed to
+it by the public entry points (``jobrun._entry``), and each piece can be
+replaced by an argument (``clock=``, ``random=``, ``driver_name=``) so tests can
+make it deterministic.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from jobrun._core.clock import Clock, ClockLike, Deadline, as_clock
+from jobrun._core.holders import HolderIdentity, Liveness, liveness_seen_from
 from jobrun._core.ids import UlidMint
 
 
@@ -64,11 +67,6 @@ system_random: Callable[[], float] = random.random
 
 # The process's one minter: one sequence per process keeps ids minted here in order.
 mint_run_id = UlidMint(lambda: time.time_ns() // 1_000_000, os.urandom)
-
-
-def monotonic_s() -> float:
-    """Seconds on this process's monotonic clock (rate limits that follow real time)."""
-    return time.monotonic()
 
 
 # --- This process and its neighbours, as the proof of a holder's death needs them ------
@@ -145,3 +143,48 @@ def process_exists(pid: int) -> bool:
     except OSError:
         return True  # exists, but belongs to someone else
     return True
+
+
+# This process's identity, learnt once per pid (so a forked child learns its own).
+_local: tuple[int, HolderIdentity] | None = None
+
+
+def local_identity() -> HolderIdentity:
+    """This process's identity, as a claim records it in ``lease_driver``."""
+    global _local
+    pid = current_pid()
+    if _local is None or _local[0] != pid:
+        start = own_start_ticks()
+        _local = (
+            pid,
+            HolderIdentity(
+                host=host_name(),
+                boot=read_text("/proc/sys/kernel/random/boot_id"),
+                pid_namespace=namespace_inode("pid"),
+                time_namespace=namespace_inode("time"),
+                # Without a /proc of our own, no pid of ours could be checked by anyone.
+                pid=pid if start is not None else None,
+                start_ticks=start,
+            ),
+        )
+    return _local[1]
+
+
+def liveness_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = None) -> Liveness:
+    """Whether this host sees ``holder``'s process dead, alive, or cannot tell
+    (``here``: the checker, this process by default)."""
+    checker = local_identity() if here is None else here
+    return liveness_seen_from(checker, holder, process_exists, stat_fields)
+
+
+class ThisHost:
+    """The host this process runs on, as the core's :class:`~jobrun._core.holders.Host`."""
+
+    def identity(self) -> HolderIdentity:
+        return local_identity()
+
+    def liveness(self, holder: HolderIdentity) -> Liveness:
+        return liveness_on_this_host(holder)
+
+
+THIS_HOST = ThisHost()

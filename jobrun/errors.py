@@ -4,6 +4,8 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
 
     JobRunError                     code
     ├── JobValidationError          validation_failed   (also a ValueError)
+    │   ├── ArgumentTypeError       validation_failed   (an argument of the wrong type:
+    │   │                                                also a TypeError)
     │   └── HandlerMistakeError     handler_mistake     (a mistake in handler code: the
     │                                                    run fails at once, no retry)
     ├── JobConflictError            conflict            (``reason`` says which)
@@ -18,11 +20,12 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
 
 ``StoreError`` is raised only at the store boundary, where driver and database
 exceptions are translated; the original exception is kept as ``__cause__``.
-Misuse of an argument's *type* (passing a list where a name belongs) is a
-plain ``TypeError``, as Python users expect; the drive options are the
-exception: :class:`jobrun.DriveOptions` refuses every bad value, of any type,
-as a ``JobValidationError`` naming the field, so one check covers the driver,
-the worker and the command line.
+Bad input, whatever the argument, is refused before anything is written with a
+``JobValidationError`` whose ``errors`` name the argument (``path``) and what is
+wrong with it. An argument of the wrong *type* (a list where a name belongs) is
+an ``ArgumentTypeError``: a ``JobValidationError`` that is also a ``TypeError``,
+as Python users expect, so ``except TypeError`` still catches it. Every refusal
+is made in one place (``jobrun._core.refusals``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     from jobrun._core.retry import RetryPolicy
 
 __all__ = [
+    "ArgumentTypeError",
     "HandlerMistakeError",
     "JobConflictError",
     "JobRunError",
@@ -74,6 +78,14 @@ class JobValidationError(JobRunError, ValueError):
     def __init__(self, message: str, errors: list[dict[str, str]]) -> None:
         super().__init__(message)
         self.errors = errors
+
+
+class ArgumentTypeError(JobValidationError, TypeError):
+    """An argument of the wrong type was refused before anything was written.
+
+    A :class:`JobValidationError` like any other refusal (``errors`` names the
+    argument), and also a ``TypeError``, as Python users expect of a wrong type.
+    """
 
 
 class HandlerMistakeError(JobValidationError):

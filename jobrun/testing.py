@@ -39,6 +39,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import (
     Claimed,
     RunChange,
@@ -87,6 +88,7 @@ class MemoryJobRunStore:
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self._owed_releases = OwedReleases()
+        self._stranded_scans = StrandedScans()
 
     @property
     def limits(self) -> StoreLimits:
@@ -99,6 +101,10 @@ class MemoryJobRunStore:
     @property
     def owed_releases(self) -> OwedReleases:
         return self._owed_releases
+
+    @property
+    def stranded_scans(self) -> StrandedScans:
+        return self._stranded_scans
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         for existing in self.runs.values():

@@ -40,7 +40,6 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core import stranded
-from jobrun._core.actions import job_run_health
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
 from jobrun._core.formats import format_instant
@@ -51,18 +50,12 @@ from jobrun._core.observe import (
     PassWatch,
     observe_all,
 )
-from jobrun._core.options import (
-    DriveKeywords,
-    DriveOptions,
-    checked_count,
-    checked_seconds,
-    drive_options,
-    refuse,
-)
+from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
 from jobrun._core.records import JobRunHealth, RunKey
+from jobrun._core.refusals import checked_count, checked_seconds, refuse, refuse_type
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
-from jobrun._core.scheduled_runs import start_scheduled_runs
+from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun.errors import describe_exception
 from jobrun.sql.store import SqlJobRunStore
@@ -225,6 +218,7 @@ class _Worker:
                         database.store,
                         self.registry,
                         options,
+                        SYSTEM_SOURCES,
                         stop=self.stop,
                         on_user_exit=functools.partial(_log_user_exit, database),
                     )
@@ -356,7 +350,10 @@ class _Worker:
         while not self.stop.is_set():
             try:
                 deleted = await prune_by_retention(
-                    database.store, self.registry, prune_after=self.prune_after
+                    database.store,
+                    self.registry,
+                    prune_after=self.prune_after,
+                    sources=SYSTEM_SOURCES,
                 )
                 if deleted:
                     log.info(
@@ -502,7 +499,7 @@ async def run_worker(
     if not databases:
         raise refuse("databases", "must name at least one database: run_worker needs one")
     if not isinstance(registry, JobRegistry):
-        raise TypeError(f"registry must be a JobRegistry, got {type(registry).__name__}")
+        raise refuse_type("registry", f"must be a JobRegistry, got {type(registry).__name__}")
     timing = resolve_clock(chosen.clock)
     worker = _Worker(
         [],
@@ -543,8 +540,11 @@ def _store_of(
         return SqlJobRunStore(engine, schema=schema)
     if isinstance(database, AsyncEngine):
         return SqlJobRunStore(database, schema=schema)
-    raise TypeError(
-        f"a database is a URL, an AsyncEngine or a SqlJobRunStore, got {type(database).__name__}"
+    raise refuse_type(
+        "databases",
+        f"must each be a URL, an AsyncEngine or a SqlJobRunStore, got {type(database).__name__}",
+        message="a database is a URL, an AsyncEngine or a SqlJobRunStore, "
+        f"got {type(database).__name__}",
     )
 
 

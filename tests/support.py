@@ -33,8 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 import jobrun.worker as worker_module
 from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.holders import HolderIdentity, local_identity
+from jobrun._core.holders import HolderIdentity
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
+from jobrun._system import local_identity
 from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import job_runs as runs_table
 from jobrun.testing import FakeClock, MemoryJobRunStore

@@ -27,15 +27,16 @@ from jobrun._cli.render import (
     step_json,
 )
 from jobrun._cli.render import now as utc_now
-from jobrun._core.actions import (
+from jobrun._core.actions import release_job_lease
+from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
+from jobrun._core.runs import get_job_run, job_runs
+from jobrun._entry import (
     cancel_job_run,
     job_run_health,
     prune_job_runs,
-    release_job_lease,
     resume_job_run,
+    start_job_run,
 )
-from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
-from jobrun._core.runs import get_job_run, job_runs, start_job_run
 from jobrun.errors import JobRunNotFoundError
 from jobrun.sql.store import SqlJobRunStore
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from jobrun._core.refusals import refuse
+
 if TYPE_CHECKING:
     # click 8.2 made ParamType generic; at run time the plain class works on every click.
     DurationBase = click.ParamType[timedelta, Any]
@@ -25,13 +27,20 @@ def parse_duration(text: str) -> timedelta:
     """``7d``, ``12h``, ``30m``, ``45s``, ``2w``, or a sum of them such as ``1d12h``."""
     compact = text.strip().lower()
     if not compact or _PART.sub("", compact):
-        raise ValueError(f"{text!r} is not a duration: use a number and a unit, e.g. 7d, 12h, 30m")
+        raise refuse(
+            "duration",
+            "is not a number and a unit",
+            message=f"{text!r} is not a duration: use a number and a unit, e.g. 7d, 12h, 30m",
+        )
     seconds = sum(float(amount) * _UNITS[unit] for amount, unit in _PART.findall(compact))
     try:
         return timedelta(seconds=seconds)
     except OverflowError:
-        raise ValueError(
-            f"{text!r} is longer than any duration Python can hold (about 2.7 million years)"
+        raise refuse(
+            "duration",
+            "is longer than any duration Python can hold",
+            message=f"{text!r} is longer than any duration Python can hold "
+            "(about 2.7 million years)",
         ) from None
 
 

@@ -16,19 +16,18 @@ from jobrun._core.formats import format_instant, parse_instant, repaired_counter
 from jobrun._core.names import require_text
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
+from jobrun._core.refusals import checked_positive_int, checked_str, refuse, refuse_type, type_name
+from jobrun._core.sources import Sources
 from jobrun._core.stranded import dead_holders
 from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
-from jobrun._system import resolve_clock
-from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
+from jobrun.errors import JobConflictError, JobRunNotFoundError
 
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
 
 
 def _check_id(run_id: object) -> str:
-    if not isinstance(run_id, str):
-        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
-    return require_text(run_id, "run_id")
+    return require_text(checked_str(run_id, "run_id"), "run_id")
 
 
 async def _record(store: OperatorStore, run_id: str) -> JobRun:
@@ -39,21 +38,21 @@ async def _record(store: OperatorStore, run_id: str) -> JobRun:
 
 
 async def cancel_job_run(
-    store: OperatorStore, run_id: str, reason: str, *, clock: ClockLike | None = None
+    store: OperatorStore,
+    run_id: str,
+    reason: str,
+    *,
+    clock: ClockLike | None = None,
+    sources: Sources,
 ) -> JobRun:
-    """Fail a running run now, with ``reason`` on the record.
-
-    A pass in flight notices at its next step (its write is refused) and stops.
-    The ledger is kept, so :func:`resume_job_run` does not repeat finished steps.
-    """
+    """:func:`jobrun.cancel_job_run`, handed its sources (the system clock)."""
     if not isinstance(reason, str) or not reason.strip():
-        raise JobValidationError(
-            "a cancellation needs a reason for the record",
-            [{"path": "reason", "message": "empty or not a str"}],
+        raise refuse(
+            "reason", "empty or not a str", message="a cancellation needs a reason for the record"
         )
     require_text(reason, "reason")
     _check_id(run_id)
-    at = format_instant(resolve_clock(clock).now())
+    at = format_instant(sources.clock_for(clock).now())
     if not await store.cancel(run_id, cancel_transition(f"cancelled: {reason}", at)):
         record = await _record(store, run_id)
         raise JobConflictError(
@@ -64,19 +63,12 @@ async def cancel_job_run(
 
 
 async def resume_job_run(
-    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None
+    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None, sources: Sources
 ) -> JobRun:
-    """Put a failed run back to running, from its last committed cursor.
-
-    Its last pass's completed steps are kept (not repeated); attempts start
-    again from zero. Refused while another run of the same key is live.
-    Counters that are malformed (written by something other than ``p.count``)
-    are repaired: every entry that is a finite number is kept, the rest dropped
-    (counters that are not a JSON object at all start again from ``{}``).
-    """
+    """:func:`jobrun.resume_job_run`, handed its sources (the system clock)."""
     row = await store.get(_check_id(run_id))
     counters = None if row is None else repaired_counters(row.counters)
-    at = format_instant(resolve_clock(clock).now())
+    at = format_instant(sources.clock_for(clock).now())
     if not await store.resume(run_id, resume_transition(at, counters)):
         record = await _record(store, run_id)
         raise JobConflictError(
@@ -100,19 +92,17 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
 
 
 async def job_run_health(
-    store: OperatorStore, *, by_job: bool = False, clock: ClockLike | None = None
+    store: OperatorStore,
+    *,
+    by_job: bool = False,
+    clock: ClockLike | None = None,
+    sources: Sources,
 ) -> JobRunHealth:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
-
-    A run stranded by its driver (lease expired, or holder provably dead) is due,
-    not leased: it waits for a driver like any other due run. With ``by_job``
-    (one more read) ``due_by_job`` says which jobs the unleased due runs belong
-    to: a job that no driver registers shows up there and never drains.
-    """
-    now = (await aligned_clock(store, clock)).now()
+    """:func:`jobrun.job_run_health`, handed its sources (the system clock, this host)."""
+    now = (await aligned_clock(store, clock, sources.clock)).now()
     now_at = format_instant(now)
     counts = await store.health(now_at)
-    dead = await dead_holders(store, now_at, None)
+    dead = await dead_holders(store, now_at, None, sources.host)
     due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
     # A dead holder's run has been waiting since its pass began, at the latest.
     oldest = min(
@@ -141,35 +131,29 @@ async def prune_job_runs(
     clock: ClockLike | None = None,
     only_jobs: frozenset[tuple[str, str]] | None = None,
     except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    sources: Sources,
 ) -> int:
-    """Delete finished runs that ended before a cutoff, with their ledgers.
-
-    ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
-    Running runs are never deleted. Works in batches of ``batch_size`` runs, one
-    short transaction each. ``only_jobs`` limits it to runs of those
-    ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept. Returns how
-    many runs were deleted.
-    """
+    """:func:`jobrun.prune_job_runs`, handed its sources (the system clock)."""
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
     if not wanted or unknown:
-        raise JobValidationError(
-            f"statuses must be drawn from done and failed, got {list(wanted)!r}",
-            [{"path": "statuses", "message": f"not prunable: {unknown!r}"}],
+        raise refuse(
+            "statuses",
+            f"not prunable: {unknown!r}",
+            message=f"statuses must be drawn from done and failed, got {list(wanted)!r}",
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    checked_positive_int(batch_size, "batch_size")
     if isinstance(older_than, timedelta):
         if older_than < timedelta(0):
-            raise ValueError(f"older_than must not be negative, got {older_than}")
-        now = resolve_clock(clock).now()
+            raise refuse("older_than", f"must not be negative, got {older_than}")
+        now = sources.clock_for(clock).now()
         # An age reaching before year 1 keeps everything: nothing ended that long ago.
         cutoff = now - older_than if older_than < now - _EARLIEST else _EARLIEST
     elif isinstance(older_than, datetime):
         cutoff = older_than
     else:
-        raise TypeError(
-            f"older_than must be a timedelta or datetime, got {type(older_than).__name__}"
+        raise refuse_type(
+            "older_than", f"must be a timedelta or datetime, got {type_name(older_than)}"
         )
     return await store.prune(
         format_instant(cutoff),

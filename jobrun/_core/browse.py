@@ -19,6 +19,7 @@ from typing import Protocol
 from jobrun._core.ids import first_id_at
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
+from jobrun._core.refusals import is_number, refuse
 
 COUNT_CAP = 10_000
 """Counts shown by the console stop here (shown as "10,000+")."""
@@ -50,12 +51,12 @@ class RunQuery:
     limit: int = 50
 
     def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not 1 <= self.limit <= JOB_RUN_LIST_MAX:
-            raise ValueError(f"limit must be in [1, {JOB_RUN_LIST_MAX}], got {self.limit!r}")
+        if not is_number(self.limit) or not 1 <= self.limit <= JOB_RUN_LIST_MAX:
+            raise refuse("limit", f"must be in [1, {JOB_RUN_LIST_MAX}], got {self.limit!r}")
         allowed = {member.value for member in JobRunStatus}
         unknown = [status for status in self.statuses if status not in allowed]
         if unknown:
-            raise ValueError(f"statuses must be drawn from {sorted(allowed)}, got {unknown!r}")
+            raise refuse("statuses", f"must be drawn from {sorted(allowed)}, got {unknown!r}")
 
 
 @dataclass(frozen=True, slots=True)

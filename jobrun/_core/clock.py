@@ -17,6 +17,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from jobrun._core.refusals import refuse_type, type_name
+
 
 class Deadline(Protocol):
     """An async context manager that cancels its body when time runs out (and then
@@ -85,4 +87,8 @@ def as_clock(clock: ClockLike, base: Clock) -> Clock:
         return clock
     if callable(clock):
         return _WallOnly(clock, base)
-    raise TypeError(f"clock must be a Clock or a callable returning a datetime, got {clock!r}")
+    raise refuse_type(
+        "clock",
+        f"must be a Clock or a callable returning a datetime, got {type_name(clock)}",
+        message=f"clock must be a Clock or a callable returning a datetime, got {clock!r}",
+    )

@@ -7,6 +7,7 @@ clock, jobrun reads this host's system clock corrected by its measured offset
 from the database's clock (``store.clock_offset_s``: measured on Postgres once a
 minute, one round trip; zero on SQLite, which lives on one host). A clock passed
 in explicitly (a ``FakeClock`` in tests) is the caller's time and is used as is.
+The system clock itself is handed in (the core reads no time of its own).
 
 An offset under ``CLOCK_TOLERANCE_S`` is taken as no offset: one round trip
 measures it only to within that round trip, so two processes on one host would
@@ -19,8 +20,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobrun._core.clock import Clock, ClockLike, Deadline
-from jobrun._system import SYSTEM_CLOCK, resolve_clock
+from jobrun._core.clock import Clock, ClockLike, Deadline, as_clock
 
 # Skew this small is measurement noise, and harmless against a lease of a minute.
 CLOCK_TOLERANCE_S = 1.0
@@ -31,27 +31,29 @@ class _Offset:
 
     real_time = True
 
-    def __init__(self, offset: timedelta) -> None:
+    def __init__(self, system: Clock, offset: timedelta) -> None:
+        self._system = system
         self._offset = offset
 
     def now(self) -> datetime:
-        return SYSTEM_CLOCK.now() + self._offset
+        return self._system.now() + self._offset
 
     def monotonic(self) -> float:
-        return SYSTEM_CLOCK.monotonic()
+        return self._system.monotonic()
 
     async def sleep(self, seconds: float) -> None:
-        await SYSTEM_CLOCK.sleep(seconds)
+        await self._system.sleep(seconds)
 
     def timeout(self, seconds: float | None) -> Deadline:
-        return SYSTEM_CLOCK.timeout(seconds)
+        return self._system.timeout(seconds)
 
 
-async def aligned_clock(store: Any, clock: ClockLike | None) -> Clock:
-    """``clock`` as given, or (given none) the system clock aligned to the database's."""
-    if clock is not None and clock is not SYSTEM_CLOCK:
-        return resolve_clock(clock)
+async def aligned_clock(store: Any, clock: ClockLike | None, system: Clock) -> Clock:
+    """``clock`` as given, or (given none, or ``system`` itself) ``system`` aligned to
+    the database's clock."""
+    if clock is not None and clock is not system:
+        return as_clock(clock, system)
     offset_s = await store.clock_offset_s()
     if abs(offset_s) < CLOCK_TOLERANCE_S:
-        return SYSTEM_CLOCK
-    return _Offset(timedelta(seconds=offset_s))
+        return system
+    return _Offset(system, timedelta(seconds=offset_s))

@@ -6,17 +6,17 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from jobrun._core import stranded
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
-from jobrun._core.holders import local_identity
 from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
-from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
-from jobrun._core.passes import OpenScope, PassOutcome, fail_run, hand_back, run_job_pass
+from jobrun._core.options import DriveOptions
+from jobrun._core.outcomes import PassOutcome, fail_for_takeovers, hand_back
+from jobrun._core.passes import OpenScope, PassSettings, run_job_pass
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import (
     ClaimRequest,
@@ -27,12 +27,8 @@ from jobrun._core.records import (
     RunRow,
 )
 from jobrun._core.registry import JobRegistry, RegisteredJob
-from jobrun._core.transitions import Claimed, takeovers_exceeded_reason
-from jobrun._system import default_driver_name, mint_run_id
-from jobrun._watchdog import real_time_guard
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
+from jobrun._core.sources import Sources
+from jobrun._core.transitions import Claimed
 
 UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"], None]
 
@@ -59,19 +55,22 @@ async def _claim(
     clock: Clock,
     driver: str,
     skip_ids: frozenset[str],
+    sources: Sources,
 ) -> tuple[Claimed, RegisteredJob, Lease, float] | None:
     jobs = list(registry)
     wanted = frozenset((job.module_id, job.name) for job in jobs)
     # Who we are, precisely enough for another claimer to prove our death.
     presence = await store.presence()
-    identity = replace(local_identity(), presence=presence)
+    identity = replace(sources.host.identity(), presence=presence)
     holder = identity.describe(driver)
     now_at = format_instant(clock.now())
     # Where the lease's self-fence starts: its expiry is counted from ``now_at``.
     leased_at_s = clock.monotonic()
-    dead = await stranded.dead_owners(store, now_at, wanted)
+    dead = await stranded.dead_owners(
+        store, now_at, wanted, now_s=clock.monotonic(), host=sources.host
+    )
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
-    token = mint_run_id()
+    token = sources.mint_id()
     expires_at = {
         (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
         for job in jobs
@@ -116,13 +115,6 @@ async def _claim(
     return claimed, registered, lease, leased_at_s
 
 
-async def _fail_for_takeovers(
-    store: JobRunStore, row: RunRow, job: RegisteredJob, lease: Lease, clock: Clock
-) -> PassOutcome:
-    reason = takeovers_exceeded_reason(row.lease_takeovers, job.max_takeovers)
-    return await fail_run(store, row, reason, lease, clock)
-
-
 def _key_of(row: RunRow) -> RunKey:
     return RunKey(row.id, row.module_id, row.job, row.instance)
 
@@ -142,54 +134,16 @@ async def _observed(
     return outcome
 
 
-async def run_due_jobs(
-    store: JobRunStore,
-    registry: JobRegistry,
-    *,
-    options: DriveOptions | None = None,
-    stop: asyncio.Event | None = None,
-    **keywords: Unpack[DriveKeywords],
-) -> JobDriveReport:
-    """Advance up to ``limit`` due runs of registered jobs by up to ``max_passes`` passes each.
-
-    This is the bounded driver: it returns when nothing registered is due or the
-    bounds are reached, so the host calls it again, from a loop, a timer or a
-    scheduler tick (:func:`run_worker` is such a loop). A run that is backing off
-    after a failure is not due until its ``next_attempt_at``.
-
-    How it drives (``limit``, ``max_passes``, ``pass_timeout_s``, ``open_scope``,
-    ``driver_name``, ``observer``, ``clock``, ``random``) is a
-    :class:`jobrun.DriveOptions`: pass one as ``options``, or its fields as
-    keywords (``run_due_jobs(store, registry, max_passes=10)``); keywords given
-    with ``options`` replace those fields. A bad value raises
-    :class:`jobrun.JobValidationError` before anything is read.
-
-    Runs are leased one at a time, in the order they became due, so any number of
-    drivers may share a database: each run is driven by one of them at a time.
-    A run's failure is recorded on the run and reported, never raised, whatever
-    the handler raised; only the store's own failures (a lost database) escape,
-    and a write that would have released a lease then is sent again before the
-    next claim on the same store, so the run need not wait for its lease to
-    expire. A ``KeyboardInterrupt`` or ``SystemExit`` raised inside a handler or
-    step (``sys.exit()``) is recorded as that run's failed attempt, releasing its
-    lease, and then raised again, so it still stops the program. When ``stop`` is
-    set, no new run is claimed and the run in hand gets no further pass.
-
-    ``observer`` hears each pass and its steps (see ``jobrun.PassObserver``); by
-    default they are logged on the ``jobrun.pass`` and ``jobrun.step`` loggers.
-    """
-    return await drive_due_jobs(store, registry, drive_options(options, keywords), stop=stop)
-
-
 async def drive_due_jobs(
     store: JobRunStore,
     registry: JobRegistry,
     chosen: DriveOptions,
+    sources: Sources,
     *,
     stop: asyncio.Event | None = None,
     on_user_exit: UserExitHandler | None = None,
 ) -> JobDriveReport:
-    """:func:`run_due_jobs` with its options judged, for the worker.
+    """:func:`jobrun.run_due_jobs` with its options judged and its sources chosen.
 
     A ``KeyboardInterrupt`` or ``SystemExit`` raised by a handler or a step body
     is recorded as that run's failed attempt, which releases its lease. Without
@@ -202,8 +156,8 @@ async def drive_due_jobs(
         store,
         registry,
         chosen,
-        driver=chosen.driver_name or default_driver_name(),
-        clock=await aligned_clock(store, chosen.clock),
+        sources,
+        clock=await aligned_clock(store, chosen.clock, sources.clock),
         stop=stop,
         on_user_exit=on_user_exit,
     )
@@ -211,7 +165,9 @@ async def drive_due_jobs(
     while drive.report.attempted < chosen.limit and not drive.stopping():
         # Releases the store failed earlier go first: their runs are due again now.
         await store.owed_releases.settle(store)
-        claimed = await _claim(store, registry, drive.clock, drive.driver, frozenset(driven))
+        claimed = await _claim(
+            store, registry, drive.clock, drive.driver, frozenset(driven), sources
+        )
         if claimed is None:
             break
         taken, registered, lease, leased_at_s = claimed
@@ -229,8 +185,8 @@ class _Drive:
         store: JobRunStore,
         registry: JobRegistry,
         options: DriveOptions,
+        sources: Sources,
         *,
-        driver: str,
         clock: Clock,
         stop: asyncio.Event | None,
         on_user_exit: UserExitHandler | None = None,
@@ -239,13 +195,21 @@ class _Drive:
         self.store = store
         self.registry = registry
         self.options = options
-        self.driver = driver
+        self.driver = options.driver_name or sources.driver_name()
         self.clock = clock
         self.stop = stop
-        self.open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
+        open_scope: OpenScope = options.open_scope or (lambda _run: store.default_scope)
         self.observer = LOG_PASSES if options.observer is None else options.observer
-        # On only when asked: run_worker asks unless told not to (see DriveOptions).
-        self.guard = real_time_guard(clock) if options.watchdog is True else None
+        self.settings = PassSettings(
+            store=store,
+            clock=clock,
+            random=sources.random if options.random is None else options.random,
+            mint_id=sources.mint_id,
+            open_scope=open_scope,
+            timeout_s=options.pass_timeout_s,
+            # On only when asked: run_worker asks unless told not to (see DriveOptions).
+            guard=sources.guard(clock) if options.watchdog is True else None,
+        )
         self.report = JobDriveReport()
 
     def stopping(self) -> bool:
@@ -257,7 +221,9 @@ class _Drive:
         """Give one claimed run its passes, up to ``max_passes``, while they advance it."""
         row = claimed.row
         if row.lease_takeovers > registered.max_takeovers:
-            outcome = await _fail_for_takeovers(self.store, row, registered, lease, self.clock)
+            outcome = await fail_for_takeovers(
+                self.store, row, registered.max_takeovers, lease, self.clock
+            )
             _count(self.report, row.id, outcome)
             return
         passes = self.options.max_passes
@@ -277,21 +243,15 @@ class _Drive:
             outcome = await _observed(
                 probe,
                 run_job_pass(
-                    store=self.store,
-                    row=current,
-                    handler=registered.handler,
-                    retry=registered.retry,
-                    clock=self.clock,
-                    random=self.options.random,
-                    open_scope=self.open_scope,
-                    lease=lease,
-                    timeout_s=self.options.pass_timeout_s,
+                    self.settings,
+                    registered,
+                    current,
+                    lease,
+                    leased_at_s=leased_at_s,
                     # After this driver's own commit the ledger is known to be empty.
                     ledger_known_empty=number > 0,
                     keep_lease=not last,
                     probe=probe,
-                    leased_at_s=leased_at_s,
-                    guard=self.guard,
                 ),
             )
             taken_over = False

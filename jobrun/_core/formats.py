@@ -13,13 +13,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from jobrun._core.refusals import is_number, refuse
+
 
 def format_instant(moment: datetime) -> str:
     """Render an aware datetime as stored text, milliseconds truncated."""
     utc = moment
     if moment.tzinfo is not UTC:  # every step stamps one: skip the conversion when it is UTC
         if moment.tzinfo is None:
-            raise ValueError(f"timestamps must be timezone-aware, got naive {moment!r}")
+            raise refuse(
+                "timestamp",
+                "must be timezone-aware",
+                message=f"timestamps must be timezone-aware, got naive {moment!r}",
+            )
         utc = moment.astimezone(UTC)
     # Not strftime: its %Y does not zero-pad years before 1000 on glibc. %-formatting
     # is about twice as fast as the f-string with seven format specs.
@@ -134,7 +140,7 @@ def decode_json(text: str, column: str) -> Any:
 def is_count(value: object) -> bool:
     """A counter's value: an int or float that is a finite float (an int past
     ~1.8e308 is not: ``math.isfinite`` cannot even take it)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         return False
     try:
         return math.isfinite(value)

@@ -23,7 +23,7 @@ this process's identity in brackets (one line, wrapped here)::
   process holds on a connection of its own; Postgres drops it when the session
   ends, so a claimer on any host that finds the lock free has proof of death.
 
-The check by pid (``liveness_on_this_host``) answers dead, alive or unknown. It
+The check by pid (:func:`liveness_seen_from`) answers dead, alive or unknown. It
 judges only a holder with a pid and start time whose boot id, pid namespace and
 time namespace all equal the checker's (a time namespace missing on both sides
 counts as equal: that kernel has none), and only when the checker's own
@@ -32,15 +32,19 @@ is gone, a zombie, or running with another start time (a reused pid). Unknown
 holders are taken over only when their lease expires or their presence ends.
 The text is free for operators to read; only the bracket at its very end is
 parsed.
+
+Nothing here reads ``/proc`` itself: this process's identity and the look at
+another process come from a :class:`Host` handed in (the real one,
+``jobrun._system.THIS_HOST``, learns the identity once per process).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-
-from jobrun import _system
+from typing import Protocol
 
 _BRACKET = re.compile(r" \[jobrun ([^\[\]]*)\]\Z")
 _FIELD = re.compile(r"(?:^|\s)(host|boot|pidns|timens|pid|start|presence)=(\S+)")
@@ -116,45 +120,38 @@ def parse_holder(lease_driver: str | None) -> HolderIdentity | None:
         return None
 
 
-_local: tuple[int, HolderIdentity] | None = None
+class Host(Protocol):
+    """This process's host as the core sees it: who we are, and whether a holder lives."""
+
+    def identity(self) -> HolderIdentity:
+        """This process's identity, as a claim records it."""
+        ...
+
+    def liveness(self, holder: HolderIdentity) -> Liveness:
+        """Whether this host sees ``holder``'s process dead, alive, or cannot tell."""
+        ...
 
 
-def local_identity() -> HolderIdentity:
-    """This process's identity (learnt once per pid, so a forked child learns its own)."""
-    global _local
-    pid = _system.current_pid()
-    if _local is None or _local[0] != pid:
-        start = _system.own_start_ticks()
-        _local = (
-            pid,
-            HolderIdentity(
-                host=_system.host_name(),
-                boot=_system.read_text("/proc/sys/kernel/random/boot_id"),
-                pid_namespace=_system.namespace_inode("pid"),
-                time_namespace=_system.namespace_inode("time"),
-                # Without a /proc of our own, no pid of ours could be checked by anyone.
-                pid=pid if start is not None else None,
-                start_ticks=start,
-            ),
-        )
-    return _local[1]
+def liveness_seen_from(
+    here: HolderIdentity,
+    holder: HolderIdentity,
+    process_exists: Callable[[int], bool],
+    stat_fields: Callable[[int], list[str] | None],
+) -> Liveness:
+    """Whether ``here`` (the checker) sees ``holder``'s process dead, alive, or cannot tell.
 
-
-def liveness_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = None) -> Liveness:
-    """Whether this host sees ``holder``'s process dead, alive, or cannot tell.
-
-    ``here`` is the checker (this process by default); it judges only through a
-    ``/proc`` of its own and only a holder in its own process table and clock.
+    It judges only through a ``/proc`` of its own and only a holder in its own
+    process table and clock. ``process_exists(pid)`` and ``stat_fields(pid)``
+    (``/proc/<pid>/stat`` from field 3 on) are the host's answers.
     """
-    here = local_identity() if here is None else here
     if holder.pid is None or holder.start_ticks is None:
         return Liveness.UNKNOWN
     if not here.knows_its_process() or not here.same_process_table(holder):
         return Liveness.UNKNOWN
-    if not _system.process_exists(holder.pid):
+    if not process_exists(holder.pid):
         return Liveness.DEAD
     # It exists (perhaps another user's): its start time tells whether it is the holder.
-    fields = _system.stat_fields(holder.pid)
+    fields = stat_fields(holder.pid)
     if fields is None or len(fields) <= 19:
         return Liveness.UNKNOWN
     if fields[0] in ("Z", "X"):

@@ -32,7 +32,8 @@ from typing import Any, Protocol
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import CLOCK_TOLERANCE_S
 from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun.errors import JobValidationError, LeaseLostError
+from jobrun._core.refusals import checked_int, refuse
+from jobrun.errors import LeaseLostError
 
 # A lost host's runs wait about a minute; renewed every 15 s, a pass survives an
 # event loop stalled for 45 s. See docs/design.md, "The lease's life".
@@ -42,14 +43,14 @@ DEFAULT_MAX_TAKEOVERS = 5
 
 
 def check_lease_ms(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"lease_ms must be an int, got {type(value).__name__}")
-    if value < MIN_LEASE_MS:
-        raise JobValidationError(
-            f"lease_ms must be at least {MIN_LEASE_MS}, got {value}",
-            [{"path": "lease_ms", "message": f"below {MIN_LEASE_MS}"}],
+    lease_ms = checked_int(value, "lease_ms")
+    if lease_ms < MIN_LEASE_MS:
+        raise refuse(
+            "lease_ms",
+            f"below {MIN_LEASE_MS}",
+            message=f"lease_ms must be at least {MIN_LEASE_MS}, got {lease_ms}",
         )
-    return value
+    return lease_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,11 @@ class LeaseKeeper:
         self._exiting = False
         self.lost = False
         self.refused = False
+
+    @property
+    def lease(self) -> Lease:
+        """The lease this keeper renews (its token fences every write of the pass)."""
+        return self._lease
 
     def _safe_after(self, sent_s: float) -> float:
         """The last instant no other driver may take over, for a lease written by a

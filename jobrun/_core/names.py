@@ -10,7 +10,7 @@ is a name Postgres stores too.
 
 from __future__ import annotations
 
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import checked_str, refuse
 
 MAX_NAME_BYTES = 512
 
@@ -45,24 +45,20 @@ def text_problem(value: str) -> str | None:
 
 
 def require_name(value: object, argument: str, *, allow_empty: bool = False) -> str:
-    """Return ``value`` if it is a good name; else ``TypeError`` or :class:`JobValidationError`."""
-    if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
-    problem = name_problem(value, allow_empty=allow_empty)
+    """Return ``value`` if it is a good name; else a refusal naming ``argument``
+    (:class:`~jobrun.errors.ArgumentTypeError` for a value that is not a str)."""
+    name = checked_str(value, argument)
+    problem = name_problem(name, allow_empty=allow_empty)
     if problem is not None:
-        raise JobValidationError(
-            f"{argument} {shown_name(value)} {problem}", [{"path": argument, "message": problem}]
-        )
-    return value
+        raise refuse(argument, problem, message=f"{argument} {shown_name(name)} {problem}")
+    return name
 
 
 def require_text(value: str, argument: str) -> str:
     """Return ``value`` if it can be stored as text on every backend."""
     problem = text_problem(value)
     if problem is not None:
-        raise JobValidationError(
-            f"{argument} {shown_name(value)} {problem}", [{"path": argument, "message": problem}]
-        )
+        raise refuse(argument, problem, message=f"{argument} {shown_name(value)} {problem}")
     return value
 
 

@@ -7,7 +7,6 @@ value is a :class:`jobrun.JobValidationError` whose entry names the field.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypedDict
@@ -15,44 +14,17 @@ from typing import TypedDict
 from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.observe import PassObserver
 from jobrun._core.passes import OpenScope
-from jobrun._system import system_random
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import (
+    checked_bool,
+    checked_callable,
+    checked_count,
+    checked_int,
+    checked_seconds,
+    checked_str,
+    refuse_type,
+)
 
 JOB_DRIVE_LIMIT = 50
-
-
-def refuse(field: str, problem: str) -> JobValidationError:
-    """The error for one bad option: ``field`` and what is wrong with it."""
-    return JobValidationError(f"{field} {problem}", [{"path": field, "message": problem}])
-
-
-def checked_int(value: object, field: str) -> int:
-    """``value`` if it is an ``int`` (a ``bool`` is not one here)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise refuse(field, f"must be an int, got {type(value).__name__} {value!r}")
-    return value
-
-
-def checked_count(value: object, field: str) -> int:
-    """``value`` if it is an ``int`` of at least 1."""
-    count = checked_int(value, field)
-    if count < 1:
-        raise refuse(field, f"must be at least 1, got {count!r}")
-    return count
-
-
-def checked_seconds(value: object, field: str) -> float:
-    """``value`` as a float if it is a finite, positive number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise refuse(field, f"must be a number of seconds, got {type(value).__name__} {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise refuse(field, f"must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def _checked_callable(value: object, field: str, what: str) -> None:
-    if value is not None and not callable(value):
-        raise refuse(field, f"must be {what}, got {type(value).__name__}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +42,8 @@ class DriveOptions:
     * ``observer``: hears each pass and step (default: ``jobrun.LOG_PASSES``).
     * ``clock``: the time runs are judged by (default: the system clock, aligned
       to the database's).
-    * ``random``: the source of retry jitter, returning floats in [0, 1).
+    * ``random``: the source of retry jitter, returning floats in [0, 1)
+      (default ``None``: the system's).
     * ``watchdog``: end the process (SIGKILL) when a step body that cannot be
       cancelled (a blocking call, a process woken from SIGSTOP) is still running
       when its run may be taken over, rather than let it overlap the next
@@ -93,27 +66,30 @@ class DriveOptions:
     driver_name: str | None = None
     observer: PassObserver | None = None
     clock: ClockLike | None = None
-    random: Callable[[], float] = system_random
+    random: Callable[[], float] | None = None
     watchdog: bool | None = None
 
     def __post_init__(self) -> None:
         checked_count(self.limit, "limit")
         # The contract's rule: fewer than one pass per claim means one.
-        object.__setattr__(self, "max_passes", max(1, checked_int(self.max_passes, "max_passes")))
+        max_passes = checked_int(self.max_passes, "max_passes", show_value=True)
+        object.__setattr__(self, "max_passes", max(1, max_passes))
         if self.pass_timeout_s is not None:
             seconds = checked_seconds(self.pass_timeout_s, "pass_timeout_s")
             object.__setattr__(self, "pass_timeout_s", seconds)
-        _checked_callable(self.open_scope, "open_scope", "callable with the run")
-        if self.driver_name is not None and not isinstance(self.driver_name, str):
-            raise refuse("driver_name", f"must be a str, got {type(self.driver_name).__name__}")
+        checked_callable(self.open_scope, "open_scope", "callable with the run")
+        if self.driver_name is not None:
+            checked_str(self.driver_name, "driver_name")
         if self.observer is not None and not callable(getattr(self.observer, "pass_started", None)):
-            raise refuse("observer", f"must be a PassObserver, got {type(self.observer).__name__}")
+            raise refuse_type(
+                "observer", f"must be a PassObserver, got {type(self.observer).__name__}"
+            )
         if not (self.clock is None or isinstance(self.clock, Clock) or callable(self.clock)):
             wanted = "a Clock or a callable returning a datetime"
-            raise refuse("clock", f"must be {wanted}, got {type(self.clock).__name__}")
-        _checked_callable(self.random, "random", "callable returning a float")
-        if self.watchdog is not None and not isinstance(self.watchdog, bool):
-            raise refuse("watchdog", f"must be True, False or None, got {self.watchdog!r}")
+            raise refuse_type("clock", f"must be {wanted}, got {type(self.clock).__name__}")
+        checked_callable(self.random, "random", "callable returning a float")
+        if self.watchdog is not None:
+            checked_bool(self.watchdog, "watchdog")
 
 
 class DriveKeywords(TypedDict, total=False):
@@ -126,7 +102,7 @@ class DriveKeywords(TypedDict, total=False):
     driver_name: str | None
     observer: PassObserver | None
     clock: ClockLike | None
-    random: Callable[[], float]
+    random: Callable[[], float] | None
     watchdog: bool | None
 
 
@@ -135,5 +111,5 @@ def drive_options(options: DriveOptions | None, keywords: DriveKeywords) -> Driv
     if options is None:
         return DriveOptions(**keywords)
     if not isinstance(options, DriveOptions):
-        raise refuse("options", f"must be a DriveOptions, got {type(options).__name__}")
+        raise refuse_type("options", f"must be a DriveOptions, got {type(options).__name__}")
     return replace(options, **keywords) if keywords else options

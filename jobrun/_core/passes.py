@@ -6,10 +6,15 @@ Round trips a pass costs on the store, in order:
   ledger is empty because it just committed the previous pass itself); memo hits
   are answered from that read, never from another query;
 * one ledger write per finished step attempt (the durability a kill relies on);
-* one commit (patch plus ledger drop, a single transaction) or one failure patch.
+* one commit (patch plus ledger drop, a single transaction) or one failure patch,
+  sent by :mod:`jobrun._core.outcomes`, where every write that ends a pass lives.
 
 Every write is fenced on the pass's lease token (see ``lease.py``); a refused
 write ends the pass as ``superseded`` and nothing more is written.
+
+What every pass of one drive shares (the store, the clock, chance, the id
+minter, the host's ``open_scope``, the budget, the watchdog) is one
+:class:`PassSettings`, built once per drive.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from jobrun._core.clock import Clock
 from jobrun._core.fencing import idempotency_key
@@ -35,20 +40,18 @@ from jobrun._core.formats import (
 from jobrun._core.lease import BodyGuard, Lease, LeaseKeeper
 from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
+from jobrun._core.outcomes import PassOutcome, cap_error_text, commit, hand_back, record_failure
 from jobrun._core.port import JobRunStore
-from jobrun._core.records import JobRunStatus, RunKey, RunPatch, RunRow, StepRow
+from jobrun._core.records import RunKey, RunRow, StepRow
+from jobrun._core.refusals import is_int, mistake
 from jobrun._core.results import (
     KEEP_CURSOR,
     HandlerResult,
     PassResult,
-    counters_text,
-    cursor_text,
-    interpret_result,
     refuse_generator,
     step_result_text,
 )
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
-from jobrun._system import mint_run_id
 from jobrun.errors import (
     HandlerMistakeError,
     JobRunError,
@@ -57,12 +60,19 @@ from jobrun.errors import (
     StepFailedError,
     StepReusedError,
     describe_exception,
-    printable_text,
 )
 
-__all__ = ["KEEP_CURSOR", "HandlerResult", "JobPass", "PassResult", "run_job_pass"]
+if TYPE_CHECKING:
+    from jobrun._core.registry import RegisteredJob
 
-MAX_ERROR_TEXT_BYTES = 8 * 1024
+__all__ = [
+    "KEEP_CURSOR",
+    "HandlerResult",
+    "JobPass",
+    "PassResult",
+    "PassSettings",
+    "run_job_pass",
+]
 
 
 Handler: TypeAlias = Callable[["JobPass"], Any]
@@ -70,32 +80,21 @@ OpenScope: TypeAlias = Callable[[RunKey], Any]
 
 
 @dataclass(frozen=True, slots=True)
-class PassOutcome:
-    status: Literal["advanced", "completed", "retrying", "failed", "superseded"]
-    error: str | None = None
-    # After an advancing commit that kept the lease: the row as now stored, so
-    # the next pass needs no read, and when the commit that wrote its lease was
-    # sent (the pass clock's monotonic seconds: where its self-fence starts).
-    row: RunRow | None = None
-    leased_at_s: float | None = None
-    # A KeyboardInterrupt or SystemExit user code raised, recorded as this
-    # failure: the driver raises it again unless told to go on.
-    raised: KeyboardInterrupt | SystemExit | None = None
+class PassSettings:
+    """What every pass of one drive shares: built once per drive, handed to each pass.
 
-
-def cap_error_text(text: str) -> str:
-    """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut.
-
-    A NUL (which Postgres text cannot hold) and a lone surrogate (which UTF-8
-    cannot encode) are shown escaped, so an exception message can never make
-    the failure record itself fail.
+    ``random`` draws retry jitter; ``mint_id`` makes the fresh token of a lease
+    handed on to the next pass; ``timeout_s`` is the pass budget (``None``: no
+    budget); ``guard`` watches step bodies the lease keeper cannot cancel.
     """
-    text = printable_text(text)
-    encoded = text.encode("utf-8")
-    if len(encoded) <= MAX_ERROR_TEXT_BYTES:
-        return text
-    kept = encoded[: MAX_ERROR_TEXT_BYTES - 64].decode("utf-8", errors="ignore")
-    return f"{kept} [... cut, {len(encoded) - len(kept.encode('utf-8'))} more bytes]"
+
+    store: JobRunStore
+    clock: Clock
+    random: Callable[[], float]
+    mint_id: Callable[[], str]
+    open_scope: OpenScope
+    timeout_s: float | None = None
+    guard: BodyGuard | None = None
 
 
 class _ReadOnlyCounters(Mapping[str, int | float]):
@@ -119,14 +118,14 @@ class _ReadOnlyCounters(Mapping[str, int | float]):
         return repr(self._counters)
 
     def __setitem__(self, name: str, value: object) -> None:
-        raise _mistake(
+        raise mistake(
+            "counters",
             f"p.counters[{name!r}] = ... : p.counters is read-only; "
             f"use p.count({name!r}, by) to add to a counter",
-            "counters",
         )
 
     def __delitem__(self, name: str) -> None:
-        raise _mistake(f"del p.counters[{name!r}]: p.counters is read-only", "counters")
+        raise mistake("counters", f"del p.counters[{name!r}]: p.counters is read-only")
 
 
 class JobPass:
@@ -172,37 +171,31 @@ class JobPass:
 
     def __init__(
         self,
-        *,
-        store: JobRunStore,
+        settings: PassSettings,
         row: RunRow,
-        payload: Any,
-        cursor: Any,
-        counters: dict[str, int | float],
-        job_policy: RetryPolicy,
-        clock: Clock,
-        open_scope: OpenScope,
-        ledger_known_empty: bool,
-        lease: Lease,
         keeper: LeaseKeeper,
+        job_policy: RetryPolicy,
+        *,
+        ledger_known_empty: bool = False,
         probe: PassProbe | None = None,
     ) -> None:
         self.run = RunKey(row.id, row.module_id, row.job, row.instance)
         self.lease_epoch = row.lease_epoch
         # 1 for the run's first pass; a retry or takeover replays the same number.
         self._pass_number = row.passes_committed + 1
-        self.payload = payload
-        self.cursor = cursor
+        # A malformed row fails the pass here (inside its try), not the drive.
+        counters, self.payload, self.cursor = _decoded(row)
         # Read-only to the handler: every write goes through count(), which checks it.
         self._counters = counters
         self.counters = _ReadOnlyCounters(counters)
-        self._store = store
+        self._store = settings.store
         self._job_policy = job_policy
-        self._clock = clock
-        self._open_scope = open_scope
+        self._clock = settings.clock
+        self._open_scope = settings.open_scope
         self._used: set[str] = set()
         self._ledger: dict[str, StepRow] | None = {} if ledger_known_empty else None
         self._scope_task: asyncio.Future[Any] | None = None
-        self._lease = lease
+        self._lease = keeper.lease
         self._keeper = keeper
         self._probe = probe
         # Step coroutines handed out but not started yet, by call number.
@@ -218,18 +211,18 @@ class JobPass:
         """
         if name not in self._counters:
             if not isinstance(name, str):
-                raise _mistake(
-                    f"p.count() got a counter name of type {type(name).__name__}: use a str",
+                raise mistake(
                     "counters",
+                    f"p.count() got a counter name of type {type(name).__name__}: use a str",
                 )
             problem = name_problem(name)
             if problem is not None:
-                raise _mistake(f"counter name {shown_name(name)} {problem}", "counters")
+                raise mistake("counters", f"counter name {shown_name(name)} {problem}")
         if not is_count(by):
-            raise _mistake(
+            raise mistake(
+                "counters",
                 f"p.count({name!r}, by={_shown_number(by)}): by must be a finite int or "
                 "float, within a float's range (about 1.8e308)",
-                "counters",
             )
         try:
             total = self._counters.get(name, 0) + by
@@ -237,7 +230,7 @@ class JobPass:
             # A huge int added to a float counter: the float cannot hold the sum.
             total = math.inf
         if not is_count(total):
-            raise _mistake(f"counter {name!r} would overflow to {_shown_number(total)}", "counters")
+            raise mistake("counters", f"counter {name!r} would overflow to {_shown_number(total)}")
         self._counters[name] = total
 
     def idempotency_key(self, step_name: str) -> str:
@@ -256,14 +249,14 @@ class JobPass:
         name of the step making the call, only the same on every replay.
         """
         if not isinstance(step_name, str):
-            raise _mistake(
+            raise mistake(
+                "idempotency_key",
                 f"p.idempotency_key() got a step name of type {type(step_name).__name__}: "
                 "use a str",
-                "idempotency_key",
             )
         problem = name_problem(step_name)
         if problem is not None:
-            raise _mistake(f"step name {shown_name(step_name)} {problem}", "idempotency_key")
+            raise mistake("idempotency_key", f"step name {shown_name(step_name)} {problem}")
         return idempotency_key(self.run.id, self._pass_number, step_name)
 
     async def scope(self) -> Any:
@@ -311,15 +304,15 @@ class JobPass:
         A result JSON cannot store fails the run at once (the body is not rerun).
         """
         if not isinstance(name, str):
-            raise _mistake(f"a step name must be a str, got {type(name).__name__}", "step")
+            raise mistake("step", f"a step name must be a str, got {type(name).__name__}")
         problem = name_problem(name)
         if problem is not None:
-            raise _mistake(f"step name {shown_name(name)} {problem}", "step")
+            raise mistake("step", f"step name {shown_name(name)} {problem}")
         if not callable(fn):
-            raise _mistake(f"step {name!r}: fn must be callable, got {type(fn).__name__}", "step")
+            raise mistake("step", f"step {name!r}: fn must be callable, got {type(fn).__name__}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise _mistake(
-                f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}", "step"
+            raise mistake(
+                "step", f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}"
             )
         number = self._step_calls
         self._step_calls = number + 1
@@ -348,10 +341,10 @@ class JobPass:
             running.close()
         self._unstarted.clear()
         shown = ", ".join(repr(name) for name in names)
-        return _mistake(
+        return mistake(
+            "step",
             f"p.step({shown}, ...) was called without `await`, so the step never ran: "
             "write `await p.step(...)` (the handler must be `async def`)",
-            "step",
         )
 
     def _attempt_of(self, name: str) -> int | None:
@@ -435,7 +428,7 @@ class JobPass:
 
 def _shown_number(value: object) -> str:
     """A number as a message shows it: a huge int by its size, not 400 digits."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+    if is_int(value) and value.bit_length() > 64:
         # Counted from the bits: str() of a very large int raises.
         return f"an int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     try:
@@ -450,15 +443,6 @@ class _CarriedExit(Exception):
     def __init__(self, raised: BaseException) -> None:
         super().__init__(type(raised).__name__)
         self.raised = raised
-
-
-def _mistake(text: str, path: str) -> HandlerMistakeError:
-    return HandlerMistakeError(text, [{"path": path, "message": text}])
-
-
-def _fails_at_once(error: Exception) -> bool:
-    """A mistake in handler code: it would fail the same way on every retry."""
-    return isinstance(error, HandlerMistakeError | StepReusedError)
 
 
 def interrupts_the_pass(error: BaseException) -> bool:
@@ -506,35 +490,30 @@ class UserExit(Exception):
 
 
 async def run_job_pass(
-    *,
-    store: JobRunStore,
+    settings: PassSettings,
+    job: RegisteredJob,
     row: RunRow,
-    handler: Handler,
-    retry: RetryPolicy | None,
-    clock: Clock,
-    random: Callable[[], float],
-    open_scope: OpenScope,
     lease: Lease,
-    timeout_s: float | None = None,
+    *,
+    leased_at_s: float | None = None,
     ledger_known_empty: bool = False,
     keep_lease: bool = False,
     probe: PassProbe | None = None,
-    leased_at_s: float | None = None,
-    guard: BodyGuard | None = None,
 ) -> PassOutcome:
-    """Run one pass of ``row``, which this driver holds under ``lease``.
+    """Run one pass of ``row``, a run of ``job`` that this driver holds under ``lease``.
 
     Handler problems become outcomes, never exceptions. With ``keep_lease`` an
     advancing commit hands the lease straight to the next pass. ``leased_at_s``
     (the pass clock's monotonic seconds when the claim or commit that wrote the
-    lease was sent) and ``guard`` set the self-fence (see ``lease.py``).
+    lease was sent) and the settings' ``guard`` set the self-fence (see ``lease.py``).
 
     A cancellation of the pass's task is not caught: nothing is committed, the
     ledger keeps what finished, the lease is handed back, the cancellation goes
     on. Anything else user code raises is a failed attempt (see
     ``interrupts_the_pass``); an exit also comes back in the outcome's ``raised``.
     """
-    job_policy = retry if retry is not None else DEFAULT_RETRY
+    store, clock = settings.store, settings.clock
+    job_policy = job.retry if job.retry is not None else DEFAULT_RETRY
     keeper = LeaseKeeper(
         lease,
         clock,
@@ -542,24 +521,15 @@ async def run_job_pass(
         row.id,
         leased_at_s=leased_at_s,
         watch_presence=lambda lost: store.watch_presence(lease.presence, lost),
-        guard=guard,
+        guard=settings.guard,
     )
     try:
         context = JobPass(
-            store=store,
-            row=row,
-            # Decoded inside the try: a malformed row is a failed pass, not a crashed drive.
-            **_decoded(row),
-            job_policy=job_policy,
-            clock=clock,
-            open_scope=open_scope,
-            ledger_known_empty=ledger_known_empty,
-            lease=lease,
-            keeper=keeper,
-            probe=probe,
+            settings, row, keeper, job_policy, ledger_known_empty=ledger_known_empty, probe=probe
         )
-        result = await _call_handler(handler, context, keeper, clock, timeout_s)
-        return await _commit(store, row, context, result, lease, clock, keep_lease)
+        result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
+        successor_token = settings.mint_id if keep_lease else None
+        return await commit(store, clock, row, lease, result, context.counters, successor_token)
     except LeaseLostError:
         if not keeper.refused:
             # The holder stopped itself (self-fence, lost presence) and may still
@@ -567,106 +537,37 @@ async def run_job_pass(
             await hand_back(store, row, lease)
         return PassOutcome("superseded")
     except UserExit as escaped:
-        failure = escaped.failure
-        outcome = await _record_failure(store, row, job_policy, failure, clock, random, lease)
+        outcome = await _failed(settings, row, lease, job_policy, escaped.failure)
         return replace(outcome, raised=escaped.raised)
     except Exception as error:
-        return await _record_failure(store, row, job_policy, error, clock, random, lease)
+        return await _failed(settings, row, lease, job_policy, error)
     except BaseException:
         await hand_back(store, row, lease)
         raise
 
 
-async def _commit(
-    store: JobRunStore,
-    row: RunRow,
-    context: JobPass,
-    result: object,
-    lease: Lease,
-    clock: Clock,
-    keep_lease: bool,
+async def _failed(
+    settings: PassSettings, row: RunRow, lease: Lease, job_policy: RetryPolicy, error: Exception
 ) -> PassOutcome:
-    """Commit what the handler returned: cursor, counters and the ledger's drop, one write."""
-    next_cursor, done = interpret_result(result)
-    if next_cursor is KEEP_CURSOR:
-        cursor_json = row.cursor
-    else:
-        cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
-    counters_json = counters_text(context.counters, store.limits.max_counters_bytes)
-    at = format_instant(clock.now())
-    # The successor lease expires counted from ``at``: its self-fence starts here.
-    leased_at_s = clock.monotonic()
-    # A lease handed on gets a fresh token. Should this commit land unseen (its
-    # reply lost, or the pass interrupted while awaiting it), the failure record
-    # or hand-back this pass writes next, fenced on the old token, then misses
-    # and can never write the pre-commit state over the commit.
-    successor = replace(lease, token=mint_run_id()) if keep_lease and not done else None
-    patch = _committed_patch(row, cursor_json, counters_json, done, at, lease, successor)
-    committed = replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
-    try:
-        applied = await store.commit_pass(row.id, patch, lease.token)
-    except BaseException:
-        if successor is not None:
-            # If the commit landed after all, give back the lease it handed on.
-            await hand_back(store, committed, successor)
-        raise
-    if not applied:
-        return PassOutcome("superseded")
-    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
-
-
-def _committed_patch(
-    row: RunRow,
-    cursor_json: str | None,
-    counters_json: str,
-    done: bool,
-    at: str,
-    lease: Lease,
-    successor: Lease | None,
-) -> RunPatch:
-    """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
-
-    One more pass committed; a lease handed on is a new holder as far as the
-    outside world can tell, so it gets the next epoch, as a claim would.
-    """
-    kept = successor is not None
-    return RunPatch(
-        status=JobRunStatus.DONE.value if done else JobRunStatus.RUNNING.value,
-        cursor=cursor_json,
-        counters=counters_json,
-        attempts=0,
-        last_error=None,
-        updated_at=at,
-        # An outcome writes the real due time (now: NULL), never a lease
-        # expiry, unless it hands the lease to this driver's next pass.
-        next_attempt_at=lease.expiry_after(at) if kept else None,
-        ended_at=at if done else None,
-        lease_owner=successor.token if successor is not None else None,
-        lease_driver=lease.driver if kept else None,
-        lease_began_at=at if kept else None,
-        lease_takeovers=0,
-        lease_epoch=row.lease_epoch + 1 if kept else row.lease_epoch,
-        passes_committed=row.passes_committed + 1,
+    return await record_failure(
+        settings.store, settings.clock, settings.random, row, lease, job_policy, error
     )
 
 
-_PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
-
-
-def _decoded(row: RunRow) -> dict[str, Any]:
+def _decoded(row: RunRow) -> tuple[dict[str, int | float], Any, Any]:
     """The row's counters, payload and cursor, decoded in that order."""
     try:
         counters = decode_counters(row.counters)
     except MalformedColumnError as error:
         # Only a write that bypassed p.count() gets here; retrying cannot help.
-        raise _mistake(
+        raise mistake(
+            "counters",
             f"{error}; counters are written only through p.count(). Resuming the run "
             "keeps its valid counters and drops the rest",
-            "counters",
         ) from error
     payload = decode_json(row.payload, "payload")
     cursor = None if row.cursor is None else decode_json(row.cursor, "cursor")
-    return {"counters": counters, "payload": payload, "cursor": cursor}
+    return counters, payload, cursor
 
 
 async def _call_handler(
@@ -726,102 +627,3 @@ def _user_failure(
 
 class _HandlerRaised(JobRunError):
     """Stands for a ``BaseException`` the handler raised; stored as its message."""
-
-
-def _unleased(row: RunRow) -> RunPatch:
-    """The row's state as claimed, minus the lease: due again at once, nothing charged."""
-    return RunPatch(
-        status=row.status,
-        cursor=row.cursor,
-        counters=row.counters,
-        attempts=row.attempts,
-        last_error=row.last_error,
-        updated_at=row.updated_at,
-        next_attempt_at=None,
-        ended_at=row.ended_at,
-        lease_takeovers=row.lease_takeovers,
-        lease_epoch=row.lease_epoch,
-        passes_committed=row.passes_committed,
-    )
-
-
-async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
-    """Give a held lease back (fenced), shielded from a cancellation in progress.
-
-    Never raises for a store failure: the hand-back is then owed (see
-    ``jobrun._core.owed``) and sent again before the next claim on the store.
-    """
-    unleased = _unleased(row)
-    try:
-        await asyncio.shield(store.patch(row.id, unleased, lease.token))
-    except Exception:
-        store.owed_releases.owe(row.id, unleased, lease.token)
-
-
-async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:
-    """A fenced write that ends the lease; owed (then raised) when the store fails it."""
-    try:
-        return await store.patch(run_id, patch, lease.token)
-    except Exception:
-        store.owed_releases.owe(run_id, patch, lease.token)
-        raise
-
-
-async def fail_run(
-    store: JobRunStore, row: RunRow, reason: str, lease: Lease, clock: Clock
-) -> PassOutcome:
-    """End a held run as ``failed`` without a pass, for a reason the driver found."""
-    at = format_instant(clock.now())
-    patch = replace(
-        _unleased(row),
-        status=JobRunStatus.FAILED.value,
-        last_error=reason,
-        updated_at=at,
-        ended_at=at,
-    )
-    if not await _release_write(store, row.id, patch, lease):
-        return PassOutcome("superseded")
-    return PassOutcome("failed", reason)
-
-
-async def _record_failure(
-    store: JobRunStore,
-    row: RunRow,
-    job_policy: RetryPolicy,
-    error: Exception,
-    clock: Clock,
-    random: Callable[[], float],
-    lease: Lease,
-) -> PassOutcome:
-    attempts = row.attempts + 1
-    # A step failure is judged by the step's own attempts and policy; anything
-    # else by the run's consecutive failures and the job's policy.
-    if isinstance(error, StepFailedError):
-        policy, against = error.policy, error.attempts
-    else:
-        policy, against = job_policy, attempts
-    exhausted = _fails_at_once(error) or against >= policy.max_attempts
-    text = cap_error_text(describe_exception(error))
-    at = format_instant(clock.now())
-    written = await _release_write(
-        store,
-        row.id,
-        RunPatch(
-            status=JobRunStatus.FAILED.value if exhausted else JobRunStatus.RUNNING.value,
-            # Written back verbatim: a failed pass never leaks the handler's state.
-            cursor=row.cursor,
-            counters=row.counters,
-            attempts=attempts,
-            last_error=text,
-            updated_at=at,
-            next_attempt_at=None if exhausted else policy.next_attempt_at(against, at, random),
-            ended_at=at if exhausted else None,
-            lease_takeovers=row.lease_takeovers,
-            lease_epoch=row.lease_epoch,
-            passes_committed=row.passes_committed,
-        ),
-        lease,
-    )
-    if not written:
-        return PassOutcome("superseded", text)
-    return PassOutcome("failed" if exhausted else "retrying", text)

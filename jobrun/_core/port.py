@@ -23,6 +23,8 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.refusals import checked_positive_int
+from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import Claimed, RunChange
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -41,9 +43,7 @@ class StoreLimits:
     def __post_init__(self) -> None:
         names = ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes")
         for name in (*names, "max_counters_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            checked_positive_int(getattr(self, name), name)
 
 
 class JobRunStore(Protocol):
@@ -63,6 +63,12 @@ class JobRunStore(Protocol):
     def owed_releases(self) -> OwedReleases:
         """Lease releases this store failed to write, sent again before the next
         claim (see ``jobrun._core.owed``); the store only keeps them."""
+        ...
+
+    @property
+    def stranded_scans(self) -> StrandedScans:
+        """What the scans for runs of dead holders saw on this store, kept between
+        drives (see ``jobrun._core.stranded``); the store only keeps it."""
         ...
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:

@@ -11,9 +11,10 @@ than silently reshaped.
 from __future__ import annotations
 
 import math
-from typing import Any, NoReturn
+from typing import Any
 
 from jobrun._core.formats import OverCapError, encode_json_within
+from jobrun._core.refusals import refuse
 from jobrun.errors import JobValidationError
 
 MAX_DEPTH = 256
@@ -136,7 +137,7 @@ def assert_queue_safe(value: Any, root: str) -> None:
     problem = queue_safety_problem(value, root)
     if problem is not None:
         path, what = problem
-        _refuse(root, path, what, "cannot be stored and read back unchanged")
+        raise _not_queue_safe(root, path, what, "cannot be stored and read back unchanged")
 
 
 def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
@@ -146,23 +147,27 @@ def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
         text = None if problem is not None else encode_json_within(value, max_bytes)
     except OverCapError as error:
         # Both numbers go into the message itself, not only into ``errors``.
-        _refuse(root, root, str(error), "is too large to carry")
+        raise _not_queue_safe(root, root, str(error), "is too large to carry") from error
     except UnicodeEncodeError as error:
         # What Python makes of non-UTF-8 bytes: no backend can store it.
-        _refuse(root, root, "text with a lone surrogate (not valid Unicode)", f"({error})")
+        raise _not_queue_safe(
+            root, root, "text with a lone surrogate (not valid Unicode)", f"({error})"
+        ) from error
     except ValueError as error:
         # Python refuses to print ints of more than 4300 digits.
-        _refuse(root, root, "a value JSON text cannot hold", f"({error})")
+        raise _not_queue_safe(root, root, "a value JSON text cannot hold", f"({error})") from error
     if problem is not None:
         path, what = problem
-        _refuse(root, path, what, "cannot be stored and read back unchanged")
+        raise _not_queue_safe(root, path, what, "cannot be stored and read back unchanged")
     assert text is not None
     return text
 
 
-def _refuse(root: str, path: str, what: str, why: str) -> NoReturn:
-    raise JobValidationError(
-        f"{root} is not queue-safe: {path} is {what}; a run carries ids and configuration, "
-        "not bytes, objects or functions",
-        [{"path": path, "message": f"{what} {why}"}],
+def _not_queue_safe(root: str, path: str, what: str, why: str) -> JobValidationError:
+    """The refusal of a value that is not queue-safe at ``path``: ``what`` it is, and ``why``."""
+    return refuse(
+        path,
+        f"{what} {why}",
+        message=f"{root} is not queue-safe: {path} is {what}; a run carries ids and "
+        "configuration, not bytes, objects or functions",
     )

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobrun._core.formats import MalformedColumnError, decode_counters, decode_json, parse_instant
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import checked_int, checked_number, refuse
 
 JOB_RUN_LIST_LIMIT = 50
 JOB_RUN_LIST_MAX = 500
@@ -359,8 +359,7 @@ def job_run_list_limit(limit: float | None) -> int:
     """Clamp an operator read's limit: absent or not finite is 50, else floor into [1, 500]."""
     if limit is None:
         return JOB_RUN_LIST_LIMIT
-    if isinstance(limit, bool) or not isinstance(limit, int | float):
-        raise TypeError(f"limit must be a number or None, got {type(limit).__name__}")
+    checked_number(limit, "limit", wanted="a number or None")
     if not math.isfinite(limit):
         return JOB_RUN_LIST_LIMIT
     return min(JOB_RUN_LIST_MAX, max(1, math.floor(limit)))
@@ -372,14 +371,14 @@ PRIORITY_MAX = 2**31 - 1
 
 def priority_value(priority: object) -> int:
     """Check a run's priority: an int that both engines' INTEGER column holds."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise JobValidationError(
-            f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
-            [{"path": "priority", "message": "out of the 32-bit range"}],
+    checked = checked_int(priority, "priority")
+    if not PRIORITY_MIN <= checked <= PRIORITY_MAX:
+        raise refuse(
+            "priority",
+            "out of the 32-bit range",
+            message=f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {checked}",
         )
-    return priority
+    return checked
 
 
 def status_filter(status: str | None) -> str | None:
@@ -388,8 +387,9 @@ def status_filter(status: str | None) -> str | None:
         return None
     if status not in _STATUSES:
         allowed = ", ".join(member.value for member in JobRunStatus)
-        raise JobValidationError(
-            f"status filter {status!r} is not one of {allowed}",
-            [{"path": "status", "message": f"{status!r} is not a run status"}],
+        raise refuse(
+            "status",
+            f"{status!r} is not a run status",
+            message=f"status filter {status!r} is not one of {allowed}",
         )
     return str(status)

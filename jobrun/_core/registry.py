@@ -10,6 +10,7 @@ from typing import Any
 from jobrun._core.lease import DEFAULT_LEASE_MS, DEFAULT_MAX_TAKEOVERS, check_lease_ms
 from jobrun._core.names import require_name
 from jobrun._core.passes import Handler
+from jobrun._core.refusals import checked_int, refuse, refuse_type, type_name
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.schedules import Schedule, make_schedule
 from jobrun.errors import JobConflictError
@@ -30,20 +31,19 @@ class RegisteredJob:
 def _check_max_concurrent(value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_concurrent must be an int or None, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"max_concurrent must be at least 1, got {value}")
-    return value
+    most = checked_int(value, "max_concurrent", wanted="an int or None")
+    if most < 1:
+        raise refuse("max_concurrent", f"must be at least 1, got {most}")
+    return most
 
 
 def _check_keep_for(value: object) -> timedelta | None:
     if value is None:
         return None
     if not isinstance(value, timedelta):
-        raise TypeError(f"keep_for must be a timedelta or None, got {type(value).__name__}")
+        raise refuse_type("keep_for", f"must be a timedelta or None, got {type_name(value)}")
     if value <= timedelta(0):
-        raise ValueError(f"keep_for must be positive, got {value}")
+        raise refuse("keep_for", f"must be positive, got {value}")
     return value
 
 
@@ -93,14 +93,16 @@ class JobRegistry:
         require_name(module_id, "module_id")
         require_name(name, "name")
         if not callable(handler):
-            raise TypeError(f"handler for {module_id}/{name} must be callable")
+            raise refuse_type(
+                "handler",
+                f"must be callable, got {type_name(handler)}",
+                message=f"handler for {module_id}/{name} must be callable",
+            )
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+            raise refuse_type("retry", f"must be a RetryPolicy, got {type_name(retry)}")
         check_lease_ms(lease_ms)
-        if isinstance(max_takeovers, bool) or not isinstance(max_takeovers, int):
-            raise TypeError(f"max_takeovers must be an int, got {type(max_takeovers).__name__}")
-        if max_takeovers < 0:
-            raise ValueError(f"max_takeovers must not be negative, got {max_takeovers}")
+        if checked_int(max_takeovers, "max_takeovers") < 0:
+            raise refuse("max_takeovers", f"must not be negative, got {max_takeovers}")
         limit = _check_max_concurrent(max_concurrent)
         kept = _check_keep_for(keep_for)
         key = (module_id, name)

@@ -16,6 +16,7 @@ from typing import Any, Final, TypeAlias
 
 from jobrun._core.formats import OverCapError, encode_json_within
 from jobrun._core.queue_safety import encode_queue_safe
+from jobrun._core.refusals import as_mistake, mistake
 from jobrun.errors import HandlerMistakeError, JobValidationError
 
 
@@ -67,10 +68,6 @@ _RESULT_HELP = (
 )
 
 
-def _mistake(text: str, path: str, what: str) -> HandlerMistakeError:
-    return HandlerMistakeError(text, [{"path": path, "message": what}])
-
-
 def _type_name(value: object) -> str:
     """The type with its article: ``an int``, ``a numpy.bool``."""
     kind = type(value)
@@ -89,49 +86,49 @@ def refuse_generator(result: object) -> None:
         if inspect.isgenerator(result):
             # Never started, so closing runs none of its code; it just cannot linger.
             result.close()
-        raise _mistake(
-            f"the handler returned {_type_name(result)}: a handler is a plain or `async def` "
-            f"function without `yield`; {_RESULT_HELP}",
+        raise mistake(
             "result",
             _type_name(result),
+            message=f"the handler returned {_type_name(result)}: a handler is a plain or "
+            f"`async def` function without `yield`; {_RESULT_HELP}",
         )
 
 
 def interpret_result(result: object) -> tuple[Any, bool]:
     """``(cursor or KEEP_CURSOR, done)`` from what a handler returned, or a mistake."""
     if result is None:
-        raise _mistake(
-            f"the handler returned None: did you forget `return`? {_RESULT_HELP}",
+        raise mistake(
             "result",
             "None",
+            message=f"the handler returned None: did you forget `return`? {_RESULT_HELP}",
         )
     if isinstance(result, PassResult):
         cursor, done = result.cursor, result.done
     elif isinstance(result, Mapping):
         unknown = sorted(repr(key) for key in result if key not in ("cursor", "done"))
         if unknown:
-            raise _mistake(
-                f"the handler returned unknown key(s) {', '.join(unknown)}: "
-                "a pass result has only 'cursor' and 'done' (a typo?)",
+            raise mistake(
                 "result",
                 f"unknown key(s) {', '.join(unknown)}",
+                message=f"the handler returned unknown key(s) {', '.join(unknown)}: "
+                "a pass result has only 'cursor' and 'done' (a typo?)",
             )
         cursor, done = result.get("cursor", KEEP_CURSOR), result.get("done", False)
     else:
         if inspect.iscoroutine(result):
             # Awaited by nobody: closed, so Python does not warn about it later.
             result.close()
-        raise _mistake(
-            f"the handler returned {_type_name(result)}: {_RESULT_HELP}",
+        raise mistake(
             "result",
             _type_name(result),
+            message=f"the handler returned {_type_name(result)}: {_RESULT_HELP}",
         )
     if type(done) is not bool:
-        raise _mistake(
-            f"the handler returned done={done!r} ({_type_name(done)}): done must be True "
-            "or False; write done=bool(...) if it comes from elsewhere",
+        raise mistake(
             "result.done",
             _type_name(done),
+            message=f"the handler returned done={done!r} ({_type_name(done)}): done must be True "
+            "or False; write done=bool(...) if it comes from elsewhere",
         )
     return cursor, done
 
@@ -143,8 +140,8 @@ def cursor_text(cursor: Any, max_bytes: int) -> str:
     except HandlerMistakeError:
         raise
     except JobValidationError as error:
-        raise HandlerMistakeError(
-            f"the handler returned a cursor that cannot be stored: {error.message}", error.errors
+        raise as_mistake(
+            error, f"the handler returned a cursor that cannot be stored: {error.message}"
         ) from error
 
 
@@ -153,11 +150,11 @@ def counters_text(counters: Mapping[str, int | float], max_bytes: int) -> str:
     try:
         return encode_json_within(dict(counters), max_bytes)
     except OverCapError as error:
-        raise _mistake(
-            f"the counters are {error}: p.count() is for a few totals, "
-            "not one counter per item (put per-item results in steps or the cursor)",
+        raise mistake(
             "counters",
             str(error),
+            message=f"the counters are {error}: p.count() is for a few totals, "
+            "not one counter per item (put per-item results in steps or the cursor)",
         ) from error
 
 
@@ -172,10 +169,10 @@ def step_result_text(step: str, value: Any, max_bytes: int) -> str:
         what = f"not JSON ({error})"
     if isinstance(value, float) and not math.isfinite(value):
         what = f"{value!r}, which JSON cannot store"
-    raise _mistake(
-        f"step {step!r} returned a value that cannot be stored: {what}. Return JSON data "
-        "(dict with str keys, list, str, int, finite float, bool, None) within the cap; "
-        "the body ran once and is not run again until the run is resumed",
+    raise mistake(
         f"step.{step}",
         what,
+        message=f"step {step!r} returned a value that cannot be stored: {what}. Return JSON data "
+        "(dict with str keys, list, str, int, finite float, bool, None) within the cap; "
+        "the body ran once and is not run again until the run is resumed",
     )

@@ -8,7 +8,9 @@ from jobrun._core.actions import prune_job_runs
 from jobrun._core.clock import ClockLike
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRunStatus
+from jobrun._core.refusals import refuse, refuse_type, type_name
 from jobrun._core.registry import JobRegistry
+from jobrun._core.sources import Sources
 
 FINISHED = (JobRunStatus.DONE.value, JobRunStatus.FAILED.value)
 RETENTION_BATCH = 100
@@ -19,9 +21,9 @@ def check_prune_after(value: object) -> timedelta | None:
     if value is None:
         return None
     if not isinstance(value, timedelta):
-        raise TypeError(f"prune_after must be a timedelta or None, got {type(value).__name__}")
+        raise refuse_type("prune_after", f"must be a timedelta or None, got {type_name(value)}")
     if value <= timedelta(0):
-        raise ValueError(f"prune_after must be positive, got {value}")
+        raise refuse("prune_after", f"must be positive, got {value}")
     return value
 
 
@@ -37,6 +39,7 @@ async def prune_by_retention(
     prune_after: timedelta | None,
     clock: ClockLike | None = None,
     batch_size: int = RETENTION_BATCH,
+    sources: Sources,
 ) -> int:
     """Delete finished (done and failed) runs past their retention; returns how many.
 
@@ -54,6 +57,7 @@ async def prune_by_retention(
             batch_size=batch_size,
             clock=clock,
             only_jobs=frozenset({key}),
+            sources=sources,
         )
     if prune_after is not None:
         deleted += await prune_job_runs(
@@ -63,5 +67,6 @@ async def prune_by_retention(
             batch_size=batch_size,
             clock=clock,
             except_jobs=frozenset(kept),
+            sources=sources,
         )
     return deleted

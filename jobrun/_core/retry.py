@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobrun._core.formats import add_milliseconds
+from jobrun._core.refusals import checked_int, refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +27,10 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         for name, lowest in (("max_attempts", 1), ("base_delay_ms", 0), ("max_delay_ms", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"RetryPolicy.{name} must be an int, got {type(value).__name__}")
+            value = checked_int(getattr(self, name), name, subject=f"RetryPolicy.{name}")
             if value < lowest:
-                raise ValueError(f"RetryPolicy.{name} must be at least {lowest}, got {value}")
+                problem = f"must be at least {lowest}, got {value}"
+                raise refuse(name, problem, message=f"RetryPolicy.{name} {problem}")
 
     def delay_ms(self, attempts: int, random: Callable[[], float]) -> float:
         """The wait after the ``attempts``-th consecutive failure (jitter after the cap)."""

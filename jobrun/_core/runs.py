@@ -21,15 +21,23 @@ from jobrun._core.records import (
     priority_value,
     status_filter,
 )
-from jobrun._system import mint_run_id
+from jobrun._core.refusals import checked_str
+from jobrun._core.sources import Sources
 
 
 def new_run_row(
-    *, module_id: str, job: str, instance: str, payload_text: str, priority: int, at: str
+    *,
+    run_id: str,
+    module_id: str,
+    job: str,
+    instance: str,
+    payload_text: str,
+    priority: int,
+    at: str,
 ) -> RunRow:
     """A fresh ``running`` row, due at ``at``."""
     return RunRow(
-        id=mint_run_id(),
+        id=run_id,
         module_id=module_id,
         job=job,
         instance=instance,
@@ -56,28 +64,16 @@ async def start_job_run(
     payload: Any = None,
     priority: int = 0,
     clock: ClockLike | None = None,
+    sources: Sources,
 ) -> JobRun:
-    """Start a run, or join the live run of the same key (its payload and priority win).
-
-    The key is ``(module_id, job, instance)``; ``instance`` (default
-    ``"default"``) tells apart runs of one job that may be live side by side,
-    such as one per customer. Returns the run's record: ``status`` is
-    ``"running"``, and its ``id`` is the one to keep, whether the run was new or
-    joined (compare ``started_at`` or the payload if you need to know which).
-    Nothing runs here: a driver (:func:`run_due_jobs`, :func:`run_worker`)
-    picks the run up, at once, since a new run is due immediately.
-
-    Everything is checked before anything is written: the key parts, the
-    priority, and the payload's queue-safety and size. The job need not be
-    registered here; a run of a job no driver knows waits until one does.
-    Among due runs, a higher ``priority`` is claimed first (default 0).
-    """
+    """:func:`jobrun.start_job_run`, handed its sources (the id minter, the system clock)."""
     require_name(module_id, "module_id")
     require_name(job, "job")
     require_name(instance, "instance", allow_empty=True)
     checked_priority = priority_value(priority)
     payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
     row = new_run_row(
+        run_id=sources.mint_id(),
         module_id=module_id,
         job=job,
         instance=instance,
@@ -85,7 +81,7 @@ async def start_job_run(
         priority=checked_priority,
         # The database's time with the default clock: a fast local clock must not
         # date the run into the future, where no driver would see it due.
-        at=format_instant((await aligned_clock(store, clock)).now()),
+        at=format_instant((await aligned_clock(store, clock, sources.clock)).now()),
     )
     stored, _inserted = await store.start_or_join(row)
     return job_run_of(stored)
@@ -109,10 +105,9 @@ async def job_runs(
     returns an empty list once none of that job's runs is live.
     """
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{argument} filter must be a str or None, got {type(value).__name__}")
         if value is not None:
-            require_text(value, f"{argument} filter")
+            wanted, subject = "a str or None", f"{argument} filter"
+            require_text(checked_str(value, argument, wanted=wanted, subject=subject), subject)
     run_filter = RunFilter(
         module_id=module_id,
         job=job,
@@ -125,8 +120,6 @@ async def job_runs(
 
 async def get_job_run(store: JobRunStore, run_id: str) -> JobRun | None:
     """One run by id, whatever its status; ``None`` when there is none."""
-    if not isinstance(run_id, str):
-        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
-    require_text(run_id, "run_id")
+    require_text(checked_str(run_id, "run_id"), "run_id")
     row = await store.get(run_id)
     return None if row is None else job_run_of(row)

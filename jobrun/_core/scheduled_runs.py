@@ -12,7 +12,7 @@ from jobrun._core.records import JobRun, ScheduleRow, job_run_of
 from jobrun._core.registry import JobRegistry
 from jobrun._core.runs import new_run_row
 from jobrun._core.schedules import Schedule
-from jobrun._system import resolve_clock
+from jobrun._core.sources import Sources
 
 
 async def start_scheduled_runs(
@@ -21,21 +21,13 @@ async def start_scheduled_runs(
     *,
     now: datetime | None = None,
     clock: ClockLike | None = None,
+    sources: Sources,
 ) -> list[JobRun]:
-    """Start the run of every due slot of ``registry``'s schedules; returns those runs.
-
-    Call it from the host's own loop (``jobrun worker`` and :func:`jobrun.run_worker`
-    call it at each slot). Any number of callers on any number of hosts may call
-    it at once: each slot is started by one of them, once, and never again,
-    whether or not its run has ended since. A schedule seen for the first time
-    starts with its next slot. Costs one read when nothing is due, and one short
-    transaction per slot started. ``now`` (default: the clock's) is the instant
-    slots are due by.
-    """
+    """:func:`jobrun.start_scheduled_runs`, handed its sources (the id minter, the system clock)."""
     schedules = registry.schedules()
     if not schedules:
         return []
-    moment = resolve_clock(clock).now() if now is None else now
+    moment = sources.clock_for(clock).now() if now is None else now
     at = format_instant(moment)
     stored = {(row.module_id, row.job, row.schedule): row for row in await store.schedule_rows()}
     unseen = [schedule for schedule in schedules if schedule.key not in stored]
@@ -53,17 +45,18 @@ async def start_scheduled_runs(
         if row is None:
             continue
         for slot in schedule.slots_to_start(parse_instant(row.last_slot_at), moment):
-            run = await _start_slot(store, schedule, slot, at)
+            run = await _start_slot(store, schedule, slot, at, sources.mint_id())
             if run is not None:
                 started.append(run)
     return started
 
 
 async def _start_slot(
-    store: ScheduleStore, schedule: Schedule, slot: datetime, at: str
+    store: ScheduleStore, schedule: Schedule, slot: datetime, at: str, run_id: str
 ) -> JobRun | None:
     slot_at = format_instant(slot)
     row = new_run_row(
+        run_id=run_id,
         module_id=schedule.module_id,
         job=schedule.job,
         instance=schedule.instance if schedule.instance is not None else slot_at,

@@ -15,7 +15,7 @@ from jobrun._core.names import require_name
 from jobrun._core.port import DEFAULT_MAX_PAYLOAD_BYTES
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import priority_value
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import checked_str, refuse
 
 CATCH_UP_POLICIES = ("latest", "all", "none")
 MAX_CATCH_UP_SLOTS = 100
@@ -91,20 +91,21 @@ def make_schedule(
     """A checked :class:`Schedule`; a bad argument is refused with what was wrong."""
     require_name(module_id, "module_id")
     require_name(job, "job")
-    if not isinstance(cron, str):
-        raise TypeError(f"cron must be a str, got {type(cron).__name__}")
+    checked_str(cron, "cron")
     from croniter import croniter  # only hosts with schedules pay its import
 
     if not croniter.is_valid(cron):
-        raise JobValidationError(
-            f"cron {cron!r} is not a cron expression croniter reads "
+        raise refuse(
+            "cron",
+            "not a valid cron expression",
+            message=f"cron {cron!r} is not a cron expression croniter reads "
             "(five fields, or six with seconds last)",
-            [{"path": "cron", "message": "not a valid cron expression"}],
         )
     if catch_up not in CATCH_UP_POLICIES:
-        raise JobValidationError(
-            f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}",
-            [{"path": "catch_up", "message": f"{catch_up!r} is not a policy"}],
+        raise refuse(
+            "catch_up",
+            f"{catch_up!r} is not a policy",
+            message=f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}",
         )
     if instance is not None:
         require_name(instance, "instance")

@@ -18,19 +18,28 @@ proven either way (no presence, another host): the lease's expiry decides.
 
 Finding them costs one read (``held_leases``: the running runs whose lease has
 not expired, a range of the due index) plus, per holder on this host, a look at
-``/proc``. A driver process does it at its first claim on a store, then at most
-once per ``SCAN_INTERVAL_S`` whatever the number of drivers in the process.
+``/proc`` (through the :class:`~jobrun._core.holders.Host` the caller hands in).
+A driver process does it at its first claim on a store, then at most once per
+``SCAN_INTERVAL_S`` whatever the number of drivers in the process.
+
+What the scans have seen is kept by the store object (``stranded_scans``), the
+one thing every drive of a database in this process shares, the way it keeps
+its owed releases: it lasts as long as the store handle and no longer. Time
+between scans, and how long a presence has been seen free, is read from the
+drive's clock (``clock.monotonic()``), so a test clock moves it too.
 """
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from jobrun import _system
-from jobrun._core.holders import Liveness, liveness_on_this_host, parse_holder
-from jobrun._core.port import JobRunStore
+from jobrun._core.holders import Host, Liveness, parse_holder
 from jobrun._core.records import HeldLease
+
+if TYPE_CHECKING:
+    from jobrun._core.port import JobRunStore
 
 SCAN_INTERVAL_S = 1.0
 # A live holder runs a round trip on its presence session this often...
@@ -51,24 +60,40 @@ class _Scan:
     scanned_at: float | None = None
     # Dead holders' tokens, by the run each held; dropped once that run is claimed.
     dead: dict[str, str] = field(default_factory=dict)
-    # When this process first saw each token's presence free (monotonic seconds).
+    # When this process first saw each token's presence free (the drive clock's monotonic s).
     free_since: dict[str, float] = field(default_factory=dict)
     # Whether the last scan saw any unexpired lease at all (a holder that may die).
     held: bool = False
 
 
-_scans: weakref.WeakKeyDictionary[object, dict[Jobs | None, _Scan]] = weakref.WeakKeyDictionary()
+class StrandedScans:
+    """What the scans of one store have seen, per set of jobs (kept by the store)."""
+
+    def __init__(self) -> None:
+        self._scans: dict[Jobs | None, _Scan] = {}
+
+    def of(self, jobs: Jobs) -> _Scan:
+        return self._scans.setdefault(jobs, _Scan())
+
+    def get(self, jobs: Jobs) -> _Scan | None:
+        return self._scans.get(jobs)
+
+    def __iter__(self) -> Iterator[_Scan]:
+        return iter(self._scans.values())
 
 
-def holder_is_dead(lease: HeldLease, presence_free_for_s: float | None = None) -> bool:
+def holder_is_dead(
+    lease: HeldLease, presence_free_for_s: float | None = None, *, host: Host
+) -> bool:
     """Proof, not suspicion, that ``lease``'s holder runs no step body.
 
     ``presence_free_for_s``: how long this process has seen the holder's
-    presence free (``None``: not seen free, or not known)."""
+    presence free (``None``: not seen free, or not known); ``host`` judges a
+    holder by its process, where this host can see it."""
     if lease.presence_held is True:
         return False  # a held presence is proof of life, whatever /proc suggests
     holder = parse_holder(lease.lease_driver)
-    if holder is not None and liveness_on_this_host(holder) is Liveness.DEAD:
+    if holder is not None and host.liveness(holder) is Liveness.DEAD:
         return True
     if lease.presence_held is False:
         return presence_free_for_s is not None and presence_free_for_s >= PRESENCE_GRACE_S
@@ -76,18 +101,23 @@ def holder_is_dead(lease: HeldLease, presence_free_for_s: float | None = None) -
 
 
 async def dead_holders(
-    store: JobRunStore, now_at: str, jobs: Jobs | None, scan: _Scan | None = None
+    store: JobRunStore, now_at: str, jobs: Jobs | None, host: Host
 ) -> list[HeldLease]:
     """The unexpired leases of ``jobs`` whose holders are provably dead (one read).
 
-    Without a ``scan`` to remember presences seen free before, a free presence
+    With no scan to remember presences seen free before, a free presence
     proves nothing yet (an operator's one-off look)."""
     leases = await store.held_leases(now_at, jobs)
-    if scan is None:
-        return [lease for lease in leases if holder_is_dead(lease)]
-    now_s = _system.monotonic_s()
+    return [lease for lease in leases if holder_is_dead(lease, host=host)]
+
+
+async def _scan(
+    store: JobRunStore, now_at: str, jobs: Jobs, host: Host, scan: _Scan, now_s: float
+) -> list[HeldLease]:
+    """:func:`dead_holders`, remembering in ``scan`` since when each presence is seen free."""
+    leases = await store.held_leases(now_at, jobs)
     free_since = {
-        lease.lease_owner: scan.free_since.get(lease.lease_owner, now_s)
+        lease.lease_owner: _seen_free_since(scan.free_since.get(lease.lease_owner), now_s)
         for lease in leases
         if lease.presence_held is False
     }
@@ -97,7 +127,7 @@ async def dead_holders(
     return [
         lease
         for lease in leases
-        if holder_is_dead(lease, _elapsed(free_since.get(lease.lease_owner), now_s))
+        if holder_is_dead(lease, _elapsed(free_since.get(lease.lease_owner), now_s), host=host)
     ]
 
 
@@ -105,35 +135,42 @@ def _elapsed(since_s: float | None, now_s: float) -> float | None:
     return None if since_s is None else now_s - since_s
 
 
-async def dead_owners(store: JobRunStore, now_at: str, jobs: Jobs) -> frozenset[str]:
-    """Tokens of dead holders to take over, scanning again when the last scan is old."""
-    scan = _scans.setdefault(store, {}).setdefault(jobs, _Scan())
-    now = _system.monotonic_s()
-    if scan.scanned_at is None or now - scan.scanned_at >= SCAN_INTERVAL_S:
-        scan.scanned_at = now
-        found = await dead_holders(store, now_at, jobs, scan)
+def _seen_free_since(since_s: float | None, now_s: float) -> float:
+    # A time from another clock's origin (two drives on one store, on two
+    # clocks) cannot be compared: the presence counts as first seen free now.
+    return now_s if since_s is None or since_s > now_s else since_s
+
+
+async def dead_owners(
+    store: JobRunStore, now_at: str, jobs: Jobs, *, now_s: float, host: Host
+) -> frozenset[str]:
+    """Tokens of dead holders to take over, scanning again when the last scan is old.
+
+    ``now_s``: the drive clock's monotonic seconds."""
+    scan = store.stranded_scans.of(jobs)
+    last = scan.scanned_at
+    # A scan "from the future" was timed on another clock: it is old too.
+    if last is None or not 0 <= now_s - last < SCAN_INTERVAL_S:
+        scan.scanned_at = now_s
+        found = await _scan(store, now_at, jobs, host, scan, now_s)
         scan.dead = {lease.lease_owner: lease.run_id for lease in found}
     return frozenset(scan.dead)
 
 
 def suspects(store: JobRunStore) -> bool:
     """Whether a scan on ``store`` saw a presence free that is not proven dead yet."""
-    return any(
-        token not in scan.dead
-        for scan in _scans.get(store, {}).values()
-        for token in scan.free_since
-    )
+    return any(token not in scan.dead for scan in store.stranded_scans for token in scan.free_since)
 
 
 def leases_held(store: JobRunStore) -> bool:
     """Whether the last scan on ``store`` saw unexpired leases: their holders may die,
     and an idle driver that looks again every ``SCAN_INTERVAL_S`` takes a dead one's
     runs over within about a second of the proof (instead of its idle interval)."""
-    return any(scan.held for scan in _scans.get(store, {}).values())
+    return any(scan.held for scan in store.stranded_scans)
 
 
 def claimed(store: JobRunStore, jobs: Jobs, run_id: str) -> None:
     """A run was claimed: it is nobody's orphan any more."""
-    scan = _scans.get(store, {}).get(jobs)
+    scan = store.stranded_scans.get(jobs)
     if scan is not None and scan.dead:
         scan.dead = {token: held for token, held in scan.dead.items() if held != run_id}

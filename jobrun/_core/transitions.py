@@ -1,9 +1,11 @@
 """A run's state changes, decided here once; the stores only choose rows and apply.
 
-Every change a store makes outside a pass's own fenced writes is built here,
-with no I/O: what a claim writes (a fresh lease, or the takeover of an expired
-or dead holder's lease with its accounting and the text users see in
-``last_error``), and what an operator's cancel, resume and release write.
+Every change to a run is built here, with no I/O: what a claim writes (a fresh
+lease, or the takeover of an expired or dead holder's lease with its accounting
+and the text users see in ``last_error``), what an operator's cancel, resume and
+release write, and the row a pass's holder writes when the pass ends (a commit,
+a failure, a hand-back; :mod:`jobrun._core.outcomes` sends those writes, fenced
+on the holder's lease, and reads their answers).
 
 A claim's new state depends on the row it found, so a store reads the chosen
 row, asks :func:`claim_transition`, and writes the answer fenced on every value
@@ -19,10 +21,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jobrun._core.records import ClaimRequest, JobRunStatus, RunRow
+from jobrun._core.lease import Lease
+from jobrun._core.records import ClaimRequest, JobRunStatus, RunPatch, RunRow
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
+DONE = JobRunStatus.DONE.value
 
 # The fields a claim writes (and, with status, the values its write is fenced on).
 CLAIM_FIELDS = (
@@ -218,3 +222,94 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
 def release_transition() -> RunChange:
     """A held lease is cleared by hand: the run is due at once, nothing charged."""
     return RunChange(RUNNING, _UNLEASED, leased=True)
+
+
+# --- The end of a pass: what its holder writes, fenced on its lease ----------------------------
+
+
+def unleased(row: RunRow) -> RunPatch:
+    """The row's state as claimed, minus the lease: due again at once, nothing charged."""
+    return RunPatch(
+        status=row.status,
+        cursor=row.cursor,
+        counters=row.counters,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        updated_at=row.updated_at,
+        next_attempt_at=None,
+        ended_at=row.ended_at,
+        lease_takeovers=row.lease_takeovers,
+        lease_epoch=row.lease_epoch,
+        passes_committed=row.passes_committed,
+    )
+
+
+def committed_patch(
+    row: RunRow,
+    cursor_json: str | None,
+    counters_json: str,
+    done: bool,
+    at: str,
+    lease: Lease,
+    successor: Lease | None,
+) -> RunPatch:
+    """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
+
+    One more pass committed; a lease handed on is a new holder as far as the
+    outside world can tell, so it gets the next epoch, as a claim would.
+    """
+    kept = successor is not None
+    return RunPatch(
+        status=DONE if done else RUNNING,
+        cursor=cursor_json,
+        counters=counters_json,
+        attempts=0,
+        last_error=None,
+        updated_at=at,
+        # An outcome writes the real due time (now: NULL), never a lease
+        # expiry, unless it hands the lease to this driver's next pass.
+        next_attempt_at=lease.expiry_after(at) if kept else None,
+        ended_at=at if done else None,
+        lease_owner=successor.token if successor is not None else None,
+        lease_driver=lease.driver if kept else None,
+        lease_began_at=at if kept else None,
+        lease_takeovers=0,
+        lease_epoch=row.lease_epoch + 1 if kept else row.lease_epoch,
+        passes_committed=row.passes_committed + 1,
+    )
+
+
+_PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
+
+
+def patched(row: RunRow, patch: RunPatch) -> RunRow:
+    """``row`` as it reads once ``patch`` is written."""
+    return replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
+
+
+def failed_patch(row: RunRow, reason: str, at: str) -> RunPatch:
+    """A held run that ends ``failed`` now, for ``reason``, its lease given up."""
+    return replace(unleased(row), status=FAILED, last_error=reason, updated_at=at, ended_at=at)
+
+
+def pass_failure_patch(row: RunRow, text: str, at: str, next_attempt_at: str | None) -> RunPatch:
+    """The row after a failed pass: one more attempt charged, retried at
+    ``next_attempt_at``, or failed for good when that is ``None``.
+
+    The cursor and counters are written back verbatim: a failed pass never
+    leaks the handler's state.
+    """
+    exhausted = next_attempt_at is None
+    return RunPatch(
+        status=FAILED if exhausted else RUNNING,
+        cursor=row.cursor,
+        counters=row.counters,
+        attempts=row.attempts + 1,
+        last_error=text,
+        updated_at=at,
+        next_attempt_at=next_attempt_at,
+        ended_at=at if exhausted else None,
+        lease_takeovers=row.lease_takeovers,
+        lease_epoch=row.lease_epoch,
+        passes_committed=row.passes_committed,
+    )

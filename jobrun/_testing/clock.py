@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
 from jobrun._core.clock import Deadline
+from jobrun._core.refusals import refuse
 
 
 class FakeClock:
@@ -35,7 +36,9 @@ class FakeClock:
     def __init__(self, start: datetime | None = None, *, autojump: bool = False) -> None:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         if self._now.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start")
+            raise refuse(
+                "start", "must be timezone-aware", message="FakeClock needs a timezone-aware start"
+            )
         # Whole nanoseconds, so that many small advances add up exactly.
         self._elapsed_ns = 0
         self.autojump = autojump
@@ -59,7 +62,11 @@ class FakeClock:
     def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
         """Move time forward and wake every sleeper (and deadline) it passes, in order."""
         if seconds < 0 or milliseconds < 0:
-            raise ValueError("a FakeClock only moves forward")
+            raise refuse(
+                "seconds" if seconds < 0 else "milliseconds",
+                "must not be negative",
+                message="a FakeClock only moves forward",
+            )
         self._move_to(self._elapsed_ns + _nanoseconds(seconds + milliseconds / 1000))
         return self._now
 

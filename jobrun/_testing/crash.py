@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobrun._core.records import RunPatch, StepRow
+from jobrun._core.refusals import is_int, refuse
 
 
 class SimulatedCrash(BaseException):
@@ -23,8 +24,12 @@ class CrashAfter:
     steps: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"CrashAfter needs a step count of at least 1, got {self.steps!r}")
+        if not is_int(self.steps) or self.steps < 1:
+            raise refuse(
+                "steps",
+                f"must be an int of at least 1, got {self.steps!r}",
+                message=f"CrashAfter needs a step count of at least 1, got {self.steps!r}",
+            )
 
 
 def crash_after_step(steps: int) -> CrashAfter:

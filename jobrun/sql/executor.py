@@ -57,6 +57,7 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
 
+from jobrun._core.refusals import refuse
 from jobrun.sql.kept_connections import (
     PostgresConnections,
     one_per_engine,
@@ -386,6 +387,8 @@ def executor_for(engine: AsyncEngine, hook: StatementHook | None) -> Executor:
         return SqliteExecutor(engine, hook)
     if (name, driver) == ("postgresql", "asyncpg"):
         return PostgresExecutor(engine, hook)
-    raise ValueError(
-        f"jobrun supports sqlite+aiosqlite and postgresql+asyncpg, not {name}+{driver}"
+    raise refuse(
+        "engine",
+        f"is {name}+{driver}, which jobrun does not support",
+        message=f"jobrun supports sqlite+aiosqlite and postgresql+asyncpg, not {name}+{driver}",
     )

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import is_int, refuse
 from jobrun.sql.migrate import current_revision, upgrade
 from jobrun.sql.urls import with_asyncio_driver
 
@@ -89,9 +89,9 @@ async def on_each_database(
     concurrency: int = DEFAULT_CONCURRENCY,
 ) -> list[DatabaseOutcome[T]]:
     """``act`` on each database, at most ``concurrency`` at a time; outcomes in input order."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        message = f"concurrency must be a whole number of at least 1, got {concurrency!r}"
-        raise JobValidationError(message, [{"path": "concurrency", "message": message}])
+    if not is_int(concurrency) or concurrency < 1:
+        problem = f"must be a whole number of at least 1, got {concurrency!r}"
+        raise refuse("concurrency", problem, message=f"concurrency {problem}")
     gate = asyncio.Semaphore(concurrency)
 
     async def one(url: str | URL) -> DatabaseOutcome[T]:

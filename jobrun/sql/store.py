@@ -40,6 +40,8 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.refusals import refuse_type, type_name
+from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import (
     CLAIM_FIELDS,
     Claimed,
@@ -168,9 +170,11 @@ class SqlJobRunStore:
         statement_hook: StatementHook | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
-            raise TypeError(
-                "SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
-                f"got {type(engine).__name__}"
+            raise refuse_type(
+                "engine",
+                f"must be an AsyncEngine, got {type_name(engine)}",
+                message="SqlJobRunStore needs an AsyncEngine (from create_async_engine), "
+                f"got {type_name(engine)}",
             )
         self._host_engine = engine
         self._schema = checked_schema(engine, schema)
@@ -196,6 +200,7 @@ class SqlJobRunStore:
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
+        self._stranded_scans = StrandedScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
         # (measured at, database clock minus system clock in seconds)
@@ -222,6 +227,10 @@ class SqlJobRunStore:
     @property
     def owed_releases(self) -> OwedReleases:
         return self._owed_releases
+
+    @property
+    def stranded_scans(self) -> StrandedScans:
+        return self._stranded_scans
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:

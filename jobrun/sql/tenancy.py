@@ -23,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from jobrun.errors import JobValidationError
+from jobrun._core.refusals import refuse
 from jobrun.sql.schema import VERSION_TABLE
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
@@ -31,29 +31,31 @@ NOTIFY_CHANNEL = "jobrun_started"
 """Postgres: the channel new runs are announced on (with ``.<schema>`` for a tenant)."""
 
 
-def _refuse(message: str) -> JobValidationError:
-    return JobValidationError(message, [{"path": "schema", "message": message}])
-
-
 def checked_schema(engine: AsyncEngine | Connection, schema: str | None) -> str | None:
     """``schema`` if jobrun can use it on ``engine``; raises JobValidationError otherwise."""
     if engine.get_execution_options().get("schema_translate_map"):
-        raise _refuse(
-            "the engine has a schema_translate_map, which jobrun cannot apply to its "
+        raise refuse(
+            "schema",
+            "the engine has a schema_translate_map",
+            message="the engine has a schema_translate_map, which jobrun cannot apply to its "
             "migrations; use a plain engine and pass schema=... to jobrun.upgrade and "
-            "SqlJobRunStore instead"
+            "SqlJobRunStore instead",
         )
     if schema is None:
         return None
     if not isinstance(schema, str) or _SCHEMA_NAME.fullmatch(schema) is None:
-        raise _refuse(
-            f"schema {schema!r} is not usable: use lower-case letters, digits and "
-            "underscores, not starting with a digit, at most 48 characters"
+        raise refuse(
+            "schema",
+            "is not a usable schema name",
+            message=f"schema {schema!r} is not usable: use lower-case letters, digits and "
+            "underscores, not starting with a digit, at most 48 characters",
         )
     if engine.dialect.name != "postgresql":
-        raise _refuse(
-            f"schema={schema!r} needs Postgres; on {engine.dialect.name} use one "
-            "database per tenant instead"
+        raise refuse(
+            "schema",
+            f"needs Postgres, not {engine.dialect.name}",
+            message=f"schema={schema!r} needs Postgres; on {engine.dialect.name} use one "
+            "database per tenant instead",
         )
     return schema
 

@@ -14,11 +14,13 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobrun._core.actions import cancel_job_run, release_job_lease, resume_job_run
+from jobrun._core.actions import release_job_lease
 from jobrun._core.browse import BrowsableStore, RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.records import JobRunStatus
-from jobrun._core.runs import get_job_run, job_runs, start_job_run
+from jobrun._core.refusals import refuse
+from jobrun._core.runs import get_job_run, job_runs
+from jobrun._entry import cancel_job_run, resume_job_run, start_job_run
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 from jobrun.ui.databases import DATABASE_FAILURES
 from jobrun.ui.filtering import RunsFilter
@@ -56,9 +58,10 @@ async def _start_again(store: BrowsableStore, run_id: str) -> tuple[str, str]:
     if run is None:
         raise JobRunNotFoundError(run_id)
     if run.decode_error is not None:
-        raise JobValidationError(
-            f"run {run_id}'s payload cannot be read, so it cannot be started again",
-            [{"path": "payload", "message": run.decode_error}],
+        raise refuse(
+            "payload",
+            run.decode_error,
+            message=f"run {run_id}'s payload cannot be read, so it cannot be started again",
         )
     live = await job_runs(
         store, module_id=run.module_id, job=run.job, instance=run.instance, status="running"

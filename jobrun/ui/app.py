@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from jobrun._core.refusals import is_number, refuse
 from jobrun.ui.acting import bulk_act, bulk_confirm, run_action
 from jobrun.ui.databases import Databases, databases_of
 from jobrun.ui.reading import health_page, run_live, run_page, runs_page
@@ -62,8 +63,8 @@ def create_app(
     authentication). ``trusted_origins`` are origins besides the request's own
     host a state change may come from (a proxy that rewrites the Host header).
     """
-    if isinstance(poll_interval_s, bool) or not 0.05 <= poll_interval_s <= 3600:
-        raise ValueError(f"poll_interval_s must be in [0.05, 3600], got {poll_interval_s!r}")
+    if not is_number(poll_interval_s) or not 0.05 <= poll_interval_s <= 3600:
+        raise refuse("poll_interval_s", f"must be in [0.05, 3600], got {poll_interval_s!r}")
     found = databases_of(databases)
     guard = Guard(read_only=read_only, authorize=authorize, trusted_origins=trusted_origins)
     pages = Pages.build(guard, found, int(poll_interval_s * 1000))

@@ -10,6 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.browse import BrowsableStore
+from jobrun._core.refusals import refuse, refuse_type, type_name
 from jobrun.errors import JobRunError
 from jobrun.sql.migrate import current_revision, head_revision
 from jobrun.sql.store import SqlJobRunStore
@@ -52,12 +53,13 @@ def databases_of(given: Databases) -> list[Database]:
     elif isinstance(given, Sequence) and not isinstance(given, str | bytes):
         pairs = [(_name_of(source), source) for source in given]
     else:
-        raise TypeError(
-            f"databases must be a mapping of name to store or engine, or a list of them, "
-            f"got {type(given).__name__}"
+        raise refuse_type(
+            "databases",
+            "must be a mapping of name to store or engine, or a list of them, "
+            f"got {type_name(given)}",
         )
     if not pairs:
-        raise ValueError("the console needs at least one database")
+        raise refuse("databases", "names none", message="the console needs at least one database")
     found: list[Database] = []
     seen: dict[str, int] = {}
     for name, source in pairs:
@@ -67,9 +69,11 @@ def databases_of(given: Databases) -> list[Database]:
             found.append(Database(label, SqlJobRunStore(source), source))
             continue
         if not all(hasattr(source, each) for each in ("find", "count", "job_loads", "cancel")):
-            raise TypeError(
-                f"database {name!r} is a {type(source).__name__}: give an AsyncEngine, "
-                "a SqlJobRunStore or a MemoryJobRunStore"
+            raise refuse_type(
+                f"databases.{name}",
+                f"is a {type_name(source)}",
+                message=f"database {name!r} is a {type_name(source)}: give an AsyncEngine, "
+                "a SqlJobRunStore or a MemoryJobRunStore",
             )
         engine = getattr(source, "engine", None)
         engine = engine if isinstance(engine, AsyncEngine) else None

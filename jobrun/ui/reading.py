@@ -16,6 +16,7 @@ from jobrun._core.browse import COUNT_CAP
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.progress import Poll, progress_of
 from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
+from jobrun._core.refusals import is_number
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of
 from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
@@ -85,9 +86,7 @@ def _previous(run: JobRun, given: str | None) -> Poll | None:
         counters = {
             str(name): value
             for name, value in dict(seen["counters"]).items()
-            if isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
+            if is_number(value) and math.isfinite(value)
         }
     except (ValueError, TypeError, KeyError):
         return None

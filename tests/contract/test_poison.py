@@ -27,6 +27,7 @@ import jobrun
 from jobrun._core.drive import drive_due_jobs
 from jobrun._core.options import DriveOptions
 from jobrun._core.records import RunKey, StepRow
+from jobrun._entry import SYSTEM_SOURCES
 from jobrun.testing import FakeClock
 from tests.support import drive, fixed_random, row_of, start_id
 
@@ -225,7 +226,11 @@ async def test_the_workers_drive_reports_an_exit_and_goes_on_with_other_runs(
     exits: list[tuple[RunKey, BaseException]] = []
     options = DriveOptions(clock=clock, random=fixed_random, open_scope=job.open_scope)
     report = await drive_due_jobs(
-        store, registry, options, on_user_exit=lambda run, error: exits.append((run, error))
+        store,
+        registry,
+        options,
+        SYSTEM_SOURCES,
+        on_user_exit=lambda run, error: exits.append((run, error)),
     )
     assert (report.attempted, report.retrying, report.completed) == (2, 1, 1), report
     assert [(run.id, type(error)) for run, error in exits] == [(poisoned, raised)]

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun._core import drive, holders
+from jobrun import _system
 
 MODULE, JOB = "recover", "walk"
 
@@ -36,10 +36,9 @@ def emit(event: str, **fields: Any) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     if args.foreign_host:
-        elsewhere = replace(holders.local_identity(), host="elsewhere", boot="another-machine")
+        elsewhere = replace(_system.local_identity(), host="elsewhere", boot="another-machine")
         # Both the claim (who we are) and the proof (who is here) see the other machine.
-        holders.local_identity = lambda: elsewhere  # type: ignore[assignment]
-        drive.local_identity = holders.local_identity  # type: ignore[attr-defined]
+        _system.local_identity = lambda: elsewhere  # type: ignore[assignment]
     engine = create_async_engine(args.url)
     store = jobrun.SqlJobRunStore(engine)
     registry = jobrun.JobRegistry()

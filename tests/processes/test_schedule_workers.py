@@ -24,6 +24,7 @@ import jobrun
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.records import RunRow
 from jobrun._core.retention import prune_by_retention
+from jobrun._entry import SYSTEM_SOURCES
 from jobrun.sql.schema import job_schedules
 from tests.processes import schedule_app
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows, spawn_worker
@@ -160,7 +161,11 @@ async def test_retention_deletes_only_what_it_should(store: Any, engine: AsyncEn
     }
     await put_rows(store, engine, [row for row, _ in rows.values()])
     deleted = await prune_by_retention(
-        store, schedule_app.registry, prune_after=timedelta(days=7), clock=lambda: NOW
+        store,
+        schedule_app.registry,
+        prune_after=timedelta(days=7),
+        clock=lambda: NOW,
+        sources=SYSTEM_SOURCES,
     )
     remaining = {run.id for run in await jobrun.job_runs(store, limit=500)}
     assert {name for name, (row, _) in rows.items() if row.id in remaining} == {
@@ -170,7 +175,13 @@ async def test_retention_deletes_only_what_it_should(store: Any, engine: AsyncEn
     # Without prune_after only keep_for applies.
     await put_rows(store, engine, [_finished(10, "every2s", "done", ago(days=400))])
     assert (
-        await prune_by_retention(store, schedule_app.registry, prune_after=None, clock=lambda: NOW)
+        await prune_by_retention(
+            store,
+            schedule_app.registry,
+            prune_after=None,
+            clock=lambda: NOW,
+            sources=SYSTEM_SOURCES,
+        )
         == 0
     )
 

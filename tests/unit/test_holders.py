@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from jobrun import _system
-from jobrun._core import holders
-from jobrun._core.holders import HolderIdentity, Liveness, liveness_on_this_host, parse_holder
+from jobrun._core.holders import HolderIdentity, Liveness, parse_holder
+from jobrun._system import liveness_on_this_host
 from tests.support import proc_identity, unused_pid
 
 
@@ -87,9 +87,9 @@ def test_a_process_without_a_proc_of_its_own_records_no_pid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc_identity()
-    monkeypatch.setattr(holders, "_local", None)
+    monkeypatch.setattr(_system, "_local", None)
     monkeypatch.setattr(_system, "own_start_ticks", lambda: None)
-    blind = holders.local_identity()
+    blind = _system.local_identity()
     assert (blind.pid, blind.start_ticks) == (None, None)
     assert blind.boot is not None, "the rest is still recorded, for operators"
     assert " pid=" not in blind.describe("w")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import subprocess
@@ -27,16 +28,10 @@ from jobrun._core.browse import RunQuery
 from jobrun._core.clock import as_clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import MalformedColumnError, decode_json
-from jobrun._core.holders import (
-    HolderIdentity,
-    Liveness,
-    liveness_on_this_host,
-    local_identity,
-    parse_holder,
-)
+from jobrun._core.holders import HolderIdentity, Liveness, parse_holder
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.observe import PassEnd, PassStart
-from jobrun._core.passes import MAX_ERROR_TEXT_BYTES, cap_error_text
+from jobrun._core.outcomes import MAX_ERROR_TEXT_BYTES, cap_error_text
 from jobrun._core.port import StoreLimits
 from jobrun._core.progress import Poll, progress_of, span
 from jobrun._core.records import (
@@ -49,7 +44,8 @@ from jobrun._core.records import (
 )
 from jobrun._core.retention import RETENTION_BATCH, check_prune_after, prune_by_retention
 from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
-from jobrun._system import SYSTEM_CLOCK
+from jobrun._entry import SYSTEM_SOURCES
+from jobrun._system import SYSTEM_CLOCK, THIS_HOST, liveness_on_this_host, local_identity
 from jobrun.errors import LeaseLostError
 from jobrun.sql.store import _prefix_successor
 from jobrun.testing import FakeClock, MemoryJobRunStore
@@ -195,6 +191,7 @@ class _HeldLeases:
     def __init__(self, leases: list[HeldLease]) -> None:
         self.leases = leases
         self.reads: list[tuple[str, Any]] = []
+        self.stranded_scans = stranded.StrandedScans()
 
     async def held_leases(self, now_at: str, jobs: Any) -> list[HeldLease]:
         self.reads.append((now_at, jobs))
@@ -211,26 +208,32 @@ def _dead_driver() -> str:
 
 def test_a_holder_is_dead_on_proof_only() -> None:
     grace = stranded.PRESENCE_GRACE_S
+    holder_is_dead = functools.partial(stranded.holder_is_dead, host=THIS_HOST)
     # A presence seen free proves death only once the grace period has passed.
-    assert not stranded.holder_is_dead(_held("r", "T", None, presence=False))
-    assert not stranded.holder_is_dead(_held("r", "T", None, presence=False), grace - 0.001)
-    assert stranded.holder_is_dead(_held("r", "T", None, presence=False), grace)
-    assert not stranded.holder_is_dead(_held("r", "T", None, presence=True), grace * 10)
-    assert not stranded.holder_is_dead(_held("r", "T", None, presence=None))
-    assert not stranded.holder_is_dead(_held("r", "T", "worker-1", presence=None))
-    assert not stranded.holder_is_dead(_held("r", "T", local_identity().describe("me")))
+    assert not holder_is_dead(_held("r", "T", None, presence=False))
+    assert not holder_is_dead(_held("r", "T", None, presence=False), grace - 0.001)
+    assert holder_is_dead(_held("r", "T", None, presence=False), grace)
+    assert not holder_is_dead(_held("r", "T", None, presence=True), grace * 10)
+    assert not holder_is_dead(_held("r", "T", None, presence=None))
+    assert not holder_is_dead(_held("r", "T", "worker-1", presence=None))
+    assert not holder_is_dead(_held("r", "T", local_identity().describe("me")))
     # A process gone from this host is dead at once, with or without a presence...
-    assert stranded.holder_is_dead(_held("r", "T", _dead_driver()))
-    assert stranded.holder_is_dead(_held("r", "T", _dead_driver(), presence=False))
+    assert holder_is_dead(_held("r", "T", _dead_driver()))
+    assert holder_is_dead(_held("r", "T", _dead_driver(), presence=False))
     # ...but a held presence is proof of life, whatever /proc suggests.
-    assert not stranded.holder_is_dead(_held("r", "T", _dead_driver(), presence=True))
+    assert not holder_is_dead(_held("r", "T", _dead_driver(), presence=True))
 
 
-async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _dead_owners_at(now: list[float]) -> Any:
+    """``stranded.dead_owners`` on this host, at the drive clock's time ``now[0]``."""
+    return lambda store, at, jobs: stranded.dead_owners(
+        store, at, jobs, now_s=now[0], host=THIS_HOST
+    )
+
+
+async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_runs() -> None:
     now = [1000.0]
-    monkeypatch.setattr(stranded._system, "monotonic_s", lambda: now[0])
+    dead_owners = _dead_owners_at(now)
     store = _HeldLeases(
         [
             _held("run-dead", "DEAD", _dead_driver()),
@@ -241,16 +244,16 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     jobs = frozenset({("m", "j")})
     at = "2026-01-01T00:00:01.000Z"
     # The free presence is a suspect, not yet dead: only the process gone from here is.
-    assert await stranded.dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
     assert stranded.suspects(store)  # type: ignore[arg-type]
     assert store.reads == [(at, jobs)]
     now[0] += stranded.SCAN_INTERVAL_S / 2
     # Within the interval: no read, the last scan stands.
-    assert await stranded.dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
     assert len(store.reads) == 1
     # Once the presence has been seen free for the grace period, it is dead too.
     now[0] += stranded.PRESENCE_GRACE_S
-    assert await stranded.dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
     assert not stranded.suspects(store)  # type: ignore[arg-type]
     assert len(store.reads) == 2
     store.leases = []
@@ -259,35 +262,33 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     stranded.claimed(store, jobs, "run-dead")  # type: ignore[arg-type]
     # A store never scanned: a claim there is nothing to forget.
     stranded.claimed(_HeldLeases([]), jobs, "run-dead")  # type: ignore[arg-type]
-    assert await stranded.dead_owners(store, at, jobs) == {"GONE"}  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == {"GONE"}  # type: ignore[arg-type]
     # Another set of jobs has its own scan.
-    assert await stranded.dead_owners(store, at, frozenset({("m", "x")})) == frozenset()  # type: ignore[arg-type]
+    assert await dead_owners(store, at, frozenset({("m", "x")})) == frozenset()  # type: ignore[arg-type]
     assert len(store.reads) == 3
     # Exactly one interval later: scanned again, and the tokens no longer held forgotten.
     now[0] += stranded.SCAN_INTERVAL_S
-    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     assert len(store.reads) == 4
 
 
-async def test_a_presence_seen_free_again_after_a_gap_restarts_its_grace(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_presence_seen_free_again_after_a_gap_restarts_its_grace() -> None:
     now = [50.0]
-    monkeypatch.setattr(stranded._system, "monotonic_s", lambda: now[0])
+    dead_owners = _dead_owners_at(now)
     store = _HeldLeases([_held("run", "T", None, presence=False)])
     jobs = frozenset({("m", "j")})
     at = "2026-01-01T00:00:01.000Z"
-    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     # The holder is seen held again (it was the claimer's view that lagged): forgotten.
     store.leases = [_held("run", "T", None, presence=True)]
     now[0] += stranded.SCAN_INTERVAL_S
-    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     store.leases = [_held("run", "T", None, presence=False)]
     now[0] += stranded.PRESENCE_GRACE_S - 0.5
     # Free for less than the grace since it was seen free again: not dead.
-    assert await stranded.dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     now[0] += stranded.PRESENCE_GRACE_S
-    assert await stranded.dead_owners(store, at, jobs) == {"T"}  # type: ignore[arg-type]
+    assert await dead_owners(store, at, jobs) == {"T"}  # type: ignore[arg-type]
 
 
 # --- formats: a refused JSON token is named in the error --------------------------------------
@@ -918,7 +919,7 @@ class _Offsetting:
 async def test_the_default_clock_follows_a_database_clock_a_second_or_more_away(
     offset_s: float,
 ) -> None:
-    clock = await aligned_clock(_Offsetting(offset_s), None)
+    clock = await aligned_clock(_Offsetting(offset_s), None, SYSTEM_CLOCK)
     ahead_s = (clock.now() - SYSTEM_CLOCK.now()).total_seconds()
     assert abs(ahead_s - offset_s) < 0.5
     await clock.sleep(0)  # waits are this host's, unchanged
@@ -929,14 +930,14 @@ async def test_the_default_clock_follows_a_database_clock_a_second_or_more_away(
 
 
 async def test_a_database_clock_under_a_second_away_is_taken_as_this_hosts() -> None:
-    assert await aligned_clock(_Offsetting(0.999), None) is SYSTEM_CLOCK
-    assert await aligned_clock(_Offsetting(-0.5), SYSTEM_CLOCK) is SYSTEM_CLOCK
+    assert await aligned_clock(_Offsetting(0.999), None, SYSTEM_CLOCK) is SYSTEM_CLOCK
+    assert await aligned_clock(_Offsetting(-0.5), SYSTEM_CLOCK, SYSTEM_CLOCK) is SYSTEM_CLOCK
 
 
 async def test_a_clock_passed_in_is_used_as_is_and_the_database_is_not_asked() -> None:
     fake = FakeClock()
-    assert await aligned_clock(cast(Any, None), fake) is fake
-    wall = aligned_clock(cast(Any, None), lambda: fake.now() + timedelta(hours=1))
+    assert await aligned_clock(cast(Any, None), fake, SYSTEM_CLOCK) is fake
+    wall = aligned_clock(cast(Any, None), lambda: fake.now() + timedelta(hours=1), SYSTEM_CLOCK)
     assert (await wall).now() == fake.now() + timedelta(hours=1)
 
 
@@ -1199,7 +1200,12 @@ async def test_retention_deletes_in_short_batches(given: dict[str, int], used: i
     registry.register("m", "kept", _done, keep_for=timedelta(days=1))
     store = _PruneRecorder()
     deleted = await prune_by_retention(
-        store, registry, prune_after=timedelta(days=7), clock=FakeClock(), **given
+        store,
+        registry,
+        prune_after=timedelta(days=7),
+        clock=FakeClock(),
+        sources=SYSTEM_SOURCES,
+        **given,
     )
     assert (deleted, store.batch_sizes) == (0, [used, used])
 
@@ -1285,7 +1291,10 @@ async def test_retention_counts_the_runs_of_every_job_it_pruned() -> None:
         await jobrun.start_job_run(store, module_id="m", job=job, instance="i", clock=clock)
     await jobrun.run_due_jobs(store, registry, clock=clock)
     later = clock.now() + timedelta(hours=2)
-    assert await prune_by_retention(store, registry, prune_after=None, clock=lambda: later) == 2
+    pruned = await prune_by_retention(
+        store, registry, prune_after=None, clock=lambda: later, sources=SYSTEM_SOURCES
+    )
+    assert pruned == 2
     assert await jobrun.job_runs(store) == []
 
 

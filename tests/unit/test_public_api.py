@@ -50,6 +50,7 @@ REQUIRED_NAMES = {
 
 EXPECTED_CODES = {
     "JobValidationError": "validation_failed",
+    "ArgumentTypeError": "validation_failed",
     "HandlerMistakeError": "handler_mistake",
     "JobConflictError": "conflict",
     "StepReusedError": "conflict",

@@ -1,0 +1,194 @@
+"""How a pass ends: the one write its holder sends last, and what the answer means.
+
+A pass ends in exactly one of these writes, each fenced on the pass's lease
+token (the rows they write are built in :mod:`jobrun._core.transitions`):
+
+* :func:`commit`: the handler's cursor and counters, and the ledger's drop;
+  with the lease handed on to this driver's next pass, or given up;
+* :func:`record_failure`: one attempt charged, retried after a backoff or
+  failed for good, the lease given up;
+* :func:`fail_run`: the run failed without a pass, for a reason the driver found;
+* :func:`hand_back`: the lease given up and nothing else (a pass interrupted,
+  a drive asked to stop between passes).
+
+A write that misses (another holder, an operator) makes the outcome
+``superseded``. A release the store fails is owed (see ``jobrun._core.owed``)
+and sent again before the driver's next claim on the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from jobrun._core.clock import Clock
+from jobrun._core.formats import format_instant
+from jobrun._core.lease import Lease
+from jobrun._core.port import JobRunStore
+from jobrun._core.records import RunPatch, RunRow
+from jobrun._core.results import KEEP_CURSOR, counters_text, cursor_text, interpret_result
+from jobrun._core.retry import RetryPolicy
+from jobrun._core.transitions import (
+    committed_patch,
+    failed_patch,
+    pass_failure_patch,
+    patched,
+    takeovers_exceeded_reason,
+    unleased,
+)
+from jobrun.errors import (
+    HandlerMistakeError,
+    StepFailedError,
+    StepReusedError,
+    describe_exception,
+    printable_text,
+)
+
+MAX_ERROR_TEXT_BYTES = 8 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PassOutcome:
+    status: Literal["advanced", "completed", "retrying", "failed", "superseded"]
+    error: str | None = None
+    # After an advancing commit that kept the lease: the row as now stored, so
+    # the next pass needs no read, and when the commit that wrote its lease was
+    # sent (the pass clock's monotonic seconds: where its self-fence starts).
+    row: RunRow | None = None
+    leased_at_s: float | None = None
+    # A KeyboardInterrupt or SystemExit user code raised, recorded as this
+    # failure: the driver raises it again unless told to go on.
+    raised: KeyboardInterrupt | SystemExit | None = None
+
+
+def cap_error_text(text: str) -> str:
+    """Cut a stored error text to 8 KiB of UTF-8, saying that it was cut.
+
+    A NUL (which Postgres text cannot hold) and a lone surrogate (which UTF-8
+    cannot encode) are shown escaped, so an exception message can never make
+    the failure record itself fail.
+    """
+    text = printable_text(text)
+    encoded = text.encode("utf-8")
+    if len(encoded) <= MAX_ERROR_TEXT_BYTES:
+        return text
+    kept = encoded[: MAX_ERROR_TEXT_BYTES - 64].decode("utf-8", errors="ignore")
+    return f"{kept} [... cut, {len(encoded) - len(kept.encode('utf-8'))} more bytes]"
+
+
+async def commit(
+    store: JobRunStore,
+    clock: Clock,
+    row: RunRow,
+    lease: Lease,
+    result: object,
+    counters: Mapping[str, int | float],
+    successor_token: Callable[[], str] | None,
+) -> PassOutcome:
+    """Commit what the handler returned: cursor, counters and the ledger's drop, one write.
+
+    With ``successor_token`` (a fresh token's source) a run that is not done
+    keeps its lease for this driver's next pass, under a new token.
+    """
+    next_cursor, done = interpret_result(result)
+    if next_cursor is KEEP_CURSOR:
+        cursor_json = row.cursor
+    else:
+        cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
+    counters_json = counters_text(counters, store.limits.max_counters_bytes)
+    at = format_instant(clock.now())
+    # The successor lease expires counted from ``at``: its self-fence starts here.
+    leased_at_s = clock.monotonic()
+    # A lease handed on gets a fresh token. Should this commit land unseen (its
+    # reply lost, or the pass interrupted while awaiting it), the failure record
+    # or hand-back this pass writes next, fenced on the old token, then misses
+    # and can never write the pre-commit state over the commit.
+    successor = None
+    if successor_token is not None and not done:
+        successor = replace(lease, token=successor_token())
+    patch = committed_patch(row, cursor_json, counters_json, done, at, lease, successor)
+    committed = patched(row, patch)
+    try:
+        applied = await store.commit_pass(row.id, patch, lease.token)
+    except BaseException:
+        if successor is not None:
+            # If the commit landed after all, give back the lease it handed on.
+            await hand_back(store, committed, successor)
+        raise
+    if not applied:
+        return PassOutcome("superseded")
+    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
+
+
+async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
+    """Give a held lease back (fenced), shielded from a cancellation in progress.
+
+    Never raises for a store failure: the hand-back is then owed (see
+    ``jobrun._core.owed``) and sent again before the next claim on the store.
+    """
+    patch = unleased(row)
+    try:
+        await asyncio.shield(store.patch(row.id, patch, lease.token))
+    except Exception:
+        store.owed_releases.owe(row.id, patch, lease.token)
+
+
+async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:
+    """A fenced write that ends the lease; owed (then raised) when the store fails it."""
+    try:
+        return await store.patch(run_id, patch, lease.token)
+    except Exception:
+        store.owed_releases.owe(run_id, patch, lease.token)
+        raise
+
+
+async def fail_run(
+    store: JobRunStore, row: RunRow, reason: str, lease: Lease, clock: Clock
+) -> PassOutcome:
+    """End a held run as ``failed`` without a pass, for a reason the driver found."""
+    patch = failed_patch(row, reason, format_instant(clock.now()))
+    if not await _release_write(store, row.id, patch, lease):
+        return PassOutcome("superseded")
+    return PassOutcome("failed", reason)
+
+
+async def fail_for_takeovers(
+    store: JobRunStore, row: RunRow, max_takeovers: int, lease: Lease, clock: Clock
+) -> PassOutcome:
+    """End a run whose passes keep outliving their leases (taken over too often)."""
+    reason = takeovers_exceeded_reason(row.lease_takeovers, max_takeovers)
+    return await fail_run(store, row, reason, lease, clock)
+
+
+def fails_at_once(error: Exception) -> bool:
+    """A mistake in handler code: it would fail the same way on every retry."""
+    return isinstance(error, HandlerMistakeError | StepReusedError)
+
+
+async def record_failure(
+    store: JobRunStore,
+    clock: Clock,
+    random: Callable[[], float],
+    row: RunRow,
+    lease: Lease,
+    job_policy: RetryPolicy,
+    error: Exception,
+) -> PassOutcome:
+    """Record a failed pass: retried after its policy's backoff, or failed for good."""
+    attempts = row.attempts + 1
+    # A step failure is judged by the step's own attempts and policy; anything
+    # else by the run's consecutive failures and the job's policy.
+    if isinstance(error, StepFailedError):
+        policy, against = error.policy, error.attempts
+    else:
+        policy, against = job_policy, attempts
+    exhausted = fails_at_once(error) or against >= policy.max_attempts
+    text = cap_error_text(describe_exception(error))
+    at = format_instant(clock.now())
+    next_attempt_at = None if exhausted else policy.next_attempt_at(against, at, random)
+    patch = pass_failure_patch(row, text, at, next_attempt_at)
+    if not await _release_write(store, row.id, patch, lease):
+        return PassOutcome("superseded", text)
+    return PassOutcome("failed" if exhausted else "retrying", text)
