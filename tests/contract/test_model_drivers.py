@@ -278,9 +278,15 @@ class DriversMachine(RuleBasedStateMachine):
         assert driver.token is not None
         held = await self._holds(driver)
         before = await self._state(driver.run_id)
-        extended = await self.store.extend_lease(driver.run_id, driver.token, expires_at)
-        if extended != held:
-            self.problems.append(f"renewal by {driver.name} answered {extended}, held {held}")
+        now_at = format_instant(self.clock())
+        row = before[0]
+        # An expired lease is never renewed back to life.
+        unexpired = row is not None and (row.next_attempt_at or row.started_at) > now_at
+        extended = await self.store.extend_lease(driver.run_id, driver.token, expires_at, now_at)
+        if extended != (held and unexpired):
+            self.problems.append(
+                f"renewal by {driver.name} answered {extended}, held {held}, unexpired {unexpired}"
+            )
         if not held and await self._state(driver.run_id) != before:
             self.problems.append(f"a refused renewal by {driver.name} changed the run")
 
