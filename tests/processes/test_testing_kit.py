@@ -65,9 +65,9 @@ async def test_autojump_runs_a_15_minute_lease_through_an_hour_long_step() -> No
     expiries: list[str | None] = []
     real_extend = store.extend_lease
 
-    async def extend(run_id: str, token: str, expires_at: str) -> bool:
+    async def extend(run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         expiries.append(expires_at)
-        return await real_extend(run_id, token, expires_at)
+        return await real_extend(run_id, token, expires_at, now_at)
 
     store.extend_lease = extend  # type: ignore[method-assign]
     registry = jobrun.JobRegistry()
