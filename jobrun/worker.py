@@ -31,7 +31,7 @@ import functools
 import json
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -204,67 +204,87 @@ class _Worker:
             async with self.clock.timeout(seconds):
                 await self.stop.wait()
 
+    async def _repeat(
+        self,
+        round_: Callable[[], Awaitable[float | None]],
+        failed: Callable[[Exception], float],
+    ) -> None:
+        """Run ``round_`` until the worker stops, sleeping after each round (on the
+        worker's clock; a stop ends the sleep) the seconds it returned (``None``: no
+        sleep). A round that raises is logged by ``failed``, which says how long to
+        sleep before the next."""
+        while not self.stop.is_set():
+            try:
+                wait_s = await round_()
+            except Exception as error:
+                wait_s = failed(error)
+            if wait_s is not None:
+                await self._sleep(wait_s)
+
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
         driver = f"{self.driver_name}/{number}" if self.concurrency > 1 else self.driver_name
         # Made once per driver: its name, the observer that wakes its siblings, the clock.
         options = replace(self.options, driver_name=driver, observer=observer, clock=self.clock)
-        while not self.stop.is_set():
-            database.pending = False
-            try:
-                async with self.slots:
-                    if self.stop.is_set():
-                        return
-                    report = await drive_due_jobs(
-                        database.store,
-                        self.registry,
-                        options,
-                        SYSTEM_SOURCES,
-                        stop=self.stop,
-                        on_user_exit=functools.partial(_log_user_exit, database),
-                    )
-            except asyncio.CancelledError as error:
-                task = asyncio.current_task()
-                if task is None or task.cancelling() > 0:
-                    raise
-                # Nobody cancelled this driver: left to go on, it would end without a
-                # word (a task group ignores a child's CancelledError), and drive nothing.
-                await self._after_failure(database, error)
-                continue
-            except Exception as error:
-                await self._after_failure(database, error)
-                continue
-            except BaseException as error:
-                if isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit):
-                    raise
-                # A BaseException class of the job's own stopped its pass (the lease
-                # was handed back): logged like a failed drive, and the worker goes on.
-                await self._after_failure(database, error)
-                continue
-            database.failing_since = None
-            if report.attempted:
-                database.delay_s = FIRST_IDLE_DELAY_S
-                continue
-            if self.stop.is_set():
-                # Stopped while driving: the stopper's wake-up may have come and gone
-                # already, so waiting now could wait forever.
-                return
-            if database.polling:
-                # Another driver polls this database: wait until something wakes us.
-                await database.idle(None)
-                continue
-            database.polling = True
-            try:
-                delay = database.delay_s
-                database.delay_s = min(self.interval_s, delay * 2)
-                if stranded.leases_held(database.store):
-                    # Another holder may die: look often enough to take over in time.
-                    delay = min(delay, stranded.SCAN_INTERVAL_S)
-                await database.idle(delay)
-            finally:
-                database.polling = False
+        await self._repeat(
+            functools.partial(self._drive_round, database, options),
+            functools.partial(self._drive_failed, database),
+        )
 
-    async def _after_failure(self, database: _Database, error: BaseException) -> None:
-        """Log a failed drive and wait a moment before the next.
+    async def _drive_round(self, database: _Database, options: DriveOptions) -> float | None:
+        """One drive of the due runs, then, if it found none, a wait for more."""
+        database.pending = False
+        try:
+            async with self.slots:
+                if self.stop.is_set():
+                    return None
+                report = await drive_due_jobs(
+                    database.store,
+                    self.registry,
+                    options,
+                    SYSTEM_SOURCES,
+                    stop=self.stop,
+                    on_user_exit=functools.partial(_log_user_exit, database),
+                )
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is None or task.cancelling() > 0:
+                raise
+            # Nobody cancelled this driver: left to go on, it would end without a
+            # word (a task group ignores a child's CancelledError), and drive nothing.
+            return self._drive_failed(database, error)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as error:
+            # A BaseException class of the job's own stopped its pass (the lease was
+            # handed back): logged like a failed drive, and the worker goes on.
+            return self._drive_failed(database, error)
+        database.failing_since = None
+        if report.attempted:
+            database.delay_s = FIRST_IDLE_DELAY_S
+        elif not self.stop.is_set():
+            # (Stopped while driving: the stopper's wake-up may have come and gone
+            # already, so waiting now could wait forever.)
+            await self._wait_for_work(database)
+        return None
+
+    async def _wait_for_work(self, database: _Database) -> None:
+        if database.polling:
+            # Another driver polls this database: wait until something wakes us.
+            await database.idle(None)
+            return
+        database.polling = True
+        try:
+            delay = database.delay_s
+            database.delay_s = min(self.interval_s, delay * 2)
+            if stranded.leases_held(database.store):
+                # Another holder may die: look often enough to take over in time.
+                delay = min(delay, stranded.SCAN_INTERVAL_S)
+            await database.idle(delay)
+        finally:
+            database.polling = False
+
+    def _drive_failed(self, database: _Database, error: BaseException) -> float:
+        """Log a failed drive; the seconds to wait before the next.
 
         The next try comes soon (the store may answer again any moment, and the
         runs whose release it failed wait for it: see ``jobrun._core.owed``); the
@@ -288,88 +308,62 @@ class _Worker:
             exc_info=True,
             extra={"database": database.label},
         )
-        await self._sleep(retry_s)
+        return retry_s
 
     async def _health(self, database: _Database, record: HealthCallback) -> None:
-        while not self.stop.is_set():
-            try:
-                record(database.label, await job_run_health(database.store))
-            except Exception as error:
-                log.warning(
-                    "reading the health of %s failed: %s",
-                    database.label,
-                    error,
-                    extra={"database": database.label},
-                )
-            await self._sleep(self.interval_s)
+        async def read() -> float:
+            record(database.label, await job_run_health(database.store))
+            return self.interval_s
+
+        failed = _warning(database, "reading the health of %s failed: %s", self.interval_s)
+        await self._repeat(read, failed)
 
     async def _watch_unregistered(self, database: _Database) -> None:
         """Warn, once per job per check, about due runs no driver here can take."""
-        while not self.stop.is_set():
-            try:
-                due = await database.store.due_by_job(format_instant(self.clock.now()))
-            except Exception as error:
-                log.debug("reading due runs per job on %s failed: %s", database.label, error)
-                due = {}
+        wait_s = max(self.interval_s, UNREGISTERED_CHECK_S)
+
+        async def look() -> float:
+            due = await database.store.due_by_job(format_instant(self.clock.now()))
             for (module_id, job), count in sorted(due.items()):
-                if (module_id, job) in self.registry:
-                    continue
-                log.warning(
-                    "%d due run(s) of job %r of module %r on %s wait for a driver: this "
-                    "worker does not register that job (register it, or cancel the runs)",
-                    count,
-                    job,
-                    module_id,
-                    database.label,
-                    extra={"database": database.label, "module_id": module_id, "job": job},
-                )
-            await self._sleep(max(self.interval_s, UNREGISTERED_CHECK_S))
+                if (module_id, job) not in self.registry:
+                    _warn_unregistered(database, module_id, job, count)
+            return wait_s
+
+        def failed(error: Exception) -> float:
+            log.debug("reading due runs per job on %s failed: %s", database.label, error)
+            return wait_s
+
+        await self._repeat(look, failed)
 
     async def _schedule(self, database: _Database) -> None:
         """Start each due slot's run, then sleep until the next slot."""
         schedules = self.registry.schedules()
-        while not self.stop.is_set():
-            try:
-                if await start_scheduled_runs(database.store, self.registry, clock=self.clock):
-                    database.wake_all()
-            except Exception as error:
-                log.warning(
-                    "starting the scheduled runs of %s failed: %s; trying again in %.1f s",
-                    database.label,
-                    error,
-                    self.interval_s,
-                    extra={"database": database.label},
-                )
-                await self._sleep(self.interval_s)
-                continue
+
+        async def start() -> float:
+            if await start_scheduled_runs(database.store, self.registry, clock=self.clock):
+                database.wake_all()
             now = self.clock.now()
             upcoming = min(schedule.next_slot(now) for schedule in schedules)
-            await self._sleep(min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds()))
+            return min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds())
+
+        message = "starting the scheduled runs of %s failed: %s; trying again in %.1f s"
+        await self._repeat(start, _warning(database, message, self.interval_s, self.interval_s))
 
     async def _prune(self, database: _Database) -> None:
-        while not self.stop.is_set():
-            try:
-                deleted = await prune_by_retention(
-                    database.store,
-                    self.registry,
-                    prune_after=self.prune_after,
-                    sources=SYSTEM_SOURCES,
-                )
-                if deleted:
-                    log.info(
-                        "pruned %d finished runs of %s",
-                        deleted,
-                        database.label,
-                        extra={"database": database.label, "deleted": deleted},
-                    )
-            except Exception as error:
-                log.warning(
-                    "pruning %s failed: %s",
+        async def prune() -> float:
+            deleted = await prune_by_retention(
+                database.store, self.registry, prune_after=self.prune_after, sources=SYSTEM_SOURCES
+            )
+            if deleted:
+                log.info(
+                    "pruned %d finished runs of %s",
+                    deleted,
                     database.label,
-                    error,
-                    extra={"database": database.label},
+                    extra={"database": database.label, "deleted": deleted},
                 )
-            await self._sleep(PRUNE_INTERVAL_S)
+            return PRUNE_INTERVAL_S
+
+        await self._repeat(prune, _warning(database, "pruning %s failed: %s", PRUNE_INTERVAL_S))
 
     def _wanted(self, payload: str) -> bool:
         try:
@@ -380,18 +374,13 @@ class _Worker:
 
     async def _listen(self, database: _Database) -> None:
         """LISTEN for new runs on a connection of its own; reconnect when it is lost."""
-        while not self.stop.is_set():
-            try:
-                await self._listen_once(database)
-            except Exception as error:
-                log.warning(
-                    "listening on %s failed: %s; polling every %.1f s meanwhile",
-                    database.label,
-                    error,
-                    self.interval_s,
-                    extra={"database": database.label},
-                )
-            await self._sleep(self.interval_s)
+
+        async def listen() -> float:
+            await self._listen_once(database)
+            return self.interval_s
+
+        message = "listening on %s failed: %s; polling every %.1f s meanwhile"
+        await self._repeat(listen, _warning(database, message, self.interval_s, self.interval_s))
 
     async def _listen_once(self, database: _Database) -> None:
         """Listen until the worker stops (returns) or the connection is lost (returns too)."""
@@ -430,6 +419,31 @@ class _Worker:
             await store.on_presence_connection(
                 lambda raw: raw.remove_listener(database.channel, notified)
             )
+
+
+def _warning(
+    database: _Database, message: str, wait_s: float, *more: object
+) -> Callable[[Exception], float]:
+    """A loop's failure: logged as a warning (``message`` of the database, the error and
+    ``more``), then ``wait_s`` before the next round."""
+
+    def failed(error: Exception) -> float:
+        log.warning(message, database.label, error, *more, extra={"database": database.label})
+        return wait_s
+
+    return failed
+
+
+def _warn_unregistered(database: _Database, module_id: str, job: str, count: int) -> None:
+    log.warning(
+        "%d due run(s) of job %r of module %r on %s wait for a driver: this "
+        "worker does not register that job (register it, or cancel the runs)",
+        count,
+        job,
+        module_id,
+        database.label,
+        extra={"database": database.label, "module_id": module_id, "job": job},
+    )
 
 
 def _log_user_exit(

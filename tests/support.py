@@ -34,6 +34,7 @@ import jobrun
 import jobrun.worker as worker_module
 from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.holders import HolderIdentity
+from jobrun._core.observe import PassEnd, PassStart
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun._system import local_identity
 from jobrun.sql.migrate import current_revision
@@ -214,6 +215,13 @@ def proc_identity() -> HolderIdentity:
     return here
 
 
+def dead_driver() -> str:
+    """A ``lease_driver`` text whose holder is provably dead on this host."""
+    return dataclasses.replace(proc_identity(), host="x", pid=unused_pid(), start_ticks=1).describe(
+        "dead"
+    )
+
+
 async def revision_of(engine: AsyncEngine) -> str | None:
     """The database's current migration revision (None before the first)."""
     async with engine.connect() as connection:
@@ -339,6 +347,32 @@ async def claim_as(
         ClaimRequest(now_at, token, driver, {job: add_milliseconds(now_at, lease_ms)})
     )
     return None if claimed is None else claimed.row
+
+
+async def done_at_once(p: jobrun.JobPass) -> jobrun.PassResult:
+    """A handler whose run is done after one pass."""
+    return jobrun.PassResult(done=True)
+
+
+class PassEnds:
+    """An observer that keeps every pass's start and end."""
+
+    def __init__(self) -> None:
+        self.starts: list[PassStart] = []
+        self.ends: list[PassEnd] = []
+
+    def pass_started(self, start: PassStart) -> PassEnds:
+        self.starts.append(start)
+        return self
+
+    def step_started(self, name: str) -> None:
+        return None
+
+    def step_ended(self, end: object) -> None:
+        return None
+
+    def pass_ended(self, end: PassEnd) -> None:
+        self.ends.append(end)
 
 
 class Child:

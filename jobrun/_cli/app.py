@@ -56,7 +56,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Start a run of MODULE/JOB, or join the live run of the same key.",
     ),
     "ui": (
-        "jobrun._cli.console",
+        "jobrun._cli.ui_command",
         "Serve the operator console: runs, one run live, health; act on runs.",
     ),
     "watch": (
@@ -64,7 +64,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Follow a run live until it ends; exit 0 when it is done, 1 when it failed.",
     ),
     "worker": (
-        "jobrun._cli.worker",
+        "jobrun._cli.worker_command",
         "Drive the due runs of the given databases until SIGTERM or SIGINT.",
     ),
 }

@@ -17,7 +17,6 @@ from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.params import Duration, JsonValue
 from jobrun._cli.render import (
-    console,
     dumps,
     health_json,
     health_table,
@@ -25,6 +24,7 @@ from jobrun._cli.render import (
     run_view,
     runs_table,
     step_json,
+    terminal,
 )
 from jobrun._cli.render import now as utc_now
 from jobrun._core.actions import release_job_lease
@@ -97,7 +97,7 @@ def runs(
     elif not found:
         click.echo("no runs match")
     else:
-        out = console()
+        out = terminal()
         out.print(runs_table(found, utc_now(), out.width))
 
 
@@ -125,7 +125,7 @@ def show(url: str, run_id: str, as_json: bool) -> None:
         ledger = [step_json(row) for row in steps.values()]
         click.echo(dumps({"run": run_json(run), "steps": ledger}))
     else:
-        console().print(run_view(run, steps, utc_now()))
+        terminal().print(run_view(run, steps, utc_now()))
 
 
 @cli.command("watch")
@@ -149,7 +149,7 @@ def watch(url: str, run_id: str, interval: float) -> None:
     """
     from jobrun._cli.watching import watch as watch_run  # rich's live display: watch only
 
-    out = console()
+    out = terminal()
     final = run_on_store(url, lambda store: watch_run(store, run_id, interval, out))
     if final.status == "done":
         out.print(f"run {final.id} is done")
@@ -335,11 +335,11 @@ def health(url: str, app: str | None, as_json: bool) -> None:
     """
     registered = None
     if app is not None:
-        from jobrun._cli.worker import load_registry
+        from jobrun._cli.worker_command import load_registry
 
         registered = {(job.module_id, job.name) for job in load_registry(app)}
     counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
     if as_json:
         click.echo(dumps(health_json(counts, registered)))
     else:
-        console().print(health_table(counts, registered))
+        terminal().print(health_table(counts, registered))

@@ -25,8 +25,8 @@ STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red"}
 PIPE_WIDTH = 200
 
 
-def console(stderr: bool = False) -> Console:
-    """A console for this command's output.
+def terminal(stderr: bool = False) -> Console:
+    """Where this command's text goes: a rich ``Console`` on stdout (or stderr).
 
     Written to a pipe or file, rich would wrap at 80 columns; a wide table reads
     better unwrapped there, so it gets 200 columns unless ``COLUMNS`` says otherwise.

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
-from jobrun._cli.render import console, dumps, instant, now, status_text
-from jobrun._cli.worker import load_registry
+from jobrun._cli.render import dumps, instant, now, status_text, terminal
+from jobrun._cli.worker_command import load_registry
 from jobrun._core.formats import parse_instant
 from jobrun._core.records import ScheduleRow
 from jobrun._core.registry import JobRegistry
@@ -92,4 +92,4 @@ def schedules(url: str, app: str, as_json: bool) -> None:
     elif not states:
         click.echo(f"{app} has no schedules")
     else:
-        console().print(_table(states))
+        terminal().print(_table(states))

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import open_engine, run_action, schema_option, sqlite_file
-from jobrun._cli.databases import chosen_urls, many_urls_options, report, run_on_each
+from jobrun._cli.many_databases import chosen_urls, many_urls_options, report, run_on_each
 from jobrun._cli.schema_check import SchemaState, check, revisions
 from jobrun.sql.migrate import alembic_ini, upgrade
 from jobrun.sql.provisioning import revision_of

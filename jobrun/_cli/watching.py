@@ -114,21 +114,21 @@ async def _read(store: OperatorStore, run_id: str) -> JobRun:
     return run
 
 
-async def watch(store: OperatorStore, run_id: str, interval_s: float, console: Console) -> JobRun:
+async def watch(store: OperatorStore, run_id: str, interval_s: float, terminal: Console) -> JobRun:
     """Poll until the run is no longer running; return its final record."""
     poll = Poll(await _read(store, run_id), time.monotonic())
-    plain = not console.is_terminal
+    plain = not terminal.is_terminal
     seen = _signature(poll.run)
     if plain:
-        console.print(line(poll), soft_wrap=True)
-    with Live(view(poll), console=console, auto_refresh=False, transient=False) as live:
+        terminal.print(line(poll), soft_wrap=True)
+    with Live(view(poll), console=terminal, auto_refresh=False, transient=False) as live:
         while poll.run.status == "running":
             await asyncio.sleep(interval_s)
             poll = poll.follow(await _read(store, run_id), time.monotonic())
             live.update(view(poll), refresh=True)
             if plain and _signature(poll.run) != seen:
                 seen = _signature(poll.run)
-                console.print(line(poll), soft_wrap=True)
+                terminal.print(line(poll), soft_wrap=True)
     if plain:
-        console.line()  # off a terminal, Live leaves its final view without a newline
+        terminal.line()  # off a terminal, Live leaves its final view without a newline
     return poll.run

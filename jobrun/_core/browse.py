@@ -7,8 +7,9 @@ of millions of finished runs is never counted in full.
 A run is *stranded* when it is running and still leased, but its lease expired
 (``next_attempt_at``, which holds the expiry while leased, has passed): its
 holder stopped renewing. :func:`is_stranded` is the one definition; the SQL
-store mirrors it in ``SqlJobRunStore._stranded``. When drivers record a
-provable holder identity, "holder provably dead" joins it there and here.
+store's statements mirror it (``jobrun.sql.statements``). Stranded goes by the
+lease alone: whether a holder is provably dead (``jobrun._core.holders``) is
+the claim's question, which takes such a run over before its lease expires.
 """
 
 from __future__ import annotations

@@ -104,16 +104,14 @@ class Compiler:
         self._dialect = dialect
         self._schema_translate_map = dict(schema_translate_map or {})
 
-    def __call__(self, statement: ClauseElement, *, with_values: bool = False) -> Prepared:
-        """Compile ``statement``; ``with_values`` for the operator's one-off statements,
-        whose IN lists of values are rendered into this compilation."""
+    def __call__(self, statement: ClauseElement) -> Prepared:
+        """Compile ``statement``, whose values are all bound parameters."""
         compiled: Any = statement.compile(
             dialect=self._dialect,
             schema_translate_map=self._schema_translate_map or None,
             render_schema_translate=bool(self._schema_translate_map),
-            compile_kwargs={"render_postcompile": True} if with_values else {},
         )
-        if compiled.post_compile_params and not with_values:
+        if compiled.post_compile_params:
             # An IN list of values would be rendered per call: spell its parameters out.
             raise TypeError(f"jobrun statements are compiled once: {compiled.string}")
         if compiled._bind_processors:

@@ -88,7 +88,7 @@ Index(
     postgresql_where=LEASED_ONLY,
 )
 
-# The console's runs page (issue 14), newest first under any filter, with a million
+# The console's runs page, newest first under any filter, with a million
 # finished runs kept: each index ends in id, so a page reads one id-ordered range
 # and stops at its limit, "started since" is an id range (RunQuery), and a count
 # per status seeks instead of scanning. Within one job, by status; across jobs, by

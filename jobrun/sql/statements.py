@@ -1,10 +1,14 @@
 """Every statement the SQL store sends, as SQLAlchemy Core, compiled once per store.
 
 Values are bound parameters, never part of the statement, so each statement is
-compiled once (``Compiler``) and only its parameter list is built per call.
-Statements whose shape depends on the call (how many jobs a claim asks for, which
-filters a listing uses, how many ids a prune batch deletes) are compiled once per
-shape and kept (``Shapes``).
+compiled once (``Compiler``) and only its parameter list is built per call; the
+store picks a statement, binds its values by the names given here, and maps the
+rows. The statements of the pass and the claim's write are compiled with the
+store (``Statements``). Statements whose shape depends on the call (how many jobs
+a claim asks for, which filters a listing or a console page uses, how many ids a
+prune batch deletes), and those only some stores send (schedules, the console's
+reads, the Postgres clock), are compiled once per shape on first use and kept
+(``Shapes``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    String,
     Text,
     and_,
     bindparam,
@@ -20,10 +25,12 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    not_,
     null,
     or_,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.sql.expression import ClauseElement
@@ -32,7 +39,14 @@ from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun._core.transitions import CLAIM_FIELDS
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
-from jobrun.sql.schema import DUE_AT, LEASED_ONLY, LIVE_ONLY, job_runs, job_steps
+from jobrun.sql.schema import (
+    DUE_AT,
+    LEASED_ONLY,
+    LIVE_ONLY,
+    job_runs,
+    job_schedules,
+    job_steps,
+)
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
@@ -185,12 +199,14 @@ class Shapes:
 
     def __init__(self, compile_: Compiler) -> None:
         self._compile = compile_
-        self._known: dict[Hashable, Prepared] = {}
+        self._known: dict[tuple[Hashable, ...], Prepared] = {}
 
-    def get(self, shape: Hashable, build: Callable[[], ClauseElement]) -> Prepared:
-        found = self._known.get(shape)
+    def of(self, build: Callable[..., ClauseElement], *shape: Hashable) -> Prepared:
+        """``build(*shape)``, compiled the first time this shape is asked for."""
+        key = (build, *shape)
+        found = self._known.get(key)
         if found is None:
-            found = self._known[shape] = self._compile(build())
+            found = self._known[key] = self._compile(build(*shape))
         return found
 
 
@@ -369,3 +385,220 @@ def prune_ledgers(ids: int) -> Any:
     """One prune batch's ledgers: the runs ``id_{i}`` just deleted."""
     id_params: list[Any] = [bindparam(f"id_{i}") for i in range(ids)]
     return delete(job_steps).where(job_steps.c.run_id.in_(id_params))
+
+
+def _any_job(prefix: str, jobs: int) -> Any:
+    """``(module_id, job)`` is one of ``jobs`` pairs (``{prefix}module_{i}``,
+    ``{prefix}job_{i}``), spelled without a tuple IN (whose values the drivers would
+    need SQLAlchemy to unpack)."""
+    runs = job_runs.c
+    return or_(
+        *(
+            and_(
+                runs.module_id == bindparam(f"{prefix}module_{i}"),
+                runs.job == bindparam(f"{prefix}job_{i}"),
+            )
+            for i in range(jobs)
+        )
+    )
+
+
+def prune_runs(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
+    """One prune batch: delete at most ``batch_size`` runs in id order whose status is
+    one of ``statuses`` (``pruned_status_{i}``, never ``running``) and that ended before
+    ``ended_before``; of ``only_jobs`` pairs (``only_module_{i}``, ``only_job_{i}``;
+    ``None``: any job) and none of ``except_jobs`` (``except_*_{i}``). Each run is
+    checked again as it is deleted (a run resumed since the batch was chosen stays);
+    returns the ids deleted."""
+    runs = job_runs.c
+    doomed = (
+        select(runs.id)
+        .where(
+            runs.status.in_(
+                [bindparam(f"pruned_status_{i}", type_=runs.status.type) for i in range(statuses)]
+            ),
+            runs.status != RUNNING,
+            runs.ended_at < bindparam("ended_before"),
+        )
+        .order_by(runs.id)
+        .limit(bindparam("batch_size", type_=runs.attempts.type))
+    )
+    if only_jobs is not None:
+        doomed = doomed.where(_any_job("only_", only_jobs))
+    if except_jobs:
+        doomed = doomed.where(not_(_any_job("except_", except_jobs)))
+    return delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
+
+
+def clock_statement() -> Any:
+    """Postgres: the database's clock, read as the statement runs."""
+    return select(func.clock_timestamp())
+
+
+# -- schedules (jobrun._core.port.ScheduleStore) ---------------------------------------------
+
+SCHEDULE_COLUMNS = tuple(column.name for column in job_schedules.c)
+
+
+def schedule_rows_statement() -> Any:
+    """Every schedule's row, in key order."""
+    return select(job_schedules).order_by(*job_schedules.primary_key.columns)
+
+
+def add_schedule_statement(is_postgres: bool) -> Any:
+    """Insert the schedule row ``row_*`` unless its key has one already."""
+    return (
+        dialect_insert(is_postgres, job_schedules)
+        .values({name: bindparam(f"row_{name}") for name in SCHEDULE_COLUMNS})
+        .on_conflict_do_nothing(index_elements=list(job_schedules.primary_key.columns))
+    )
+
+
+def _slot_key() -> Any:
+    slots = job_schedules.c
+    return and_(
+        slots.module_id == bindparam("slot_module_id"),
+        slots.job == bindparam("slot_job"),
+        slots.schedule == bindparam("slot_schedule"),
+    )
+
+
+def take_slot_statement() -> Any:
+    """The conditional write that picks the one caller who starts a slot: the schedule
+    ``slot_*`` moves to ``new_last_slot_at`` (with ``new_last_run_id``,
+    ``new_updated_at``) only from an earlier slot. On Postgres a second caller waits
+    on the row, then finds the slot taken."""
+    slots = job_schedules.c
+    return (
+        update(job_schedules)
+        .where(_slot_key(), slots.last_slot_at < bindparam("new_last_slot_at"))
+        .values(
+            last_slot_at=bindparam("new_last_slot_at"),
+            last_run_id=bindparam("new_last_run_id"),
+            updated_at=bindparam("new_updated_at"),
+        )
+        .returning(slots.module_id)
+    )
+
+
+def point_slot_statement() -> Any:
+    """Point the schedule ``slot_*`` at the live run ``new_last_run_id`` it joined."""
+    return update(job_schedules).where(_slot_key()).values(last_run_id=bindparam("new_last_run_id"))
+
+
+# -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------
+
+
+def _stranded(now_at: Any) -> Any:
+    """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
+    runs = job_runs.c
+    return and_(
+        runs.status == RUNNING, runs.lease_owner.is_not(None), runs.next_attempt_at < now_at
+    )
+
+
+def _instance_prefixed(names: tuple[str, ...]) -> list[Any]:
+    """The instance starts with ``query_prefix`` (``query_prefix_length`` characters);
+    on SQLite also within ``query_prefix_lower`` and ``query_prefix_upper`` (if given),
+    the range that lets the key index seek within a job. SQLite compares text
+    bytewise; a Postgres database need not, and a range is a superset of the prefix
+    only under a bytewise collation."""
+    instance = job_runs.c.instance
+    # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
+    length = bindparam("query_prefix_length", type_=job_runs.c.attempts.type)
+    bounds = [func.substr(instance, 1, length) == bindparam("query_prefix", type_=String())]
+    if "query_prefix_lower" in names:
+        bounds.append(instance >= bindparam("query_prefix_lower"))
+    if "query_prefix_upper" in names:
+        bounds.append(instance < bindparam("query_prefix_upper"))
+    return bounds
+
+
+def _selected(names: tuple[str, ...]) -> list[Any]:
+    """The conditions of a console query (``jobrun._core.browse.RunQuery``) that has the
+    values ``names``: ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
+    ``query_status_{i}``, ``query_started_since_at`` with ``query_first_id``,
+    ``query_stranded_at``, ``query_before_id``."""
+    runs = job_runs.c
+    conditions = [
+        runs[name] == bindparam(f"query_{name}")
+        for name in ("module_id", "job")
+        if f"query_{name}" in names
+    ]
+    if "query_prefix" in names:
+        conditions.extend(_instance_prefixed(names))
+    statuses: list[Any] = [
+        bindparam(name, type_=runs.status.type)
+        for name in names
+        if name.startswith("query_status_")
+    ]
+    if statuses:
+        conditions.append(runs.status.in_(statuses))
+    if "query_started_since_at" in names:
+        # The id bound is the index-friendly half (see RunQuery): a range on every
+        # index that ends in id, so the pages and counts seek.
+        conditions.append(runs.started_at >= bindparam("query_started_since_at"))
+        conditions.append(runs.id >= bindparam("query_first_id"))
+    if "query_stranded_at" in names:
+        conditions.append(_stranded(bindparam("query_stranded_at")))
+    if "query_before_id" in names:
+        conditions.append(runs.id < bindparam("query_before_id"))
+    return conditions
+
+
+def find_statement(names: tuple[str, ...], arms: int) -> Any:
+    """A console page: runs the query of values ``names`` selects, newest first, ``limit`` at most.
+    With ``arms`` statuses (``arm_{i}``, more than one), each status reads its own
+    id-ordered range of (module_id, job, status, id) or (status, id), stopped by the
+    limit, and the few rows are merged."""
+    runs = job_runs.c
+    conditions = _selected(names)
+    limit = bindparam("limit", type_=runs.attempts.type)
+    if arms < 2:
+        return select(job_runs).where(and_(True, *conditions)).order_by(runs.id.desc()).limit(limit)
+    pieces = [
+        select(job_runs)
+        .where(*conditions, runs.status == bindparam(f"arm_{i}"))
+        .order_by(runs.id.desc())
+        .limit(limit)
+        .subquery()
+        for i in range(arms)
+    ]
+    merged = union_all(*(select(piece) for piece in pieces)).subquery()
+    return select(merged).order_by(merged.c.id.desc()).limit(limit)
+
+
+def count_statement(names: tuple[str, ...]) -> Any:
+    """How many runs the query of values ``names`` selects, ``cap`` at most: the LIMIT inside
+    bounds the work to ``cap`` index entries."""
+    capped = (
+        select(literal(1))
+        .where(and_(True, *_selected(names)))
+        .limit(bindparam("cap", type_=job_runs.c.attempts.type))
+    )
+    return select(func.count()).select_from(capped.subquery())
+
+
+def job_loads_statement() -> Any:
+    """Per job with live runs or runs failed since ``failed_since_at``: running, due by
+    ``now_at`` and not leased, the oldest due instant, stranded, failed since."""
+    runs = job_runs.c
+    now_at = bindparam("now_at", type_=Text)
+    live = runs.status == RUNNING
+    waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
+    failed = and_(runs.status == FAILED, runs.ended_at >= bindparam("failed_since_at"))
+    return (
+        select(
+            runs.module_id,
+            runs.job,
+            func.count().filter(live),
+            func.count().filter(waiting),
+            func.min(DUE_AT).filter(waiting),
+            func.count().filter(_stranded(now_at)),
+            func.count().filter(failed),
+        )
+        # Status leads, as in health(): finished history is not scanned.
+        .where(runs.status.in_([literal(RUNNING), literal(FAILED)]), live | failed)
+        .group_by(runs.module_id, runs.job)
+        .order_by(runs.module_id, runs.job)
+    )

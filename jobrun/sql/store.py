@@ -1,8 +1,11 @@
 """``SqlJobRunStore``: the store port on SQLAlchemy Core, for SQLite and Postgres.
 
-Every operation sends statements from :mod:`jobrun.sql.statements` through the
-store's one executor (:mod:`jobrun.sql.executor`); round trips per operation are
-listed in ``docs/design.md`` ("Round trips").
+Every operation picks statements from :mod:`jobrun.sql.statements`, binds their
+values and sends them through the store's one executor (:mod:`jobrun.sql.executor`);
+round trips per operation are listed in ``docs/design.md`` ("Round trips").
+Methods are grouped as the port's protocols are (:mod:`jobrun._core.port`): the
+pass engine's and driver's ``JobRunStore``, the ``OperatorStore``, the
+``ScheduleStore``, then the console's reads (:mod:`jobrun._core.browse`).
 """
 
 from __future__ import annotations
@@ -13,13 +16,11 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, astuple
+from dataclasses import astuple
 from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, delete, func, literal, not_, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.ids import first_id_at
@@ -53,24 +54,32 @@ from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.presence import Presence
-from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs, job_schedules
+from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
 from jobrun.sql.statements import (
-    FAILED,
     LIST_FILTERS,
     PATCH_COLUMNS,
     RUN_COLUMNS,
     RUNNING,
+    SCHEDULE_COLUMNS,
     Shapes,
     Statements,
+    add_schedule_statement,
     change_statement,
     claim_read,
     claim_write,
-    dialect_insert,
+    clock_statement,
+    count_statement,
+    find_statement,
     held_leases_statement,
+    job_loads_statement,
     limit_locks,
     list_statement,
+    point_slot_statement,
     prune_ledgers,
+    prune_runs,
+    schedule_rows_statement,
+    take_slot_statement,
 )
 from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
@@ -80,6 +89,26 @@ _START_RETRIES = 10
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 # How often the skew between this host's clock and Postgres's is measured again.
 CLOCK_CHECK_INTERVAL_S = 60.0
+
+Fetch = Callable[[Any, Mapping[str, Any]], Awaitable[builtins.list[Any]]]
+"""Sends one prepared statement with its values: the executor's, or a transaction's."""
+
+
+def notify_payload(row: RunRow) -> str:
+    """``["module_id", "job"]`` as JSON (a module id may itself contain ``/``); empty when
+    too long for a notification (listeners then wake for any job)."""
+    text = json.dumps([row.module_id, row.job])
+    return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
+
+
+def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
+    """Postgres: the advisory lock (a signed 64-bit key) that orders one job's limited
+    claims; per schema, so tenants never wait on each other."""
+    digest = hashlib.blake2b(
+        json.dumps(["jobrun.max_concurrent", schema, module_id, job]).encode("utf-8"),
+        digest_size=8,
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def _status_arms(query: RunQuery) -> tuple[str, ...]:
@@ -106,32 +135,25 @@ def _prefix_successor(prefix: str) -> str | None:
     return None
 
 
-def notify_payload(row: RunRow) -> str:
-    """``["module_id", "job"]`` as JSON (a module id may itself contain ``/``); empty when
-    too long for a notification (listeners then wake for any job)."""
-    text = json.dumps([row.module_id, row.job])
-    return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
+def _pairs(prefix: str, jobs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``{prefix}module_{i}`` and ``{prefix}job_{i}`` of each ``(module_id, job)`` pair."""
+    values: dict[str, Any] = {}
+    for index, (module_id, job) in enumerate(jobs):
+        values |= {f"{prefix}module_{index}": module_id, f"{prefix}job_{index}": job}
+    return values
 
 
-def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
-    """Postgres: the advisory lock (a signed 64-bit key) that orders one job's limited
-    claims; per schema, so tenants never wait on each other."""
-    digest = hashlib.blake2b(
-        json.dumps(["jobrun.max_concurrent", schema, module_id, job]).encode("utf-8"),
-        digest_size=8,
-    ).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def _any_job(jobs: frozenset[tuple[str, str]]) -> Any:
-    """``(module_id, job)`` is one of ``jobs``, spelled without a tuple IN (whose
-    values the drivers would need SQLAlchemy to unpack)."""
-    runs = job_runs.c
-    return or_(*(and_(runs.module_id == module, runs.job == job) for module, job in sorted(jobs)))
+def _numbered(name: str, items: Sequence[Any]) -> dict[str, Any]:
+    """``{name}_{i}`` of each item."""
+    return {f"{name}_{index}": item for index, item in enumerate(items)}
 
 
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
+
+
+def _kept_changing(operation: str) -> StoreError:
+    return StoreError(operation, RuntimeError("the key's live run kept changing; gave up"))
 
 
 def _not_watching() -> None:
@@ -192,9 +214,7 @@ class SqlJobRunStore:
         if not self._is_postgres:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
         # In a schema, every compiled statement names it (rendered once, here).
-        compile_ = self._compile = Compiler(
-            engine.dialect, None if self._schema is None else {None: self._schema}
-        )
+        compile_ = Compiler(engine.dialect, None if self._schema is None else {None: self._schema})
         self._statements = Statements(compile_, self._is_postgres)
         self._shapes = Shapes(compile_)
         self._schema_checked = False
@@ -216,17 +236,7 @@ class SqlJobRunStore:
         """The Postgres schema holding jobrun's tables, or ``None`` for the default."""
         return self._schema
 
-    @property
-    def limits(self) -> StoreLimits:
-        return self._limits
-
-    @property
-    def default_scope(self) -> object:
-        return self._host_engine
-
-    @property
-    def owed_releases(self) -> OwedReleases:
-        return self._owed_releases
+    # -- what every operation goes through --------------------------------------------------
 
     @property
     def stranded_scans(self) -> StrandedScans:
@@ -254,9 +264,10 @@ class SqlJobRunStore:
             raise SchemaOutdatedError(found, SCHEMA_REVISION)
         self._schema_checked = True
 
-    async def _one(self, operation: str, statement: Any, values: Mapping[str, Any]) -> bool:
-        """A lone write that returns a row when it applied (the step write's path: the
-        error translation of ``_operation`` spelled out, without a context manager)."""
+    async def _lone_write(self, operation: str, statement: Any, values: Mapping[str, Any]) -> bool:
+        """Send one write on its own (no transaction) and say whether it applied (it
+        returns a row when it did): the step write's path, so the error translation of
+        ``_operation`` is spelled out, without a context manager."""
         if not self._schema_checked:
             async with self._operation(operation):
                 pass
@@ -265,21 +276,47 @@ class SqlJobRunStore:
         except self._executor.errors as error:
             raise StoreError(operation, error) from error
 
+    # -- JobRunStore: runs, the claim, leases, the pass's writes ------------------------------
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._limits
+
+    @property
+    def default_scope(self) -> object:
+        return self._host_engine
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        return self._owed_releases
+
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         values = self._start_values(row)
-        statements = self._statements
         async with self._operation("start_or_join"):
-            for _ in range(_START_RETRIES):
-                # The partial unique index decides: at most one live row per key,
-                # whatever number of hosts race here. On Postgres the NOTIFY that
-                # wakes listening workers rides in the same statement.
-                if await self._executor.fetch("start_or_join", statements.start, values):
-                    return row, True
-                found = await self._executor.fetch("start_or_join", statements.live, values)
-                if found:
-                    return RunRow(*found[0]), False
-                # The live run ended between our insert and our read: try again.
-        raise StoreError("start_or_join", RuntimeError("the key's live run kept changing; gave up"))
+            # The partial unique index decides: at most one live row per key,
+            # whatever number of hosts race here. On Postgres the NOTIFY that
+            # wakes listening workers rides in the same statement.
+            started = await self._start_in(
+                partial(self._executor.fetch, "start_or_join"), row, values
+            )
+        if started is None:
+            raise _kept_changing("start_or_join")
+        return started
+
+    async def _start_in(
+        self, fetch: Fetch, row: RunRow, values: Mapping[str, Any]
+    ) -> tuple[RunRow, bool] | None:
+        """Insert ``row``, or read the live run of its key; ``None`` when the live run
+        kept ending between the two."""
+        statements = self._statements
+        for _ in range(_START_RETRIES):
+            if await fetch(statements.start, values):
+                return row, True
+            found = await fetch(statements.live, values)
+            if found:
+                return RunRow(*found[0]), False
+            # The live run ended between our insert and our read: try again.
+        return None
 
     def _start_values(self, row: RunRow) -> dict[str, Any]:
         return _values("row_", row, RUN_COLUMNS) | {
@@ -306,7 +343,7 @@ class SqlJobRunStore:
 
     async def _choose_and_lease(
         self,
-        fetch: Callable[[Any, Mapping[str, Any]], Awaitable[builtins.list[Any]]],
+        fetch: Fetch,
         request: ClaimRequest,
         limited: builtins.list[tuple[tuple[str, str], int]],
     ) -> Claimed | None:
@@ -337,16 +374,11 @@ class SqlJobRunStore:
         jobs = builtins.list(request.expires_at)
         skipped = sorted(request.skip_ids) + missed
         dead = sorted(request.dead_owners)
-        shape = (len(jobs), len(skipped), len(limited), len(dead))
-        read = self._shapes.get(("claim", *shape), lambda: claim_read(*shape))
+        read = self._shapes.of(claim_read, len(jobs), len(skipped), len(limited), len(dead))
         values: dict[str, Any] = {"now_at": request.now_at}
-        for index, (module_id, job) in enumerate(jobs):
-            values |= {f"module_{index}": module_id, f"job_{index}": job}
-        values |= {f"skip_{index}": run_id for index, run_id in enumerate(skipped)}
-        values |= {f"dead_{index}": owner for index, owner in enumerate(dead)}
-        for index, ((module_id, job), most) in enumerate(limited):
-            values |= {f"limited_module_{index}": module_id, f"limited_job_{index}": job}
-            values[f"limited_most_{index}"] = most
+        values |= _pairs("", jobs) | _numbered("skip", skipped) | _numbered("dead", dead)
+        values |= _pairs("limited_", [key for key, _ in limited])
+        values |= _numbered("limited_most", [most for _, most in limited])
         return read, values
 
     def _claim_write(
@@ -355,8 +387,7 @@ class SqlJobRunStore:
         job = (row.module_id, row.job)
         # Taking over a dead holder's unexpired lease adds no pass in flight.
         most = None if is_orphan(row, request) else request.max_concurrent.get(job)
-        shape = most is not None
-        write = self._shapes.get(("claim-write", shape), lambda: claim_write(shape))
+        write = self._shapes.of(claim_write, most is not None)
         values: dict[str, Any] = {"fence_id": row.id, "now_at": request.now_at}
         for name in CLAIM_FIELDS:
             values[f"was_{name}"] = getattr(row, name)
@@ -374,78 +405,13 @@ class SqlJobRunStore:
         count one after the other. Jobs without a limit never pay this."""
         # Always in the same (sorted) order, so two claimers cannot deadlock.
         keys = sorted(limit_lock_key(self._schema, module_id, job) for module_id, job in limited)
-        locks = self._shapes.get(("limit-locks", len(keys)), lambda: limit_locks(len(keys)))
+        locks = self._shapes.of(limit_locks, len(keys))
         most = sorted(
             (key, count) for key, count in request.max_concurrent.items() if key in limited
         )
         async with self._executor.transaction("claim") as transaction:
-            await transaction.fetch(locks, {f"lock_{index}": key for index, key in enumerate(keys)})
+            await transaction.fetch(locks, _numbered("lock", keys))
             return await self._choose_and_lease(transaction.fetch, request, most)
-
-    async def schedule_rows(self) -> builtins.list[ScheduleRow]:
-        query = select(job_schedules).order_by(*job_schedules.primary_key.columns)
-        async with self._operation("schedule_rows"):
-            rows = await self._executor.fetch("schedule_rows", self._once(query), {})
-        return [ScheduleRow(*row) for row in rows]
-
-    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
-        if not rows:
-            return
-        async with (
-            self._operation("add_schedules"),
-            self._executor.transaction("add_schedules") as transaction,
-        ):
-            for row in rows:
-                statement = (
-                    dialect_insert(self._is_postgres, job_schedules)
-                    .values(asdict(row))
-                    .on_conflict_do_nothing(index_elements=list(job_schedules.primary_key.columns))
-                )
-                await transaction.fetch(self._once(statement), {})
-
-    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
-        slots = job_schedules.c
-        key = and_(
-            slots.module_id == schedule.module_id,
-            slots.job == schedule.job,
-            slots.schedule == schedule.schedule,
-        )
-        # The conditional write that picks the one caller who starts this slot: on
-        # Postgres a second caller waits on the row, then finds the slot taken.
-        take = (
-            update(job_schedules)
-            .where(key, slots.last_slot_at < schedule.last_slot_at)
-            .values(
-                last_slot_at=schedule.last_slot_at,
-                last_run_id=row.id,
-                updated_at=schedule.updated_at,
-            )
-            .returning(slots.module_id)
-        )
-        values = self._start_values(row)
-        statements = self._statements
-        async with (
-            self._operation("start_slot"),
-            self._executor.transaction("start_slot") as transaction,
-        ):
-            if not await transaction.fetch(self._once(take), {}):
-                return None
-            # The run is inserted in the same transaction as the slot is taken: a
-            # crash between them loses both or neither.
-            for _ in range(_START_RETRIES):
-                if await transaction.fetch(statements.start, values):
-                    return row, True
-                found = await transaction.fetch(statements.live, values)
-                if found:
-                    live = RunRow(*found[0])
-                    point = update(job_schedules).where(key).values(last_run_id=live.id)
-                    await transaction.fetch(self._once(point), {})
-                    return live, False
-        raise StoreError("start_slot", RuntimeError("the key's live run kept changing; gave up"))
-
-    def _once(self, statement: ClauseElement) -> Any:
-        """An operator's one-off statement, values inline, compiled for this call."""
-        return self._compile(statement, with_values=True)
 
     async def held_leases(
         self, now_at: str, jobs: frozenset[tuple[str, str]] | None
@@ -454,10 +420,9 @@ class SqlJobRunStore:
         if jobs is not None:
             if not jobs:
                 return []
-            for index, (module_id, job) in enumerate(sorted(jobs)):
-                values |= {f"module_{index}": module_id, f"job_{index}": job}
-        shape = (None if jobs is None else len(jobs), self._presence is not None)
-        statement = self._shapes.get(("held", *shape), lambda: held_leases_statement(*shape))
+            values |= _pairs("", sorted(jobs))
+        count = None if jobs is None else len(jobs)
+        statement = self._shapes.of(held_leases_statement, count, self._presence is not None)
         async with self._operation("held_leases"):
             rows = await self._executor.fetch("held_leases", statement, values)
         return [HeldLease(*row) for row in rows]
@@ -497,7 +462,7 @@ class SqlJobRunStore:
         cached = self._clock_offset
         if cached is not None and time.monotonic() - cached[0] < CLOCK_CHECK_INTERVAL_S:
             return cached[1]
-        statement = self._shapes.get(("clock",), lambda: select(func.clock_timestamp()))
+        statement = self._shapes.of(clock_statement)
         async with self._operation("clock_offset"):
             sent = system_clock().timestamp()
             found = await self._executor.fetch("clock_offset", statement, {})
@@ -509,7 +474,7 @@ class SqlJobRunStore:
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         given = tuple(name for name in LIST_FILTERS if getattr(run_filter, name) is not None)
-        statement = self._shapes.get(("list", given), lambda: list_statement(given))
+        statement = self._shapes.of(list_statement, given)
         values: dict[str, Any] = {f"filter_{name}": getattr(run_filter, name) for name in given}
         values["limit"] = run_filter.limit
         async with self._operation("list"):
@@ -518,13 +483,13 @@ class SqlJobRunStore:
 
     async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
         values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
-        return await self._one("patch", self._statements.patch, values)
+        return await self._lone_write("patch", self._statements.patch, values)
 
     async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
         values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
         statements = self._statements
         if self._is_postgres:
-            return await self._one("commit_pass", statements.commit_in_one, values)
+            return await self._lone_write("commit_pass", statements.commit_in_one, values)
         # SQLite has no data-modifying CTEs: two statements, one transaction.
         async with self._operation("commit_pass"), self._executor.transaction("commit_pass") as tx:
             if not await tx.fetch(statements.patch, values):
@@ -549,22 +514,38 @@ class SqlJobRunStore:
             "step_last_error": row.last_error,
             "step_recorded_at": recorded_at,
         }
-        return await self._one("record_step", self._statements.record_step, values)
+        return await self._lone_write("record_step", self._statements.record_step, values)
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
-        return await self._one("extend_lease", self._statements.extend_lease, values)
+        return await self._lone_write("extend_lease", self._statements.extend_lease, values)
+
+    # -- OperatorStore: what operators do by hand ---------------------------------------------
+
+    async def health(self, now_at: str) -> HealthCounts:
+        async with self._operation("health"):
+            found = await self._executor.fetch(
+                "health", self._statements.health, {"now_at": now_at}
+            )
+        row = found[0]
+        return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        async with self._operation("due_by_job"):
+            found = await self._executor.fetch(
+                "due_by_job", self._statements.due_by_job, {"now_at": now_at}
+            )
+        return {(module_id, job): int(count) for module_id, job, count in found}
 
     def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:
         """The conditional write that applies an operator's ``change``, and its values."""
         columns = tuple(name for name, _ in change.values)
-        shape = (columns, change.leased)
-        statement = self._shapes.get(("change", *shape), lambda: change_statement(*shape))
+        statement = self._shapes.of(change_statement, columns, change.leased)
         values = {f"new_{name}": value for name, value in change.values}
         return statement, values | {"run_id": run_id, "when_status": change.status}
 
     async def cancel(self, run_id: str, change: RunChange) -> bool:
-        return await self._one("cancel", *self._change(run_id, change))
+        return await self._lone_write("cancel", *self._change(run_id, change))
 
     async def resume(self, run_id: str, change: RunChange) -> bool:
         statement, values = self._change(run_id, change)
@@ -583,22 +564,7 @@ class SqlJobRunStore:
             raise
 
     async def release(self, run_id: str, change: RunChange) -> bool:
-        return await self._one("release", *self._change(run_id, change))
-
-    async def health(self, now_at: str) -> HealthCounts:
-        async with self._operation("health"):
-            found = await self._executor.fetch(
-                "health", self._statements.health, {"now_at": now_at}
-            )
-        row = found[0]
-        return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
-
-    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
-        async with self._operation("due_by_job"):
-            found = await self._executor.fetch(
-                "due_by_job", self._statements.due_by_job, {"now_at": now_at}
-            )
-        return {(module_id, job): int(count) for module_id, job, count in found}
+        return await self._lone_write("release", *self._change(run_id, change))
 
     async def prune(
         self,
@@ -611,143 +577,125 @@ class SqlJobRunStore:
     ) -> int:
         if only_jobs is not None and not only_jobs:
             return 0
-        runs = job_runs.c
-        doomed: Any = (
-            select(runs.id)
-            .where(runs.status.in_(statuses), runs.status != RUNNING, runs.ended_at < ended_before)
-            .order_by(runs.id)
-            .limit(batch_size)
-        )
-        if only_jobs is not None:
-            doomed = doomed.where(_any_job(only_jobs))
-        if except_jobs:
-            doomed = doomed.where(not_(_any_job(except_jobs)))
+        only = None if only_jobs is None else sorted(only_jobs)
+        excepted = sorted(except_jobs)
+        shape = (len(statuses), None if only is None else len(only), len(excepted))
+        doomed = self._shapes.of(prune_runs, *shape)
+        values = {"ended_before": ended_before, "batch_size": batch_size}
+        values |= _numbered("pruned_status", statuses) | _pairs("only_", only or [])
+        values |= _pairs("except_", excepted)
         # The runs first, each re-checked as it is deleted (a run resumed since the
         # batch was chosen is running again and stays), then the ledgers of exactly
         # the runs deleted: a resume can never keep its row and lose its ledger.
-        delete_runs = self._once(
-            delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
-        )
         deleted = 0
         while True:
             async with self._operation("prune"), self._executor.transaction("prune") as tx:
-                ids = [row[0] for row in await tx.fetch(delete_runs, {})]
+                ids = [row[0] for row in await tx.fetch(doomed, values)]
                 if ids:
-                    count = len(ids)
-                    build = partial(prune_ledgers, count)
-                    ledgers = self._shapes.get(("prune-ledgers", count), build)
-                    await tx.fetch(ledgers, {f"id_{index}": id_ for index, id_ in enumerate(ids)})
+                    ledgers = self._shapes.of(prune_ledgers, len(ids))
+                    await tx.fetch(ledgers, _numbered("id", ids))
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
 
-    # -- the console's reads (jobrun._core.browse.BrowsableStore) ---------------------------
+    # -- ScheduleStore: each schedule's progress --------------------------------------------
 
-    @staticmethod
-    def _stranded(now_at: str) -> Any:
-        """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
-        runs = job_runs.c
-        return and_(
-            runs.status == RUNNING,
-            runs.lease_owner.is_not(None),
-            runs.next_attempt_at < now_at,
-        )
+    async def schedule_rows(self) -> builtins.list[ScheduleRow]:
+        statement = self._shapes.of(schedule_rows_statement)
+        async with self._operation("schedule_rows"):
+            rows = await self._executor.fetch("schedule_rows", statement, {})
+        return [ScheduleRow(*row) for row in rows]
 
-    def _selected(self, query: RunQuery) -> tuple[Any, ...]:
-        runs = job_runs.c
-        conditions: builtins.list[Any] = []
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        if not rows:
+            return
+        statement = self._shapes.of(add_schedule_statement, self._is_postgres)
+        async with (
+            self._operation("add_schedules"),
+            self._executor.transaction("add_schedules") as transaction,
+        ):
+            for row in rows:
+                await transaction.fetch(statement, _values("row_", row, SCHEDULE_COLUMNS))
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        slot = {
+            "slot_module_id": schedule.module_id,
+            "slot_job": schedule.job,
+            "slot_schedule": schedule.schedule,
+            "new_last_slot_at": schedule.last_slot_at,
+            "new_last_run_id": row.id,
+            "new_updated_at": schedule.updated_at,
+        }
+        values = self._start_values(row)
+        async with (
+            self._operation("start_slot"),
+            self._executor.transaction("start_slot") as transaction,
+        ):
+            if not await transaction.fetch(self._shapes.of(take_slot_statement), slot):
+                return None
+            # The run is inserted in the same transaction as the slot is taken: a
+            # crash between them loses both or neither.
+            started = await self._start_in(transaction.fetch, row, values)
+            if started is not None and not started[1]:
+                slot["new_last_run_id"] = started[0].id
+                await transaction.fetch(self._shapes.of(point_slot_statement), slot)
+        if started is None:
+            raise _kept_changing("start_slot")
+        return started
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) -----------------------------
+
+    def _selection(self, query: RunQuery) -> dict[str, Any]:
+        """The values of ``query``'s conditions, named as ``statements.find_statement``
+        reads them; their names are the statement's shape."""
+        values: dict[str, Any] = {}
         if query.module_id is not None:
-            conditions.append(runs.module_id == query.module_id)
+            values["query_module_id"] = query.module_id
         if query.job is not None:
-            conditions.append(runs.job == query.job)
-        if query.instance_prefix:
-            conditions.extend(self._prefixed(query.instance_prefix))
-        if query.statuses:
-            conditions.append(runs.status.in_(query.statuses))
+            values["query_job"] = query.job
+        prefix = query.instance_prefix
+        if prefix:
+            values |= {"query_prefix_length": len(prefix), "query_prefix": prefix}
+            if not self._is_postgres:
+                # SQLite compares text bytewise: the range lets the key index seek.
+                values["query_prefix_lower"] = prefix
+                upper = _prefix_successor(prefix)
+                if upper is not None:
+                    values["query_prefix_upper"] = upper
+        values |= _numbered("query_status", query.statuses)
         if query.started_since_at is not None:
-            # The id bound is the index-friendly half (see RunQuery): a range on
-            # every index that ends in id, so the pages and counts seek.
-            conditions.append(runs.started_at >= query.started_since_at)
-            conditions.append(runs.id >= first_id_at(query.started_since_at))
+            values["query_started_since_at"] = query.started_since_at
+            values["query_first_id"] = first_id_at(query.started_since_at)
         if query.stranded_at is not None:
-            conditions.append(self._stranded(query.stranded_at))
+            values["query_stranded_at"] = query.stranded_at
         if query.before_id is not None:
-            conditions.append(runs.id < query.before_id)
-        return tuple(conditions)
-
-    def _prefixed(self, prefix: str) -> builtins.list[Any]:
-        # substr, not LIKE: LIKE is case-blind on SQLite and treats % and _ specially.
-        exact = func.substr(job_runs.c.instance, 1, len(prefix)) == prefix
-        if self._is_postgres:
-            # A range is a superset of the prefix only under a bytewise collation,
-            # which a Postgres database need not have.
-            return [exact]
-        # SQLite compares text bytewise: the range lets the key index seek within a job.
-        bounds = [exact, job_runs.c.instance >= prefix]
-        upper = _prefix_successor(prefix)
-        if upper is not None:
-            bounds.append(job_runs.c.instance < upper)
-        return bounds
+            values["query_before_id"] = query.before_id
+        return values
 
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
         # Newest first down an index ending in id, stopped by the limit: a page costs
         # the same on the first and the thousandth page, however many runs are kept.
-        conditions = self._selected(query)
+        values = self._selection(query)
         arms = _status_arms(query)
-        if len(arms) > 1:
-            # Each status reads its own id-ordered range of (module_id, job, status, id)
-            # or (status, id), stopped by the limit; the few rows are merged here.
-            pieces = [
-                select(job_runs)
-                .where(*conditions, job_runs.c.status == status)
-                .order_by(job_runs.c.id.desc())
-                .limit(query.limit)
-                .subquery()
-                for status in arms
-            ]
-            merged = union_all(*(select(piece) for piece in pieces)).subquery()
-            statement: Any = select(merged).order_by(merged.c.id.desc()).limit(query.limit)
-        else:
-            statement = (
-                select(job_runs)
-                .where(and_(True, *conditions))
-                .order_by(job_runs.c.id.desc())
-                .limit(query.limit)
-            )
+        arms = arms if len(arms) > 1 else ()
+        statement = self._shapes.of(find_statement, tuple(values), len(arms))
+        values |= _numbered("arm", arms) | {"limit": query.limit}
         async with self._operation("find"):
-            rows = await self._executor.fetch("find", self._once(statement), {})
+            rows = await self._executor.fetch("find", statement, values)
         return [RunRow(*row) for row in rows]
 
     async def count(self, query: RunQuery, cap: int) -> int:
-        # The LIMIT inside bounds the work: at most ``cap`` index entries are read.
-        capped = select(literal(1)).where(and_(True, *self._selected(query))).limit(cap)
-        statement = select(func.count()).select_from(capped.subquery())
+        values = self._selection(query)
+        statement = self._shapes.of(count_statement, tuple(values))
         async with self._operation("count"):
-            found = await self._executor.fetch("count", self._once(statement), {})
+            found = await self._executor.fetch("count", statement, values | {"cap": cap})
         return int(found[0][0])
 
     async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
-        runs = job_runs.c
-        live = runs.status == RUNNING
-        waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
-        failed = and_(runs.status == FAILED, runs.ended_at >= failed_since_at)
-        statement = (
-            select(
-                runs.module_id,
-                runs.job,
-                func.count().filter(live),
-                func.count().filter(waiting),
-                func.min(DUE_AT).filter(waiting),
-                func.count().filter(self._stranded(now_at)),
-                func.count().filter(failed),
-            )
-            # Status leads, as in health(): finished history is not scanned.
-            .where(runs.status.in_([RUNNING, FAILED]), live | failed)
-            .group_by(runs.module_id, runs.job)
-            .order_by(runs.module_id, runs.job)
-        )
+        statement = self._shapes.of(job_loads_statement)
+        values = {"now_at": now_at, "failed_since_at": failed_since_at}
         async with self._operation("job_loads"):
-            rows = await self._executor.fetch("job_loads", self._once(statement), {})
+            rows = await self._executor.fetch("job_loads", statement, values)
         return [
             JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
             for row in rows

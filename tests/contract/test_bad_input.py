@@ -8,10 +8,10 @@ import enum
 import math
 import re
 from collections import OrderedDict
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import pytest
@@ -19,7 +19,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+from jobrun._core.port import StoreLimits
 from jobrun.sql.schema import job_runs as runs_table
+from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import sized_store, start
 
 # --- helpers -----------------------------------------------------------------------------
@@ -373,3 +375,52 @@ async def test_an_unmigrated_postgres_database_names_the_command_to_run(empty_po
         await check_unmigrated(engine)
     finally:
         await engine.dispose()
+
+
+async def test_a_long_refused_name_is_shown_cut_after_40_characters() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.start_job_run(MemoryJobRunStore(), module_id="m", job="a" * 600)
+    assert str(caught.value) == (
+        f"job '{'a' * 40}...' is 600 bytes of UTF-8, over the 512-byte limit for names"
+    )
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.start_job_run(MemoryJobRunStore(), module_id="m", job="b" * 39 + "\x00")
+    assert str(caught.value).startswith(f"job '{'b' * 39}\\x00' contains a NUL")
+
+
+async def test_operator_refusals_say_what_was_wrong(store: Any, clock: FakeClock) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.cancel_job_run(store, "R", "  ", clock=clock)
+    assert caught.value.errors == [{"path": "reason", "message": "empty or not a str"}]
+    with pytest.raises(jobrun.JobRunNotFoundError) as missing:
+        await jobrun.cancel_job_run(store, "NO-SUCH-RUN", "why", clock=clock)
+    assert missing.value.run_id == "NO-SUCH-RUN"
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    await jobrun.cancel_job_run(store, run.id, "first", clock=clock)
+    with pytest.raises(jobrun.JobConflictError) as conflict:
+        await jobrun.cancel_job_run(store, run.id, "again", clock=clock)
+    assert str(conflict.value) == f"run {run.id} is failed, not running; nothing to cancel"
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.prune_job_runs(store, older_than=timedelta(days=1), statuses=("running",))
+    assert caught.value.errors == [{"path": "statuses", "message": "not prunable: ['running']"}]
+    with pytest.raises(TypeError, match=r"^older_than must be a timedelta or datetime, got int$"):
+        await jobrun.prune_job_runs(store, older_than=cast(Any, 5))
+
+
+async def test_a_run_id_that_cannot_be_stored_is_named_as_the_run_id() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.cancel_job_run(MemoryJobRunStore(), "R\x00", "why")
+    assert caught.value.errors == [
+        {"path": "run_id", "message": "contains a NUL character (Postgres cannot store it)"}
+    ]
+    assert str(caught.value).startswith("run_id 'R\\x00' contains a NUL")
+
+
+@pytest.mark.parametrize(
+    "name", ["max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes", "max_counters_bytes"]
+)
+def test_every_store_limit_is_checked_by_its_own_name(name: str) -> None:
+    assert getattr(StoreLimits(**{name: 1}), name) == 1  # one byte is a limit
+    for bad in (0, -5, "100", True, 1.5):
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive int, got {bad!r}$"):
+            StoreLimits(**{name: bad})

@@ -12,6 +12,8 @@ import pytest
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.ids import first_id_at
+from jobrun._core.records import JOB_RUN_LIST_MAX
+from jobrun.sql.store import _prefix_successor
 from tests.support import (
     SQL_BACKENDS,
     StatementLog,
@@ -204,3 +206,27 @@ async def test_pages_and_counts_seek_an_index_in_id_order(store: Any, engine: An
         assert not re.search(r"(^|->\s+)Sort\s+\(", page[0], re.MULTILINE), page[0]
         assert "_substrat_job_runs_job_status" in counts[0], counts[0]
         assert re.search(r"Index Cond: .*status = 'failed'.*id >= ", recent[0]), recent[0]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "successor"),
+    [
+        ("ab", "ac"),
+        ("a\U0010ffff", "b"),
+        ("a\ud7ff", "a\ue000"),
+        ("\U0010ffff\U0010ffff", None),
+        ("", None),
+    ],
+    ids=["last-character", "carry", "over-the-surrogates", "none-above", "empty"],
+)
+def test_the_successor_of_a_prefix_is_the_least_string_above_its_range(
+    prefix: str, successor: str | None
+) -> None:
+    assert _prefix_successor(prefix) == successor
+
+
+@pytest.mark.parametrize("limit", [1, JOB_RUN_LIST_MAX])
+def test_a_console_query_takes_any_limit_from_one_to_the_list_maximum(limit: int) -> None:
+    assert RunQuery(limit=limit).limit == limit
+    with pytest.raises(ValueError, match=rf"^limit must be in \[1, {JOB_RUN_LIST_MAX}\], got 0$"):
+        RunQuery(limit=0)

@@ -15,7 +15,16 @@ from typing import Any
 import pytest
 
 import jobrun
-from tests.support import RecordingStore, fixed_random, hand_made_row, put_rows, set_columns
+from jobrun.testing import FakeClock
+from tests.support import (
+    PassEnds,
+    RecordingStore,
+    claim_as,
+    fixed_random,
+    hand_made_row,
+    put_rows,
+    set_columns,
+)
 from tests.support import start as start_run
 
 NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
@@ -610,3 +619,62 @@ async def test_timestamps_in_another_iso_form_do_not_stop_a_pass(store, engine, 
     assert row is not None
     assert row.updated_at == "2026-01-01T00:00:00.000Z"
     assert row.ended_at == "2026-01-01T00:00:00.000Z"
+
+
+async def test_a_report_counts_each_failed_run(store: Any, clock: FakeClock) -> None:
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j", retry=jobrun.RetryPolicy(max_attempts=1))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        raise RuntimeError(p.run.instance)
+
+    for instance in ("a", "b"):
+        await jobrun.start_job_run(store, module_id="m", job="j", instance=instance, clock=clock)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.failed) == (2, 2)
+    assert sorted(error.error for error in report.errors) == ["RuntimeError: a", "RuntimeError: b"]
+
+
+async def test_each_job_is_leased_for_its_own_lease_time(store: Any, clock: FakeClock) -> None:
+    registry = jobrun.JobRegistry()
+    expiries: dict[str, Any] = {}
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        record = await jobrun.get_job_run(store, p.run.id)
+        assert record is not None
+        expiries[p.run.job] = record.lease_expires_at
+        return jobrun.PassResult(done=True)
+
+    registry.register("m", "short", handler, lease_ms=1_000)
+    registry.register("m", "long", handler, lease_ms=90_000)
+    for job in ("short", "long"):
+        await jobrun.start_job_run(store, module_id="m", job=job, clock=clock)
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).completed == 2
+    assert expiries == {
+        "short": clock() + timedelta(seconds=1),
+        "long": clock() + timedelta(seconds=90),
+    }
+
+
+async def test_only_the_first_pass_after_a_takeover_is_told_it_took_over(
+    store: Any, clock: FakeClock
+) -> None:
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    assert await claim_as(store, clock, "GONE", lease_ms=1000)
+    clock.advance(seconds=2)
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        return jobrun.PassResult(cursor=(p.cursor or 0) + 1)
+
+    observer = PassEnds()
+    report = await jobrun.run_due_jobs(
+        store, registry, clock=clock, observer=observer, max_passes=3
+    )
+    assert report.advanced == 3
+    assert [(start.number, start.taken_over) for start in observer.starts] == [
+        (1, True),
+        (2, False),
+        (3, False),
+    ]

@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import sqlite3
 import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ from sqlalchemy import event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+from jobrun._core.browse import RunQuery
+from jobrun._core.records import ClaimRequest, RunFilter, StepRow
+from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, drive, logged_store, row_of
 
@@ -343,3 +348,72 @@ async def test_sqlite_a_step_write_cancelled_mid_statement_leaves_nothing_open(
     finally:
         holder.close()
         await engine.dispose()
+
+
+class _RefusingHook:
+    """A statement hook that records the operation, then fails as a lost connection would."""
+
+    def __init__(self) -> None:
+        self.operations: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, operation: str, sql: str, parameters: Any) -> AsyncIterator[None]:
+        self.operations.append(operation)
+        raise OSError("connection lost (injected)")
+        yield  # pragma: no cover - never reached: an async generator needs a yield
+
+
+_NOW = "2026-01-01T00:00:00.000Z"
+
+
+_LATER = "2026-01-01T00:01:00.000Z"
+
+
+_CLAIM = ClaimRequest(_NOW, "T", "d", {("m", "j"): _LATER})
+
+
+# By the operation the hook and the error must name: a call to the store that sends it.
+STORE_OPERATIONS: dict[str, tuple[str, Any]] = {
+    "get": ("get", lambda store: store.get("R")),
+    "claim": ("claim", lambda store: store.claim(_CLAIM)),
+    # Postgres orders a limited job's claims with a lock, in a transaction of its own.
+    "claim-limited": (
+        "claim",
+        lambda store: store.claim(replace(_CLAIM, max_concurrent={("m", "j"): 1})),
+    ),
+    "held_leases": ("held_leases", lambda store: store.held_leases(_NOW, None)),
+    "list": ("list", lambda store: store.list(RunFilter())),
+    "steps": ("steps", lambda store: store.steps("R")),
+    "record_step": (
+        "record_step",
+        lambda store: store.record_step("R", StepRow("s", "1", 1, None), _NOW, "T"),
+    ),
+    "extend_lease": ("extend_lease", lambda store: store.extend_lease("R", "T", _LATER, _LATER)),
+    "cancel": ("cancel", lambda store: store.cancel("R", cancel_transition("why", _NOW))),
+    "resume": ("resume", lambda store: store.resume("R", resume_transition(_NOW))),
+    "release": ("release", lambda store: store.release("R", release_transition())),
+    "health": ("health", lambda store: store.health(_NOW)),
+    "due_by_job": ("due_by_job", lambda store: store.due_by_job(_NOW)),
+    "prune": ("prune", lambda store: store.prune(_NOW, ("done",), 10)),
+    "schedule_rows": ("schedule_rows", lambda store: store.schedule_rows()),
+    "find": ("find", lambda store: store.find(RunQuery())),
+    "count": ("count", lambda store: store.count(RunQuery(), 10)),
+    "job_loads": ("job_loads", lambda store: store.job_loads(_NOW, _NOW)),
+}
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("call", sorted(STORE_OPERATIONS))
+async def test_a_failed_store_operation_is_named_to_the_hook_and_in_the_error(
+    engine: AsyncEngine, backend: str, call: str
+) -> None:
+    operation, send = STORE_OPERATIONS[call]
+    hook = _RefusingHook()
+    store = jobrun.SqlJobRunStore(engine, statement_hook=hook)
+    with pytest.raises(jobrun.StoreError) as caught:
+        await send(store)
+    assert caught.value.operation == operation
+    assert str(caught.value) == f"{operation} failed: OSError: connection lost (injected)"
+    # A transaction's failed BEGIN is followed by its ROLLBACK, under the same name.
+    assert hook.operations[0] == operation
+    assert set(hook.operations) == {operation}

@@ -138,3 +138,23 @@ async def test_concurrent_claimers_never_lease_more_than_the_limit(
         # Finish the round: nothing stays leased into the next.
         for row in await jobrun.job_runs(store, status="running", limit=500):
             await jobrun.cancel_job_run(store, row.id, "round over", clock=clock)
+
+
+async def test_a_backing_off_run_does_not_count_against_the_limit(
+    store: Any, clock: FakeClock
+) -> None:
+    first = await jobrun.start_job_run(store, module_id="m", job="j", instance="1", clock=clock)
+    registry = jobrun.JobRegistry()
+    ran: list[str] = []
+
+    @registry.job("m", "j", max_concurrent=1, retry=jobrun.RetryPolicy(base_delay_ms=60_000))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        ran.append(p.run.instance)
+        if p.run.id == first.id:
+            raise RuntimeError("try later")
+        return jobrun.PassResult(done=True)
+
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).retrying == 1
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="2", clock=clock)
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.completed, ran) == (1, ["1", "2"])

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import jobrun
-from jobrun.testing import FakeClock
+from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import drive, row_of, set_columns, sized_store, start
 
 
@@ -402,3 +402,87 @@ async def test_an_exception_from_user_code_still_retries(store: Any, clock: Fake
     assert report.retrying == 1
     assert report.failed == 0
     assert (await row_of(store, run.id)).status == "running"
+
+
+def _write_counter(p: jobrun.JobPass) -> None:
+    cast(Any, p.counters)["rows"] = 5
+
+
+def _delete_counter(p: jobrun.JobPass) -> None:
+    del cast(Any, p.counters)["rows"]
+
+
+def _count_with_a_bad_name(p: jobrun.JobPass) -> None:
+    p.count(cast(Any, 5))
+
+
+async def test_misusing_p_counters_is_a_mistake_about_the_counters() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    seen: dict[str, Any] = {}
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        p.count("rows", 2)
+        seen["shown"] = repr(p.counters)
+        seen["errors"] = []
+        for misuse in (_write_counter, _delete_counter, _count_with_a_bad_name):
+            with pytest.raises(jobrun.HandlerMistakeError) as caught:
+                misuse(p)
+            seen["errors"].append((caught.value.errors, str(caught.value)))
+        return jobrun.PassResult(done=True)
+
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).completed == 1
+    assert seen["shown"] == "{'rows': 2}"
+    assert [errors for errors, _ in seen["errors"]] == [
+        [{"path": "counters", "message": text}] for _, text in seen["errors"]
+    ]
+    assert ["read-only" in text for _, text in seen["errors"]] == [True, True, False]
+    assert "use a str" in seen["errors"][2][1]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.counters == {"rows": 2}, "a refused write changed nothing"
+
+
+async def test_a_step_result_that_cannot_be_stored_is_a_mistake_about_that_step() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    caught: list[jobrun.HandlerMistakeError] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        try:
+            await p.step("load", lambda: {1, 2})
+        except jobrun.HandlerMistakeError as error:
+            caught.append(error)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    [error] = caught
+    assert error.errors == [
+        {"path": "step.load", "message": "not JSON (Object of type set is not JSON serializable)"}
+    ]
+    assert str(error).endswith("the body ran once and is not run again until the run is resumed"), (
+        "the text says what happens next"
+    )
+
+
+async def test_a_step_call_refused_before_it_runs_is_a_mistake_about_the_step() -> None:
+    store, clock = MemoryJobRunStore(), FakeClock()
+    await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    paths: list[list[str]] = []
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name, retry in (("", None), ("s", cast(Any, 3))):
+            try:
+                p.step(name, lambda: 1, retry=retry)
+            except jobrun.HandlerMistakeError as error:
+                paths.append([entry["path"] for entry in error.errors])
+        return jobrun.PassResult(done=True)
+
+    await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert paths == [["step"], ["step"]]

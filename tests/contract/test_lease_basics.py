@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -10,6 +12,8 @@ import jobrun
 from jobrun._core.formats import format_instant
 from jobrun._core.records import ClaimRequest, StepRow
 from jobrun._core.transitions import Claimed, PreviousHolder
+from jobrun.testing import FakeClock
+from tests.support import claim_as
 
 
 def _claim_request(clock, token: str, lease_ms: int = 1000) -> ClaimRequest:
@@ -118,7 +122,6 @@ async def test_prune_and_release(store, clock):
     assert await jobrun.release_job_lease(store, live.id)
     assert not await jobrun.release_job_lease(store, live.id)
     clock.advance(seconds=10)
-    from datetime import timedelta
 
     assert await jobrun.prune_job_runs(store, older_than=timedelta(seconds=5), clock=clock) == 1
     assert await jobrun.get_job_run(store, done.id) is None
@@ -169,3 +172,11 @@ async def test_a_claim_says_whose_lease_it_took_over(store, clock, died):
     cause = "died during a pass" if died else "expired during a pass"
     assert claimed.row.last_error is not None
     assert cause in claimed.row.last_error
+
+
+async def test_health_counts_each_kind_of_run_apart(store: Any, clock: FakeClock) -> None:
+    for instance in ("a", "b", "c"):
+        await jobrun.start_job_run(store, module_id="m", job="j", instance=instance, clock=clock)
+    assert await claim_as(store, clock, "LIVE-HOLDER", driver="alive", lease_ms=60_000)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.leased, health.failed) == (3, 2, 1, 0)

@@ -26,7 +26,7 @@ from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.records import ClaimRequest, RunRow, StepRow
 from jobrun._core.transitions import Claimed
 from jobrun.testing import FakeClock
-from tests.support import claim_as, fixed_random, row_of, set_columns, snapshot
+from tests.support import claim_as, dead_driver, fixed_random, row_of, set_columns, snapshot
 
 M, J = "m", "j"
 
@@ -971,3 +971,42 @@ async def test_a_cancel_that_lands_during_a_claim_hands_the_lease_back(store, cl
     assert (row.next_attempt_at, row.attempts, row.lease_takeovers) == (None, 0, 0)
     report = await jobrun.run_due_jobs(store, registry, clock=clock)
     assert (report.attempted, ran) == (1, [run.id]), "claimable at once by the next driver"
+
+
+async def test_a_run_held_by_a_dead_holder_is_due_and_taken_over_at_once(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    dead = dead_driver()
+    assert await claim_as(store, clock, "DEAD-TOKEN", driver=dead, lease_ms=60_000)
+    clock.advance(seconds=30)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.due, health.leased) == (1, 0), "a provably dead holder's run waits"
+    assert health.oldest_due_age_s == 30.0, "since its pass began"
+    registry = jobrun.JobRegistry()
+    told: list[str | None] = []
+
+    @registry.job("m", "j", lease_ms=60_000)
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        record = await jobrun.get_job_run(store, p.run.id)
+        assert record is not None
+        told.append(record.last_error)
+        return jobrun.PassResult(done=True)
+
+    # The lease has 60 s left: only the proof of death lets this driver take the run.
+    report = await jobrun.run_due_jobs(store, registry, clock=clock)
+    assert (report.attempted, report.completed) == (1, 1)
+    assert told == [f"the driver {dead} died during a pass; the run was taken over at once"]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.status == "done"
+
+
+async def test_a_dead_holder_of_a_cancelled_run_leaves_nothing_due(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    assert await claim_as(store, clock, "DEAD-TOKEN", driver=dead_driver(), lease_ms=60_000)
+    await jobrun.cancel_job_run(store, run.id, "stop", clock=clock)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.leased, health.failed) == (0, 0, 0, 1)

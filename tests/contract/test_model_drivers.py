@@ -276,16 +276,18 @@ class DriversMachine(RuleBasedStateMachine):
     async def _renew(self, driver: Driver, expires_at: str) -> None:
         assert driver.run_id is not None
         assert driver.token is not None
-        now_at = format_instant(self.clock())
-        row = await self.store.get(driver.run_id)
-        # Held and not expired: an expired lease is never renewed back to life.
-        unexpired = row is not None and (row.next_attempt_at or "") > now_at
-        held = await self._holds(driver) and unexpired
+        held = await self._holds(driver)
         before = await self._state(driver.run_id)
+        now_at = format_instant(self.clock())
+        row = before[0]
+        # An expired lease is never renewed back to life.
+        unexpired = row is not None and (row.next_attempt_at or row.started_at) > now_at
         extended = await self.store.extend_lease(driver.run_id, driver.token, expires_at, now_at)
-        if extended != held:
-            self.problems.append(f"renewal by {driver.name} answered {extended}, held {held}")
-        if not held and await self._state(driver.run_id) != before:
+        if extended != (held and unexpired):
+            self.problems.append(
+                f"renewal by {driver.name} answered {extended}, held {held}, unexpired {unexpired}"
+            )
+        if not (held and unexpired) and await self._state(driver.run_id) != before:
             self.problems.append(f"a refused renewal by {driver.name} changed the run")
 
     @rule(milliseconds=st.sampled_from([1000, 3000, LEASE_MS + 1]))

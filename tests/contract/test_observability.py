@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from opentelemetry import trace
@@ -21,10 +21,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 import jobrun
 from jobrun._core import observe
 from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.records import ClaimRequest
+from jobrun._core.observe import PassEnd, PassStart
+from jobrun._core.records import ClaimRequest, RunKey, StepRow
 from jobrun.otel import TracingObserver
 from jobrun.prometheus import WorkerMetrics
 from jobrun.testing import FakeClock, MemoryJobRunStore
+from tests.support import PassEnds
 
 NO_WAIT = jobrun.RetryPolicy(max_attempts=3, base_delay_ms=0)
 
@@ -473,3 +475,195 @@ async def two_passes_on(store: MemoryJobRunStore, observer: jobrun.PassObserver)
     await jobrun.start_job_run(store, module_id="m", job="j", instance="i-1")
     for _ in range(2):
         await jobrun.run_due_jobs(store, registry, observer=observer)
+
+
+async def test_debug_lines_name_the_run_the_pass_and_each_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    store, registry = MemoryJobRunStore(), jobrun.JobRegistry()
+
+    @registry.job("m", "j", retry=jobrun.RetryPolicy(max_attempts=1, base_delay_ms=0))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("a", lambda: 1)
+        await p.step("b", _refuse)
+        return jobrun.PassResult(done=True)
+
+    run = await jobrun.start_job_run(store, module_id="m", job="j", instance="i-1")
+    await jobrun.run_due_jobs(store, registry, driver_name="d-1")
+    lines = [(r.name, r.levelno, r.getMessage(), r.__dict__) for r in caplog.records]
+    start = [line for line in lines if line[0] == "jobrun.pass" and line[1] == logging.DEBUG]
+    assert [message for _, _, message, _ in start] == [
+        f"pass m/j[i-1] started (run {run.id}, pass 1)"
+    ]
+    fields = start[0][3]
+    assert (fields["run_id"], fields["module_id"], fields["job"], fields["instance"]) == (
+        run.id,
+        "m",
+        "j",
+        "i-1",
+    )
+    assert (fields["pass_number"], fields["driver"], fields["taken_over"]) == (1, "d-1", False)
+    steps = [
+        fields for name, _, _, fields in lines if name == "jobrun.step" and "outcome" in fields
+    ]
+    assert [(f["step"], f["outcome"], f["attempt"], f["error"]) for f in steps] == [
+        ("a", "ran", 1, None),
+        ("b", "failed", 1, "step 'b' failed: RuntimeError: no"),
+    ]
+    assert all(f["instance"] == "i-1" and f["driver"] == "d-1" for f in steps)
+    ended = [
+        message for name, _, message, _ in lines if name == "jobrun.step" and " in " in message
+    ]
+    assert ended[1].startswith("step 'b' failed in ")
+    assert ended[1].endswith(f" ms (run {run.id}): step 'b' failed: RuntimeError: no")
+    started = [m for name, _, m, f in lines if name == "jobrun.step" and "outcome" not in f]
+    assert started == [f"step 'a' started (run {run.id})", f"step 'b' started (run {run.id})"]
+
+
+def _refuse() -> None:
+    raise RuntimeError("no")
+
+
+class _BrokenEverywhere:
+    """An observer whose every hook raises."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def pass_started(self, start: PassStart) -> _BrokenEverywhere:
+        self.passes += 1
+        if self.passes == 2:
+            raise RuntimeError("observer bug")
+        return self
+
+    def step_started(self, name: str) -> None:
+        raise RuntimeError("observer bug")
+
+    def step_ended(self, end: jobrun.StepEnd) -> None:
+        raise RuntimeError("observer bug")
+
+    def pass_ended(self, end: PassEnd) -> None:
+        raise RuntimeError("observer bug")
+
+
+async def test_a_failing_observer_is_logged_by_hook_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="jobrun")
+    store, registry = MemoryJobRunStore(), jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step(f"s{p.cursor}", lambda: 1)
+        return jobrun.PassResult(cursor=1, done=p.cursor == 1)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    observer = _BrokenEverywhere()
+    for _ in range(2):
+        await jobrun.run_due_jobs(store, registry, observer=cast(Any, observer))
+    warnings = [r for r in caplog.records if "observer failed" in r.getMessage()]
+    assert [r.getMessage() for r in warnings] == [
+        f"a pass observer failed in {hook}; carrying on"
+        for hook in ("step_started", "step_ended", "pass_ended", "pass_started")
+    ]
+    assert all(r.exc_info is not None and r.exc_info[0] is RuntimeError for r in warnings)
+
+
+def test_a_pass_line_gives_its_duration_to_the_microsecond(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 0, False))
+    assert watch is not None
+    watch.pass_ended(PassEnd(run, 1, "completed", 0.0012345, 0, 0, 0))
+    (record,) = [r for r in caplog.records if r.name == "jobrun.pass"]
+    assert record.duration_ms == 1.234 or record.duration_ms == 1.235  # type: ignore[attr-defined]
+
+
+def test_a_step_line_gives_its_duration_and_a_long_error_is_cut_to_one_short_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 0, False))
+    assert watch is not None
+    long_error = "x" * 300 + "\nsecond line"
+    watch.step_ended(jobrun.StepEnd("s", "failed", 2, 0.0012345, long_error))
+    (record,) = [r for r in caplog.records if r.name == "jobrun.step"]
+    assert record.duration_ms == 1.234 or record.duration_ms == 1.235  # type: ignore[attr-defined]
+    assert record.getMessage().endswith(" ms (run r-1): " + "x" * 197 + "...")
+    assert record.error == long_error  # type: ignore[attr-defined]  # the field keeps it whole
+
+
+def test_a_taken_over_pass_says_so_and_an_error_of_200_characters_is_kept_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobrun")
+    run = RunKey(id="r-1", module_id="m", job="j", instance="i")
+    watch = jobrun.LoggingObserver().pass_started(PassStart(run, "d", 1, 2, True))
+    assert watch is not None
+    watch.step_ended(jobrun.StepEnd("s", "failed", 1, 0.5, "y" * 200))
+    start, step = (r.getMessage() for r in caplog.records)
+    assert start == "pass m/j[i] started (run r-1, pass 1, taken over)"
+    assert step.endswith(" ms (run r-1): " + "y" * 200)
+
+
+async def test_a_pass_counts_every_step_it_ran() -> None:
+    store, registry, observer = MemoryJobRunStore(), jobrun.JobRegistry(), PassEnds()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        for name in ("a", "b", "c"):
+            await p.step(name, lambda: 1)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    assert [(end.steps_run, end.memo_hits, end.steps_failed) for end in observer.ends] == [
+        (3, 0, 0)
+    ]
+
+
+class _StepEnds(PassEnds):
+    """An observer that keeps every step's end too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[jobrun.StepEnd] = []
+
+    def step_ended(self, end: object) -> None:
+        self.steps.append(cast(jobrun.StepEnd, end))
+
+
+class _FencedStore(MemoryJobRunStore):
+    """A store on which the pass's token no longer holds when a step is recorded."""
+
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["reused name", "lease gone"])
+async def test_a_step_refused_or_cut_off_by_a_lost_lease_is_told_as_such(fenced: bool) -> None:
+    store = _FencedStore() if fenced else MemoryJobRunStore()
+    registry, observer = jobrun.JobRegistry(), _StepEnds()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        if not fenced:
+            await p.step("a", lambda: 1)
+        await p.step("a", lambda: 2)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(store, module_id="m", job="j", instance="i")
+    await jobrun.run_due_jobs(store, registry, observer=observer)
+    last = observer.steps[-1]
+    assert (last.name, last.outcome, last.attempt) == ("a", "lost" if fenced else "error", 0)
+    assert isinstance(last.duration_s, float)
+    assert last.duration_s >= 0
+    run = (await jobrun.job_runs(store))[0]
+    if fenced:
+        assert last.error == f"run {run.id} is no longer held by this pass; it stops here"
+    else:
+        assert str(last.error).startswith("StepReusedError: step 'a' was already called")

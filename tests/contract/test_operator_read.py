@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun.testing import FakeClock
+from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import hand_made_row, put_rows, set_columns, start
 
 # --- helpers -----------------------------------------------------------------------------
@@ -382,3 +382,29 @@ async def test_a_json_problem_is_reported_before_a_timestamp_problem(store, engi
     assert record.decode_error is not None
     assert record.decode_error.startswith("counters")
     assert "JSON" in record.decode_error
+
+
+@pytest.mark.parametrize("limit", ["5", [5], True])
+async def test_a_list_limit_that_is_no_number_is_named_by_its_type(limit: object) -> None:
+    with pytest.raises(
+        TypeError, match=f"^limit must be a number or None, got {type(limit).__name__}$"
+    ):
+        await jobrun.job_runs(MemoryJobRunStore(), limit=limit)  # type: ignore[arg-type]
+
+
+async def test_a_run_id_that_is_no_str_is_named_by_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^run_id must be a str, got int$"):
+        await jobrun.get_job_run(MemoryJobRunStore(), 5)  # type: ignore[arg-type]
+
+
+async def test_an_unknown_status_filter_lists_the_statuses() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.job_runs(MemoryJobRunStore(), status="paused")
+    assert str(caught.value) == "status filter 'paused' is not one of running, done, failed"
+    assert caught.value.errors == [{"path": "status", "message": "'paused' is not a run status"}]
+
+
+@pytest.mark.parametrize("argument", ["module_id", "job", "instance"])
+async def test_a_key_filter_that_is_no_str_is_named_with_its_type(argument: str) -> None:
+    with pytest.raises(TypeError, match=f"^{argument} filter must be a str or None, got int$"):
+        await jobrun.job_runs(MemoryJobRunStore(), **{argument: 5})  # type: ignore[arg-type]

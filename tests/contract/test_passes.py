@@ -16,9 +16,22 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
+from jobrun._core.outcomes import MAX_ERROR_TEXT_BYTES, cap_error_text
 from jobrun._core.records import StepRow
 from jobrun.testing import FakeClock
-from tests.support import JOB, drive, iso, registry_for, row_of, set_columns, sized_store, start_id
+from tests.support import (
+    JOB,
+    PassEnds,
+    claim_as,
+    done_at_once,
+    drive,
+    iso,
+    registry_for,
+    row_of,
+    set_columns,
+    sized_store,
+    start_id,
+)
 from tests.support import MODULE_ID as MODULE
 
 IMMEDIATE = jobrun.RetryPolicy(base_delay_ms=0)
@@ -632,3 +645,52 @@ async def test_a_handlers_own_timeout_error_is_reported_as_itself(
     report = await drive(store, registry_for(times_out), clock, pass_timeout_s=5)
     assert report.retrying == 1
     assert (await row_of(store, run_id)).last_error == "TimeoutError: upstream timed out"
+
+
+def test_an_error_text_of_exactly_the_cap_is_kept_whole_and_one_byte_more_is_cut() -> None:
+    whole = "x" * MAX_ERROR_TEXT_BYTES
+    assert cap_error_text(whole) == whole
+    # 64 bytes are kept free for the note saying how much was cut.
+    assert cap_error_text(whole + "y") == "x" * (MAX_ERROR_TEXT_BYTES - 64) + (
+        " [... cut, 65 more bytes]"
+    )
+
+
+def test_the_keep_cursor_marker_reads_as_its_name() -> None:
+    assert repr(jobrun.KEEP_CURSOR) == "KEEP_CURSOR"
+
+
+async def test_a_failure_the_store_refuses_after_a_cancel_is_heard_as_superseded(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "j")
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await jobrun.cancel_job_run(store, p.run.id, "stop it", clock=clock)
+        raise RuntimeError("after the cancel")
+
+    observer = PassEnds()
+    report = await jobrun.run_due_jobs(store, registry, clock=clock, observer=observer)
+    assert (report.superseded, report.failed, report.retrying) == (1, 0, 0)
+    assert [(end.outcome, end.error) for end in observer.ends] == [
+        ("superseded", "RuntimeError: after the cancel")
+    ]
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.last_error == "cancelled: stop it", "the refused failure wrote nothing"
+
+
+async def test_a_run_failed_for_its_takeovers_is_stamped_when_it_failed(
+    store: Any, clock: FakeClock
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", done_at_once, lease_ms=1000, max_takeovers=0)
+    assert await claim_as(store, clock, "DEAD-0") is not None
+    clock.advance(seconds=5)
+    assert (await jobrun.run_due_jobs(store, registry, clock=clock)).failed == 1
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert record.updated_at == record.ended_at == clock()

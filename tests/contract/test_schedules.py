@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
+from jobrun._core.port import StoreLimits
 from jobrun._core.schedules import MAX_CATCH_UP_SLOTS
-from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, drive
+from jobrun.testing import FakeClock, MemoryJobRunStore
+from tests.support import SQL_BACKENDS, done_at_once, drive
 
 MODULE, JOB = "reports", "tick"
 # First sight at 00:00:10; the every-minute slots are 00:01:00, 00:02:00, ...
@@ -190,3 +191,63 @@ def test_bad_limits_and_retention_are_refused():
     with pytest.raises(ValueError, match="keep_for"):
         registry.register(MODULE, JOB, handler, keep_for=timedelta(0))
     assert len(registry) == 0
+
+
+def test_bad_schedules_are_refused_with_what_was_wrong() -> None:
+    registry = jobrun.JobRegistry()
+    with pytest.raises(TypeError, match=r"^cron must be a str, got int$"):
+        registry.schedule("m", "j", cast(Any, 5))
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.schedule("m", "j", "61 * * * *")
+    assert str(refused.value) == (
+        "cron '61 * * * *' is not a cron expression croniter reads "
+        "(five fields, or six with seconds last)"
+    )
+    assert refused.value.errors == [{"path": "cron", "message": "not a valid cron expression"}]
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.schedule("m", "j", "* * * * *", catch_up="some")
+    assert str(refused.value) == "catch_up must be one of latest, all, none, got 'some'"
+    assert refused.value.errors == [{"path": "catch_up", "message": "'some' is not a policy"}]
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.schedule("m", "j", "* * * * *", payload={"x": float("nan")})
+    assert refused.value.errors[0]["path"].startswith("payload")
+    assert registry.schedules() == []
+
+
+def test_a_schedule_keeps_its_priority_and_its_next_slot_is_strictly_after() -> None:
+    registry = jobrun.JobRegistry()
+    registry.schedule("m", "j", "*/5 * * * *", priority=7)
+    (schedule,) = registry.schedules()
+    assert schedule.priority == 7
+    ten = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
+    assert schedule.next_slot(ten + timedelta(minutes=2)) == ten + timedelta(minutes=5)
+    assert schedule.next_slot(ten + timedelta(minutes=5)) == ten + timedelta(minutes=10)
+
+
+async def test_a_scheduled_payload_over_the_stores_cap_is_refused_as_the_payload() -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", done_at_once)
+    registry.schedule("m", "j", "* * * * *", payload={"text": "z" * 100})
+    store = MemoryJobRunStore(limits=StoreLimits(max_payload_bytes=50))
+    clock = FakeClock()
+    assert await jobrun.start_scheduled_runs(store, registry, clock=clock) == []  # first sight
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        await jobrun.start_scheduled_runs(store, registry, now=clock.now() + timedelta(minutes=1))
+    assert [error["path"] for error in refused.value.errors] == ["payload"]
+    assert await jobrun.job_runs(store) == []
+
+
+async def test_a_schedule_seen_for_the_first_time_holds_up_no_other() -> None:
+    before, after = jobrun.JobRegistry(), jobrun.JobRegistry()
+    for registry in (before, after):
+        registry.register("m", "old", done_at_once)
+        registry.register("m", "new", done_at_once)
+    before.schedule("m", "old", "* * * * *")
+    after.schedule("m", "new", "* * * * *")  # added ahead of the one already stored
+    after.schedule("m", "old", "* * * * *")
+    store, clock = MemoryJobRunStore(), FakeClock()
+    assert await jobrun.start_scheduled_runs(store, before, clock=clock) == []
+    started = await jobrun.start_scheduled_runs(
+        store, after, now=clock.now() + timedelta(minutes=1)
+    )
+    assert [run.job for run in started] == ["old"]

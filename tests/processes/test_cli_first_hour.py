@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
-import jobrun._cli.worker  # registers the worker command
+import jobrun._cli.worker_command  # registers the worker command
 from jobrun._cli.app import LAZY_COMMANDS, cli
 from jobrun._cli.render import runs_table
 from tests.processes.test_cli import invoke, start, with_store

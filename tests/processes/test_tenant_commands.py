@@ -21,9 +21,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
-import jobrun._cli.console
 import jobrun._cli.schedules
-import jobrun._cli.worker
+import jobrun._cli.ui_command
+import jobrun._cli.worker_command
 from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.tenancy import in_schema

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun.testing import FakeClock
+from jobrun.testing import FakeClock, MemoryJobRunStore
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,20 @@ async def test_the_driver_refuses_what_is_not_options() -> None:
     with pytest.raises(jobrun.JobValidationError, match="options") as caught:
         await jobrun.run_due_jobs(store, jobrun.JobRegistry(), options={"limit": 5})
     assert caught.value.errors[0]["path"] == "options"
+
+
+@pytest.mark.parametrize(
+    ("keywords", "text"),
+    [
+        ({"observer": 5}, "observer must be a PassObserver, got int"),
+        ({"clock": 5}, "clock must be a Clock or a callable returning a datetime, got int"),
+        ({"options": 5}, "options must be a DriveOptions, got int"),
+    ],
+    ids=["observer", "clock", "options"],
+)
+async def test_a_bad_drive_option_is_named_with_its_type(
+    keywords: dict[str, Any], text: str
+) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        await jobrun.run_due_jobs(MemoryJobRunStore(), jobrun.JobRegistry(), **keywords)
+    assert str(caught.value) == text

@@ -359,3 +359,9 @@ def test_the_process_mint_uses_the_wall_clock_and_sorts() -> None:
     assert len(set(ids)) == len(ids)
     assert before <= decode_base32(ids[0][:10]) <= after
     assert json.loads(json.dumps(ids)) == ids
+
+
+@pytest.mark.parametrize(("text", "token"), [("[1,NaN]", "NaN"), ('{"a":1e999}', "1e999")])
+def test_a_non_finite_json_number_is_named_in_the_error(text: str, token: str) -> None:
+    with pytest.raises(MalformedColumnError, match=f"cursor is not valid JSON: {token} "):
+        decode_json(text, "cursor")

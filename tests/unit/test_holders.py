@@ -7,6 +7,9 @@ rules on real namespaces are in ``tests/processes/test_holder_namespaces.py``.
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import pytest
 
 from jobrun import _system
 from jobrun._core.holders import HolderIdentity, Liveness, parse_holder
-from jobrun._system import liveness_on_this_host
+from jobrun._system import liveness_on_this_host, local_identity
 from tests.support import proc_identity, unused_pid
 
 
@@ -115,3 +118,131 @@ def test_own_start_ticks_refuses_a_proc_of_an_outer_pid_namespace(
         lambda path: nested if path == "/proc/self/status" else read_text(path),
     )
     assert _system.own_start_ticks() is None
+
+
+def test_a_described_identity_parses_back_field_for_field() -> None:
+    identity = HolderIdentity(
+        host="web-7",
+        boot="5c1d-e9",
+        pid_namespace="4026531836",
+        time_namespace="4026531834",
+        pid=4121,
+        start_ticks=8934,
+        presence=77,
+    )
+    text = identity.describe("worker-1/3")
+    assert text == (
+        "worker-1/3 [jobrun host=web-7 boot=5c1d-e9 pidns=4026531836 timens=4026531834 pid=4121 "
+        "start=8934 presence=77]"
+    )
+    assert parse_holder(text) == identity
+
+
+def test_an_identity_with_unknown_fields_leaves_them_out() -> None:
+    text = HolderIdentity(host="mac").describe("a [b]")
+    assert text == "a [b] [jobrun host=mac]"
+    assert parse_holder(text) == HolderIdentity(host="mac")
+
+
+@pytest.mark.parametrize(
+    "lease_driver",
+    [
+        None,
+        "",
+        "worker-1",
+        "worker-1 [jobrun host=a pid=12] and more",
+        "worker-1 [jobrun host=a pid=twelve]",
+        "worker-1 [jobrun host=a start=x]",
+        "worker-1 [jobrun host=a presence=p]",
+    ],
+)
+def test_a_driver_text_without_a_whole_identity_at_its_end_proves_nothing(
+    lease_driver: str | None,
+) -> None:
+    assert parse_holder(lease_driver) is None
+
+
+def test_an_identity_bracket_without_a_host_reads_as_an_unknown_host() -> None:
+    assert parse_holder("w [jobrun pid=5]") == HolderIdentity(host="?", pid=5)
+
+
+def test_this_process_knows_its_own_identity() -> None:
+    here = proc_identity()
+    stat = Path("/proc/self/stat").read_text(encoding="ascii")
+    assert here.pid == os.getpid()
+    assert here.start_ticks == int(stat.rsplit(")", 1)[1].split()[19])
+    assert here.host == os.uname().nodename
+    assert here.pid_namespace == os.readlink("/proc/self/ns/pid")[len("pid:[") : -1]
+    if Path("/proc/self/ns/time").exists():
+        assert here.time_namespace == os.readlink("/proc/self/ns/time")[len("time:[") : -1]
+    assert here.boot == Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    assert local_identity() is here, "learnt once per process"
+
+
+@pytest.mark.parametrize(
+    ("boot", "pid_namespace"),
+    [(None, None), ("other", None), (None, "other"), ("other", "same"), ("same", "other")],
+)
+def test_a_holder_in_another_process_table_is_never_proven_dead(
+    boot: str | None, pid_namespace: str | None
+) -> None:
+    here = proc_identity()
+    holder = HolderIdentity(
+        host="x",
+        boot=here.boot if boot == "same" else boot,
+        pid_namespace=here.pid_namespace if pid_namespace == "same" else pid_namespace,
+        time_namespace=here.time_namespace,
+        pid=unused_pid(),
+        start_ticks=1,
+    )
+    assert liveness_on_this_host(holder, here) is Liveness.UNKNOWN
+    assert not holder.same_process_table(here)
+
+
+def test_a_pid_gone_from_this_host_is_proven_dead() -> None:
+    here = proc_identity()
+    gone = replace(here, host="x", pid=unused_pid(), start_ticks=1)
+    assert liveness_on_this_host(gone, here) is Liveness.DEAD
+    assert liveness_on_this_host(gone) is Liveness.DEAD, "compared with this process by default"
+
+
+@pytest.mark.parametrize("missing", ["pid", "start_ticks"])
+def test_a_holder_without_pid_or_start_proves_nothing(missing: str) -> None:
+    here = proc_identity()
+    fields = {"pid": unused_pid(), "start_ticks": 1, missing: None}
+    holder = replace(here, host="x", **fields)
+    assert liveness_on_this_host(holder, here) is Liveness.UNKNOWN
+
+
+def test_a_live_process_is_dead_only_when_its_pid_was_reused() -> None:
+    here = proc_identity()
+    assert liveness_on_this_host(here, here) is Liveness.ALIVE, "this very process is alive"
+    assert here.start_ticks is not None
+    reused = replace(here, start_ticks=here.start_ticks + 1)
+    assert liveness_on_this_host(reused, here) is Liveness.DEAD, "same pid, another start: gone"
+
+
+def test_a_zombie_holder_is_proven_dead(zombie: int) -> None:
+    here = proc_identity()
+    stat = Path(f"/proc/{zombie}/stat").read_text(encoding="ascii")
+    start = int(stat.rsplit(")", 1)[1].split()[19])
+    holder = replace(here, host="x", pid=zombie, start_ticks=start)
+    assert liveness_on_this_host(holder, here) is Liveness.DEAD
+
+
+@pytest.fixture
+def zombie() -> Iterator[int]:
+    """A child that has exited but that its parent (this test) has not reaped yet."""
+    child = subprocess.Popen(["true"])
+    try:
+        for _ in range(1000):
+            state = Path(f"/proc/{child.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1]
+            if state.split()[0] == "Z":
+                break
+            # sleep: a poll interval; the loop count only bounds a hang
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the child never exited")
+        yield child.pid
+    finally:
+        child.wait()

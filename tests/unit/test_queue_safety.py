@@ -484,3 +484,26 @@ def test_no_value_makes_the_check_crash(value: Any) -> None:
         assert len(refused.errors) == 1
         assert refused.errors[0]["path"].startswith("payload")
         assert refused.errors[0]["path"] in str(refused)
+
+
+class _Holder:
+    def method(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("function", [len, lambda: None, _Holder().method, [].append])
+def test_every_kind_of_function_is_called_a_function(function: object) -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        jobrun.assert_queue_safe({"f": function}, "payload")
+    assert caught.value.errors == [
+        {"path": "payload.f", "message": "a function cannot be stored and read back unchanged"}
+    ]
+
+
+def test_a_refusal_says_what_a_run_carries() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        jobrun.assert_queue_safe({"blob": b"x"}, "payload")
+    assert str(caught.value) == (
+        "payload is not queue-safe: payload.blob is a bytes; a run carries ids and "
+        "configuration, not bytes, objects or functions"
+    )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 
 import jobrun
+from tests.support import done_at_once
 
 
 def handler(p: jobrun.JobPass) -> None:
@@ -140,3 +142,21 @@ def test_retry_must_be_a_retry_policy(bad: Any) -> None:
     with pytest.raises(TypeError, match="RetryPolicy"):
         registry.job("crm", "sync", retry=bad)(handler)
     assert len(registry) == 0
+
+
+def test_a_max_concurrent_of_the_wrong_type_is_named_with_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^max_concurrent must be an int or None, got str$"):
+        jobrun.JobRegistry().register("m", "j", done_at_once, max_concurrent=cast(Any, "2"))
+
+
+def test_a_registered_job_keeps_its_limit_and_its_retention() -> None:
+    registry = jobrun.JobRegistry()
+    registry.register("m", "j", done_at_once, max_concurrent=3, keep_for=timedelta(hours=1))
+    registered = registry.get("m", "j")
+    assert registered is not None
+    assert (registered.max_concurrent, registered.keep_for) == (3, timedelta(hours=1))
+
+
+def test_a_keep_for_of_the_wrong_type_is_named_with_its_type() -> None:
+    with pytest.raises(TypeError, match=r"^keep_for must be a timedelta or None, got int$"):
+        jobrun.JobRegistry().register("m", "j", done_at_once, keep_for=cast(Any, 5))

@@ -28,9 +28,9 @@ def _base_path(text: str) -> str:
     return "" if path == "/" else path
 
 
-def _application(console: Any, base: str) -> Any:
+def _application(web_console: Any, base: str) -> Any:
     if not base:
-        return console
+        return web_console
     from starlette.applications import Starlette
     from starlette.responses import RedirectResponse
     from starlette.routing import Mount, Route
@@ -38,7 +38,7 @@ def _application(console: Any, base: str) -> Any:
     async def to_console(request: Any) -> RedirectResponse:
         return RedirectResponse(f"{base}/", status_code=307)
 
-    return Starlette(routes=[Route("/", to_console), Mount(base, app=console)])
+    return Starlette(routes=[Route("/", to_console), Mount(base, app=web_console)])
 
 
 async def _serve(
@@ -64,9 +64,9 @@ async def _serve(
                 )
             name = shown_url(parsed) if schema is None else f"{shown_url(parsed)} schema {schema}"
             stores[name] = SqlJobRunStore(engine, schema=schema)
-        console = create_app(stores, read_only=read_only)
+        web_console = create_app(stores, read_only=read_only)
         config = uvicorn.Config(
-            _application(console, base), host=host, port=port, log_level="info", lifespan="off"
+            _application(web_console, base), host=host, port=port, log_level="info", lifespan="off"
         )
         click.echo(f"jobrun console on http://{host}:{port}{base}/ (Ctrl-C stops it)")
         await uvicorn.Server(config).serve()

@@ -1,0 +1,325 @@
+"""``MemoryJobRunStore``, public as ``jobrun.testing.MemoryJobRunStore`` (whose module
+says what it promises). Methods are grouped as the port's protocols are
+(:mod:`jobrun._core.port`).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
+from jobrun._core.owed import OwedReleases
+from jobrun._core.port import StoreLimits
+from jobrun._core.records import (
+    ClaimRequest,
+    HealthCounts,
+    HeldLease,
+    JobRunStatus,
+    RunFilter,
+    RunPatch,
+    RunRow,
+    ScheduleRow,
+    StepRow,
+)
+from jobrun._core.stranded import StrandedScans
+from jobrun._core.transitions import (
+    Claimed,
+    RunChange,
+    claim_candidate,
+    claim_transition,
+    due_at,
+)
+from jobrun.errors import JobConflictError
+
+__all__ = ["MemoryJobRunStore"]
+
+
+def _not_watching() -> None:
+    return None
+
+
+class MemoryJobRunStore:
+    """The store port in a dict, for tests: pass it wherever a store is asked for.
+
+    It keeps the same contract as ``SqlJobRunStore`` (one live run per key,
+    fenced writes, the ledger dropped with the pass commit). Every operation
+    completes without yielding, so each is atomic with respect to other tasks on
+    the loop. ``default_scope`` is what ``await p.scope()`` returns in passes
+    driven without an ``open_scope``.
+    """
+
+    def __init__(self, limits: StoreLimits | None = None, default_scope: object = None) -> None:
+        self._limits = limits or StoreLimits()
+        self._default_scope = default_scope
+        self.runs: dict[str, RunRow] = {}
+        self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
+        self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
+        self._owed_releases = OwedReleases()
+        self._stranded_scans = StrandedScans()
+
+    # -- JobRunStore: runs, the claim, leases, the pass's writes ------------------------------
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._limits
+
+    @property
+    def default_scope(self) -> object:
+        return self._default_scope
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        return self._owed_releases
+
+    @property
+    def stranded_scans(self) -> StrandedScans:
+        return self._stranded_scans
+
+    async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
+        for existing in self.runs.values():
+            if existing.status == JobRunStatus.RUNNING and (
+                existing.module_id,
+                existing.job,
+                existing.instance,
+            ) == (row.module_id, row.job, row.instance):
+                return existing, False
+        self.runs[row.id] = row
+        return row, True
+
+    async def get(self, run_id: str) -> RunRow | None:
+        return self.runs.get(run_id)
+
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
+        row = claim_candidate(builtins.list(self.runs.values()), request)
+        if row is None:
+            return None
+        claimed = claim_transition(row, request)
+        self.runs[row.id] = claimed.row
+        return claimed
+
+    async def held_leases(
+        self, now_at: str, jobs: frozenset[tuple[str, str]] | None
+    ) -> list[HeldLease]:
+        return [
+            HeldLease(
+                row.id,
+                row.module_id,
+                row.job,
+                row.lease_owner,
+                row.lease_driver,
+                row.lease_began_at,
+            )
+            for row in self.runs.values()
+            if row.status == JobRunStatus.RUNNING
+            and row.lease_owner is not None
+            and (row.next_attempt_at or row.started_at) > now_at
+            and (jobs is None or (row.module_id, row.job) in jobs)
+        ]
+
+    async def presence(self) -> int | None:
+        return None
+
+    def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
+        return _not_watching
+
+    def presence_fd(self, key: int | None) -> int | None:
+        return None
+
+    async def clock_offset_s(self) -> float:
+        return 0.0
+
+    async def list(self, run_filter: RunFilter) -> list[RunRow]:
+        wanted = {
+            name: value
+            for name in ("module_id", "job", "instance", "status")
+            if (value := getattr(run_filter, name)) is not None
+        }
+        rows = [
+            row
+            for row in self.runs.values()
+            if all(getattr(row, name) == value for name, value in wanted.items())
+        ]
+        rows.sort(key=lambda row: row.id, reverse=True)
+        return rows[: run_filter.limit]
+
+    def _held(self, run_id: str, token: str) -> bool:
+        row = self.runs.get(run_id)
+        return row is not None and row.status == JobRunStatus.RUNNING and row.lease_owner == token
+
+    async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        if not self._held(run_id, token):
+            return False
+        self.runs[run_id] = replace(
+            self.runs[run_id],
+            **{name: getattr(patch, name) for name in RunPatch.__dataclass_fields__},
+        )
+        return True
+
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        if not await self.patch(run_id, patch, token):
+            return False
+        self.ledgers.pop(run_id, None)
+        return True
+
+    async def steps(self, run_id: str) -> dict[str, StepRow]:
+        return {name: row for name, (row, _at) in self.ledgers.get(run_id, {}).items()}
+
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+        if not self._held(run_id, token):
+            return False
+        self.ledgers.setdefault(run_id, {})[row.step] = (row, recorded_at)
+        return True
+
+    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+        if not self._held(run_id, token) or due_at(self.runs[run_id]) <= now_at:
+            return False
+        self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
+        return True
+
+    # -- OperatorStore: what operators do by hand ---------------------------------------------
+
+    async def health(self, now_at: str) -> HealthCounts:
+        live = [row for row in self.runs.values() if row.status == JobRunStatus.RUNNING]
+        waiting = [
+            row.next_attempt_at or row.started_at
+            for row in live
+            if (row.next_attempt_at or row.started_at) <= now_at
+        ]
+        return HealthCounts(
+            running=len(live),
+            due=len(waiting),
+            leased=sum(
+                1
+                for row in live
+                if row.lease_owner is not None and (row.next_attempt_at or row.started_at) > now_at
+            ),
+            failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
+            oldest_due_at=min(waiting, default=None),
+        )
+
+    async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for row in self.runs.values():
+            due_at = row.next_attempt_at or row.started_at
+            if row.status == JobRunStatus.RUNNING and row.lease_owner is None and due_at <= now_at:
+                key = (row.module_id, row.job)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _change(self, run_id: str, change: RunChange) -> bool:
+        row = self.runs.get(run_id)
+        if row is None or not change.applies_to(row):
+            return False
+        self.runs[run_id] = change.applied(row)
+        return True
+
+    async def cancel(self, run_id: str, change: RunChange) -> bool:
+        return self._change(run_id, change)
+
+    async def resume(self, run_id: str, change: RunChange) -> bool:
+        row = self.runs.get(run_id)
+        if row is None or not change.applies_to(row):
+            return False
+        if any(
+            other.status == JobRunStatus.RUNNING
+            and (other.module_id, other.job, other.instance)
+            == (row.module_id, row.job, row.instance)
+            for other in self.runs.values()
+        ):
+            raise JobConflictError(
+                f"run {run_id} cannot resume: another run of its key is live", "job_run_key_live"
+            )
+        self._change(run_id, change)
+        ledger = self.ledgers.get(run_id, {})
+        for name, (step, recorded_at) in builtins.list(ledger.items()):
+            if step.result is None:
+                ledger[name] = (replace(step, attempts=0), recorded_at)
+        return True
+
+    async def release(self, run_id: str, change: RunChange) -> bool:
+        return self._change(run_id, change)
+
+    async def prune(
+        self,
+        ended_before: str,
+        statuses: tuple[str, ...],
+        batch_size: int,
+        *,
+        only_jobs: frozenset[tuple[str, str]] | None = None,
+        except_jobs: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
+        doomed = [
+            run_id
+            for run_id, row in self.runs.items()
+            if (only_jobs is None or (row.module_id, row.job) in only_jobs)
+            and (row.module_id, row.job) not in except_jobs
+            and row.status in statuses
+            and row.status != JobRunStatus.RUNNING
+            and row.ended_at is not None
+            and row.ended_at < ended_before
+        ]
+        for run_id in doomed:
+            del self.runs[run_id]
+            self.ledgers.pop(run_id, None)
+        return len(doomed)
+
+    # -- ScheduleStore: each schedule's progress --------------------------------------------
+
+    async def schedule_rows(self) -> builtins.list[ScheduleRow]:
+        return [self.schedules[key] for key in sorted(self.schedules)]
+
+    async def add_schedules(self, rows: Sequence[ScheduleRow]) -> None:
+        for row in rows:
+            self.schedules.setdefault((row.module_id, row.job, row.schedule), row)
+
+    async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
+        key = (schedule.module_id, schedule.job, schedule.schedule)
+        stored = self.schedules.get(key)
+        if stored is None or not stored.last_slot_at < schedule.last_slot_at:
+            return None
+        run, inserted = await self.start_or_join(row)
+        self.schedules[key] = replace(schedule, last_run_id=run.id)
+        return run, inserted
+
+    # -- the console's reads (jobrun._core.browse.BrowsableStore) -----------------------------
+
+    async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        rows = sorted(
+            (row for row in self.runs.values() if run_matches(row, query)),
+            key=lambda row: row.id,
+            reverse=True,
+        )
+        return rows[: query.limit]
+
+    async def count(self, query: RunQuery, cap: int) -> int:
+        return min(cap, sum(1 for row in self.runs.values() if run_matches(row, query)))
+
+    async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
+        loads: dict[tuple[str, str], JobLoad] = {}
+        for row in self.runs.values():
+            running = row.status == JobRunStatus.RUNNING
+            failed = (
+                row.status == JobRunStatus.FAILED
+                and row.ended_at is not None
+                and row.ended_at >= failed_since_at
+            )
+            if not (running or failed):
+                continue
+            due_at = row.next_attempt_at or row.started_at
+            due = running and row.lease_owner is None and due_at <= now_at
+            key = (row.module_id, row.job)
+            load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
+            oldest = load.oldest_due_at
+            if due and (oldest is None or due_at < oldest):
+                oldest = due_at
+            loads[key] = replace(
+                load,
+                running=load.running + running,
+                due=load.due + due,
+                oldest_due_at=oldest,
+                stranded=load.stranded + is_stranded(row, now_at),
+                failed_recently=load.failed_recently + failed,
+            )
+        return [loads[key] for key in sorted(loads)]
