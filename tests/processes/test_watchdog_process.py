@@ -125,3 +125,40 @@ async def test_a_blocked_body_whose_presence_ends_is_killed_within_the_grace(
     print(f"\nwatchdog: presence terminated -> process ended {ended_after_s:.3f} s later")
     assert returncode == -signal.SIGKILL
     assert ended_after_s < PRESENCE_GRACE_S, "ended before another host may take over"
+
+
+async def test_a_process_woken_from_sigstop_past_its_lease_ends_at_once(tmp_path: Path) -> None:
+    """Stopped in a body (2 s lease) for 3 s: on SIGCONT the body would run on past
+    the instant its run may be taken over, so the watchdog ends the process."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'wd.db'}"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        url,
+        "on",
+        "2000",
+        "4",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        first = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert first.startswith(b"body-start"), "the body started"
+        child.send_signal(signal.SIGSTOP)
+        # asyncio.sleep: the length of the stop, the fault under test.
+        await asyncio.sleep(3)
+        woken_s = time.monotonic()
+        child.send_signal(signal.SIGCONT)
+        returncode = await asyncio.wait_for(child.wait(), 30)
+        ended_after_s = time.monotonic() - woken_s
+        rest, errors = await child.communicate()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.communicate()
+    print(f"\nwatchdog: woken from SIGSTOP past the lease -> ended {ended_after_s:.3f} s later")
+    assert returncode == -signal.SIGKILL, errors.decode()
+    assert b"body-end" not in rest
+    assert ended_after_s < 1.0, "ended on waking, not when the body finished (1 s later)"
