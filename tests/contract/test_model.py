@@ -153,15 +153,11 @@ class Model:
             run.ledger[name] = StepRow(name, None, attempts, cause)
             failure = (policy, attempts, f"step {name!r} failed: {cause}")
             break
-        # A user's own exit is recorded as a failed attempt, then raised again: the
-        # drive stops there.
-        interrupted = failure is None and plan.ending == "interrupt"
-        if interrupted:
-            failure = (
-                JOB_POLICY,
-                row.attempts + 1,
-                "KeyboardInterrupt raised by the handler's code",
-            )
+        if failure is None and plan.ending == "interrupt":
+            # A real interruption (the pass's task cancelled): nothing recorded but
+            # the ledger, the lease handed back; the drive stops there.
+            run.row = replace(row, next_attempt_at=None)
+            return None
         if failure is None and plan.ending == "raise":
             failure = (JOB_POLICY, row.attempts + 1, "RuntimeError: handler broke")
         if failure is not None:
@@ -180,8 +176,6 @@ class Model:
                 next_attempt_at=None if exhausted else iso(retry_at),
                 ended_at=now if exhausted else None,
             )
-            if interrupted:
-                return None
             return "failed" if exhausted else "retrying"
         counters = json.loads(row.counters)
         if plan.count:
