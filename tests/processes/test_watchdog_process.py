@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from asyncio.subprocess import Process
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,19 @@ def test_a_blocking_body_past_its_lease_ends_the_process(tmp_path: Path, watchdo
     assert killed_after_s < 2.0
 
 
+async def _start_in_body(url: str, *, lease_ms: int, blocked_s: int) -> Process:
+    """The child, watchdog on, once its blocking body has begun."""
+    child = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-c", CHILD, url, "on", str(lease_ms), str(blocked_s)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    first = await asyncio.wait_for(child.stdout.readline(), 60)
+    assert first.startswith(b"body-start"), "the body started"
+    return child
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("backend", ["postgres"])
 async def test_a_blocked_body_whose_presence_ends_is_killed_within_the_grace(
@@ -88,21 +102,8 @@ async def test_a_blocked_body_whose_presence_ends_is_killed_within_the_grace(
 
     from jobrun._core.stranded import PRESENCE_GRACE_S
 
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD,
-        database_url,
-        "on",
-        "600000",
-        "20",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    child = await _start_in_body(database_url, lease_ms=600_000, blocked_s=20)
     try:
-        assert child.stdout is not None
-        first = await asyncio.wait_for(child.stdout.readline(), 60)
-        assert first.startswith(b"body-start"), "the body started"
         admin = await asyncpg.connect(
             make_url(database_url).set(drivername="postgresql").render_as_string(False)
         )
@@ -131,21 +132,8 @@ async def test_a_process_woken_from_sigstop_past_its_lease_ends_at_once(tmp_path
     """Stopped in a body (2 s lease) for 3 s: on SIGCONT the body would run on past
     the instant its run may be taken over, so the watchdog ends the process."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'wd.db'}"
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD,
-        url,
-        "on",
-        "2000",
-        "4",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    child = await _start_in_body(url, lease_ms=2000, blocked_s=4)
     try:
-        assert child.stdout is not None
-        first = await asyncio.wait_for(child.stdout.readline(), 60)
-        assert first.startswith(b"body-start"), "the body started"
         child.send_signal(signal.SIGSTOP)
         # asyncio.sleep: the length of the stop, the fault under test.
         await asyncio.sleep(3)
