@@ -14,11 +14,11 @@ from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant, parse_instant, repaired_counters
 from jobrun._core.names import require_text
+from jobrun._core.orphans import dead_holders
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun._core.refusals import checked_positive_int, checked_str, refuse, refuse_type, type_name
 from jobrun._core.sources import Sources
-from jobrun._core.stranded import dead_holders
 from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
 from jobrun.errors import JobConflictError, JobRunNotFoundError
 

@@ -86,7 +86,7 @@ async def test_a_blocked_body_whose_presence_ends_is_killed_within_the_grace(
     import asyncpg
     from sqlalchemy import make_url
 
-    from jobrun._core.stranded import PRESENCE_GRACE_S
+    from jobrun._core.orphans import PRESENCE_GRACE_S
 
     child = await asyncio.create_subprocess_exec(
         sys.executable,
