@@ -104,21 +104,17 @@ async def job_run_health(
     counts = await store.health(now_at)
     dead = await dead_holders(store, now_at, None, sources.host)
     due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
-    # A dead holder's run has been waiting since its pass began, at the latest.
-    oldest = min(
-        [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
-        key=lambda instant: instant or "~",
-    )
     waited_s = 0.0
-    if oldest is not None:
-        waited_s = max(0.0, (now - parse_instant(oldest)).total_seconds())
+    if counts.oldest_due_at is not None:
+        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
     return JobRunHealth(
         running=counts.running,
-        due=counts.due + len(dead),
-        leased=counts.leased - len(dead),
+        due=counts.due,
+        leased=counts.leased,
         failed=counts.failed,
         oldest_due_age_s=waited_s,
         due_by_job=due_by_job,
+        orphaned=len(dead),
     )
 
 
