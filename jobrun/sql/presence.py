@@ -37,6 +37,7 @@ from sqlalchemy.exc import MissingGreenlet
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
+from jobrun._core.holders import PRESENCE_PATTERN
 from jobrun._core.orphans import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
 from jobrun.sql.schema import job_runs
 
@@ -58,9 +59,7 @@ _HELD_KEYS = (
 def presence_held() -> Any:
     """Per run row: whether the presence its ``lease_driver`` names is held
     (NULL when it names none)."""
-    key = func.substring(job_runs.c.lease_driver, literal(r" presence=([0-9]+)\]$")).cast(
-        BigInteger
-    )
+    key = func.substring(job_runs.c.lease_driver, literal(PRESENCE_PATTERN)).cast(BigInteger)
     return case(
         (key.is_(None), null()),
         else_=key.in_(select(_HELD_KEYS.c.key)),
