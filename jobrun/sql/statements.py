@@ -617,6 +617,8 @@ def count_statement(names: tuple[str, ...]) -> Any:
     bounds the work to ``cap`` index entries."""
     capped = (
         select(literal(1))
+        # Named: a query with no conditions would otherwise select from nothing (one row).
+        .select_from(job_runs)
         .where(and_(True, *run_matches(names)))
         .limit(bindparam("cap", type_=job_runs.c.attempts.type))
     )
