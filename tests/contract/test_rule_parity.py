@@ -14,10 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Text, bindparam, insert, select, update
+from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, select, update
 
 from jobrun._core import predicates
 from jobrun._core.browse import RunQuery, run_matches
+from jobrun._core.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
 from jobrun._core.transitions import claim_candidate, is_orphan, resume_transition
 from jobrun.sql import statements
@@ -256,3 +257,40 @@ async def test_a_resume_refills_steps_and_keeps_one_live_run_per_key(
             (fresh.id, True) if wanted is None else (wanted.id, False)
         ), row.id
     assert wanted is None, "the last key had no live run"
+
+
+def _driver_texts() -> list[str]:
+    """``lease_driver`` texts as claims write them, with the presence field in every
+    position (fields after it too), and texts that carry no valid presence."""
+    identity = HolderIdentity("web-7", "5c1d", "4026531836", 4121, 8934, 2**62 + 5, "4026531834")
+    texts = [identity.describe(name) for name in ("worker-1/3", "", "a [jobrun presence=1]")]
+    texts.append(dataclasses.replace(identity, presence=None).describe("no presence"))
+    texts.append(HolderIdentity("h", presence=0).describe("only host"))
+    fields = identity.describe("x").split(" [jobrun ", 1)[1].rstrip("]").split(" ")
+    for position in range(len(fields)):
+        moved = [field for field in fields if not field.startswith("presence=")]
+        moved.insert(position, f"presence={identity.presence}")
+        texts.append(f"reordered [jobrun {' '.join(moved)}]")
+    texts += [
+        "worker [jobrun host=a presence=12] and after",
+        "worker [jobrun host=a presence=p]",
+        "worker [jobrun host=a presence=-3]",
+        "worker [jobrun host=a xpresence=3]",
+        "worker [jobrun host=a presence=3",
+        "worker",
+    ]
+    return texts
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", [SQL_BACKENDS[1]], indirect=True)
+async def test_postgres_reads_the_presence_key_as_python_does(store: Any, engine: Any) -> None:
+    texts = _driver_texts()
+    pattern = literal(PRESENCE_PATTERN)
+    async with engine.connect() as connection:
+        for text in texts:
+            found = await connection.scalar(
+                select(func.substring(literal(text), pattern).cast(BigInteger))
+            )
+            holder = parse_holder(text)
+            assert found == (None if holder is None else holder.presence), text
