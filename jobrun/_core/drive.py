@@ -18,11 +18,11 @@ from jobrun._core.options import DriveOptions
 from jobrun._core.outcomes import PassOutcome, fail_for_takeovers, hand_back
 from jobrun._core.passes import OpenScope, PassSettings, run_job_pass
 from jobrun._core.port import JobRunStore
+from jobrun._core.predicates import is_live
 from jobrun._core.records import (
     ClaimRequest,
     DriveError,
     JobDriveReport,
-    JobRunStatus,
     RunKey,
     RunRow,
 )
@@ -264,7 +264,7 @@ class _Drive:
                 return
             if outcome.status != "advanced" or last or outcome.row is None:
                 return
-            if outcome.row.status != JobRunStatus.RUNNING.value:
+            if not is_live(outcome.row):
                 return
             current = outcome.row
             if current.lease_owner is not None and outcome.leased_at_s is not None:

@@ -291,8 +291,8 @@ class MemoryJobRunStore:
             key = (row.module_id, row.job)
             load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
             oldest = load.oldest_due_at
-            if due and (oldest is None or due_at(row) < oldest):
-                oldest = due_at(row)
+            if due:
+                oldest = min(oldest or due_at(row), due_at(row))
             loads[key] = replace(
                 load,
                 running=load.running + running,
