@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
+
 from jobrun._core import orphans
 from jobrun._core.records import HeldLease
 from jobrun._system import THIS_HOST, local_identity
@@ -111,3 +113,11 @@ async def test_a_presence_seen_free_again_after_a_gap_restarts_its_grace() -> No
     assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     now[0] += orphans.PRESENCE_GRACE_S
     assert await dead_owners(store, at, jobs) == {"T"}  # type: ignore[arg-type]
+
+
+def test_the_old_name_of_the_scans_warns_and_answers_the_same() -> None:
+    from jobrun.testing import MemoryJobRunStore
+
+    store = MemoryJobRunStore()
+    with pytest.warns(DeprecationWarning, match="orphan_scans"):
+        assert store.stranded_scans is store.orphan_scans
