@@ -179,12 +179,14 @@ async def resume_job_run(
 async def job_run_health(
     store: OperatorStore, *, by_job: bool = False, clock: ClockLike | None = None
 ) -> JobRunHealth:
-    """Counts for a dashboard: running, due now, leased, failed, and the oldest due age.
+    """Counts for a dashboard: running, due now, leased, failed, the oldest due age,
+    and the leased runs whose holder is provably dead (``orphaned``).
 
-    A run stranded by its driver (lease expired, or holder provably dead) is due,
-    not leased: it waits for a driver like any other due run. With ``by_job``
-    (one more read) ``due_by_job`` says which jobs the unleased due runs belong
-    to: a job that no driver registers shows up there and never drains.
+    A stranded run (its lease expired) is due, not leased: it waits for a driver
+    like any other due run. An orphaned run is still leased until its lease
+    expires, though a driver takes it over at once. With ``by_job`` (one more
+    read) ``due_by_job`` says which jobs the due runs belong to: a job that no
+    driver registers shows up there and never drains.
     """
     return await actions.job_run_health(store, by_job=by_job, clock=clock, sources=SYSTEM_SOURCES)
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobrun._core.clock import Clock
-from jobrun._core.stranded import PRESENCE_GRACE_S
+from jobrun._core.orphans import PRESENCE_GRACE_S
 
 log = logging.getLogger("jobrun.watchdog")
 

@@ -55,11 +55,12 @@ class WorkerMetrics:
     * ``jobrun_step_duration_seconds{module_id, job, outcome}``: histogram, outcome
       ran, memo, failed, lost or error;
     * ``jobrun_lease_takeovers_total{module_id, job}``: passes that began by taking
-      over a run whose driver's lease had expired;
+      a run over from another holder (stranded or orphaned);
     * ``jobrun_due_runs{database}``, ``jobrun_oldest_due_age_seconds{database}``,
       ``jobrun_running_runs{database}``, ``jobrun_leased_runs{database}``,
-      ``jobrun_failed_runs{database}``: gauges from :func:`jobrun.job_run_health`,
-      refreshed every worker interval.
+      ``jobrun_orphaned_runs{database}``, ``jobrun_failed_runs{database}``: gauges
+      from :func:`jobrun.job_run_health` (the words as it defines them), refreshed
+      every worker interval.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -84,13 +85,16 @@ class WorkerMetrics:
         )
         self.takeovers = Counter(
             "jobrun_lease_takeovers",
-            "Passes that began by taking over a run whose lease had expired.",
+            "Passes that began by taking a run over from another holder (stranded or orphaned).",
             job,
             registry=self.registry,
         )
         database = ("database",)
         self.due = Gauge(
-            "jobrun_due_runs", "Live runs that could start now.", database, registry=self.registry
+            "jobrun_due_runs",
+            "Running runs whose due instant has passed (stranded ones included).",
+            database,
+            registry=self.registry,
         )
         self.oldest_due_age = Gauge(
             "jobrun_oldest_due_age_seconds",
@@ -102,7 +106,16 @@ class WorkerMetrics:
             "jobrun_running_runs", "Live (running) runs.", database, registry=self.registry
         )
         self.leased = Gauge(
-            "jobrun_leased_runs", "Runs a driver holds now.", database, registry=self.registry
+            "jobrun_leased_runs",
+            "Running runs held by a lease that has not expired (orphaned ones included).",
+            database,
+            registry=self.registry,
+        )
+        self.orphaned = Gauge(
+            "jobrun_orphaned_runs",
+            "Leased runs whose holder is provably dead (taken over at the next claim).",
+            database,
+            registry=self.registry,
         )
         self.failed = Gauge(
             "jobrun_failed_runs", "Runs that ended failed.", database, registry=self.registry
@@ -119,6 +132,7 @@ class WorkerMetrics:
         self.oldest_due_age.labels(database).set(health.oldest_due_age_s)
         self.running.labels(database).set(health.running)
         self.leased.labels(database).set(health.leased)
+        self.orphaned.labels(database).set(health.orphaned)
         self.failed.labels(database).set(health.failed)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:

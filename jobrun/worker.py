@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobrun._core import stranded
+from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
 from jobrun._core.formats import format_instant
@@ -276,9 +276,9 @@ class _Worker:
         try:
             delay = database.delay_s
             database.delay_s = min(self.interval_s, delay * 2)
-            if stranded.leases_held(database.store):
+            if orphans.leases_held(database.store):
                 # Another holder may die: look often enough to take over in time.
-                delay = min(delay, stranded.SCAN_INTERVAL_S)
+                delay = min(delay, orphans.SCAN_INTERVAL_S)
             await database.idle(delay)
         finally:
             database.polling = False

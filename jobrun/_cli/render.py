@@ -300,6 +300,7 @@ def health_table(
     table.add_row("running", str(health.running))
     table.add_row("due now", str(health.due))
     table.add_row("leased", str(health.leased))
+    table.add_row("  orphaned", str(health.orphaned))
     table.add_row("failed", str(health.failed))
     table.add_row("oldest due waited", span(health.oldest_due_age_s))
     for (module_id, job), due in health.due_by_job.items():

@@ -14,11 +14,11 @@ from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant, parse_instant, repaired_counters
 from jobrun._core.names import require_text
+from jobrun._core.orphans import dead_holders
 from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRun, JobRunHealth, JobRunStatus, job_run_of
 from jobrun._core.refusals import checked_positive_int, checked_str, refuse, refuse_type, type_name
 from jobrun._core.sources import Sources
-from jobrun._core.stranded import dead_holders
 from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
 from jobrun.errors import JobConflictError, JobRunNotFoundError
 
@@ -104,21 +104,17 @@ async def job_run_health(
     counts = await store.health(now_at)
     dead = await dead_holders(store, now_at, None, sources.host)
     due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
-    # A dead holder's run has been waiting since its pass began, at the latest.
-    oldest = min(
-        [counts.oldest_due_at] + [lease.lease_began_at for lease in dead],
-        key=lambda instant: instant or "~",
-    )
     waited_s = 0.0
-    if oldest is not None:
-        waited_s = max(0.0, (now - parse_instant(oldest)).total_seconds())
+    if counts.oldest_due_at is not None:
+        waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
     return JobRunHealth(
         running=counts.running,
-        due=counts.due + len(dead),
-        leased=counts.leased - len(dead),
+        due=counts.due,
+        leased=counts.leased,
         failed=counts.failed,
         oldest_due_age_s=waited_s,
         due_by_job=due_by_job,
+        orphaned=len(dead),
     )
 
 

@@ -4,11 +4,10 @@ Pages are cut by id (``id < before_id``, newest first), never by offset, so the
 thousandth page costs what the first does; counts stop at a cap, so a history
 of millions of finished runs is never counted in full.
 
-A run is *stranded* when it is running and still leased, but its lease expired
-(``next_attempt_at``, which holds the expiry while leased, has passed): its
-holder stopped renewing. :func:`is_stranded` is the one definition; the SQL
-store's statements mirror it (``jobrun.sql.statements``). Stranded goes by the
-lease alone: whether a holder is provably dead (``jobrun._core.holders``) is
+The words (due, leased, stranded) are those of :mod:`jobrun._core.predicates`;
+:func:`run_matches` is the console filter's one definition, and
+``jobrun.sql.statements.run_matches`` its SQL twin. Stranded goes by the lease
+alone: whether a holder is provably dead (an orphan, ``jobrun._core.orphans``) is
 the claim's question, which takes such a run over before its lease expires.
 """
 
@@ -19,6 +18,7 @@ from typing import Protocol
 
 from jobrun._core.ids import first_id_at
 from jobrun._core.port import OperatorStore
+from jobrun._core.predicates import is_stranded
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
 from jobrun._core.refusals import is_number, refuse
 
@@ -62,7 +62,9 @@ class RunQuery:
 
 @dataclass(frozen=True, slots=True)
 class JobLoad:
-    """How one job of one database is doing (times as stored text)."""
+    """How one job of one database is doing (times as stored text): its running
+    runs, how many of them are due (stranded ones included) and since when the
+    oldest waits, how many are stranded, and its runs failed lately."""
 
     module_id: str
     job: str
@@ -71,16 +73,6 @@ class JobLoad:
     oldest_due_at: str | None
     stranded: int
     failed_recently: int
-
-
-def is_stranded(row: RunRow, now_at: str) -> bool:
-    """Running, leased, and the lease's expiry has passed by ``now_at``."""
-    return (
-        row.status == JobRunStatus.RUNNING
-        and row.lease_owner is not None
-        and row.next_attempt_at is not None
-        and row.next_attempt_at < now_at
-    )
 
 
 def run_matches(row: RunRow, query: RunQuery) -> bool:
@@ -119,6 +111,6 @@ class BrowsableStore(OperatorStore, Protocol):
 
     async def job_loads(self, now_at: str, failed_since_at: str) -> list[JobLoad]:
         """Per ``(module_id, job)`` with live runs or runs failed since ``failed_since_at``:
-        running, due by ``now_at`` (not leased), the oldest due instant, stranded,
-        and failed since then; ordered by module id and job."""
+        running, due by ``now_at`` (stranded ones included), the oldest due
+        instant, stranded, and failed since then; ordered by module id and job."""
         ...

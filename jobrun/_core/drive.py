@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeAlias
 
-from jobrun._core import stranded
+from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
@@ -18,11 +18,11 @@ from jobrun._core.options import DriveOptions
 from jobrun._core.outcomes import PassOutcome, fail_for_takeovers, hand_back
 from jobrun._core.passes import OpenScope, PassSettings, run_job_pass
 from jobrun._core.port import JobRunStore
+from jobrun._core.predicates import is_live
 from jobrun._core.records import (
     ClaimRequest,
     DriveError,
     JobDriveReport,
-    JobRunStatus,
     RunKey,
     RunRow,
 )
@@ -66,7 +66,7 @@ async def _claim(
     now_at = format_instant(clock.now())
     # Where the lease's self-fence starts: its expiry is counted from ``now_at``.
     leased_at_s = clock.monotonic()
-    dead = await stranded.dead_owners(
+    dead = await orphans.dead_owners(
         store, now_at, wanted, now_s=clock.monotonic(), host=sources.host
     )
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
@@ -108,7 +108,7 @@ async def _claim(
     if claimed is None:
         return None
     row = claimed.row
-    stranded.claimed(store, wanted, row.id)
+    orphans.claimed(store, wanted, row.id)
     registered = registry.get(row.module_id, row.job)
     assert registered is not None, "the store returned a run of a job that was not asked for"
     lease = Lease(token, holder, registered.lease_ms, presence, store.presence_fd(presence))
@@ -264,7 +264,7 @@ class _Drive:
                 return
             if outcome.status != "advanced" or last or outcome.row is None:
                 return
-            if outcome.row.status != JobRunStatus.RUNNING.value:
+            if not is_live(outcome.row):
                 return
             current = outcome.row
             if current.lease_owner is not None and outcome.leased_at_s is not None:

@@ -49,6 +49,13 @@ from typing import Protocol
 _BRACKET = re.compile(r" \[jobrun ([^\[\]]*)\]\Z")
 _FIELD = re.compile(r"(?:^|\s)(host|boot|pidns|timens|pid|start|presence)=(\S+)")
 
+PRESENCE_PATTERN = r" \[jobrun (?:[^\[\]]* )?presence=([0-9]+)(?: [^\[\]]*)?\]\Z"
+"""The presence key in a stored ``lease_driver`` (its one group), wherever the field
+stands in the bracket. The one definition: :func:`parse_holder` reads it with
+Python's ``re``, and the SQL store hands the same text to Postgres's ``substring``
+(``jobrun.sql.presence``), whose regular expressions read it alike."""
+_PRESENCE = re.compile(PRESENCE_PATTERN)
+
 
 class Liveness(Enum):
     """What this host can tell about a holder's process."""
@@ -106,6 +113,9 @@ def parse_holder(lease_driver: str | None) -> HolderIdentity | None:
     if found is None:
         return None
     fields = dict(_FIELD.findall(found.group(1)))
+    presence = _PRESENCE.search(lease_driver)
+    if "presence" in fields and presence is None:
+        return None  # a malformed field, as below
     try:
         return HolderIdentity(
             host=fields.get("host", "?"),
@@ -114,7 +124,7 @@ def parse_holder(lease_driver: str | None) -> HolderIdentity | None:
             time_namespace=fields.get("timens"),
             pid=int(fields["pid"]) if "pid" in fields else None,
             start_ticks=int(fields["start"]) if "start" in fields else None,
-            presence=int(fields["presence"]) if "presence" in fields else None,
+            presence=None if presence is None else int(presence.group(1)),
         )
     except ValueError:
         return None

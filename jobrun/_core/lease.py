@@ -18,7 +18,7 @@ monotonic clock, the last instant before which no other driver may take the run
 (the send of its last successful claim or renewal plus the lease, less the clock
 skew the store tolerates), and past ``safe_until_s - stop_margin_s`` it starts no
 body and cancels those in flight; it does the same the moment its presence is
-lost (see ``jobrun._core.stranded``). An expired lease is never renewed: the
+lost (see ``jobrun._core.orphans``). An expired lease is never renewed: the
 renewal is conditional on the lease not having expired.
 """
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.orphans import OrphanScans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.records import (
     ClaimRequest,
@@ -24,7 +25,6 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.refusals import checked_positive_int
-from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import Claimed, RunChange
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -66,9 +66,9 @@ class JobRunStore(Protocol):
         ...
 
     @property
-    def stranded_scans(self) -> StrandedScans:
+    def orphan_scans(self) -> OrphanScans:
         """What the scans for runs of dead holders saw on this store, kept between
-        drives (see ``jobrun._core.stranded``); the store only keeps it."""
+        drives (see ``jobrun._core.orphans``); the store only keeps it."""
         ...
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:

@@ -227,20 +227,24 @@ class HealthCounts:
 class JobRunHealth:
     """How the job runs of one database are doing, for dashboards and alerts.
 
-    * ``running``: runs with status ``running`` (due, backing off or leased).
-    * ``due``: running runs a driver could claim now: not backing off, and
-      either not leased or stranded (their lease expired, or its holder is
-      provably dead). Includes runs of jobs no driver registers, which stay due
-      until one does (``due_by_job`` tells which).
-    * ``leased``: running runs held by a live lease (a pass in flight).
+    The words are those of ``docs/design.md`` ("Words"); each running run is
+    exactly one of due, leased or backing off.
+
+    * ``running``: runs with status ``running`` (due, leased or backing off).
+    * ``due``: running runs whose due instant has passed, so a driver claims
+      them now: no lease and the backoff over, or stranded (a lease that
+      expired). Includes runs of jobs no driver registers, which stay due until
+      one does (``due_by_job`` tells which).
+    * ``leased``: running runs held by a lease that has not expired (a pass in
+      flight, unless its holder died: see ``orphaned``).
     * ``failed``: runs that ended ``failed`` and are still kept (until pruned).
-    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited (0
-      when none; a run whose holder died counts from the start of the holder's
-      pass): the number to alert on when drivers fall behind or a job is
-      registered nowhere.
-    * ``due_by_job``: ``{(module_id, job): due runs}`` counting the due runs
-      that hold no lease at all, per job (filled when asked for with
-      ``by_job=True``, else empty).
+    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited since
+      its due instant (0 when none): the number to alert on when drivers fall
+      behind or a job is registered nowhere.
+    * ``due_by_job``: ``{(module_id, job): due runs}``, the same due runs per job
+      (filled when asked for with ``by_job=True``, else empty).
+    * ``orphaned``: of the leased runs, those whose holder is provably dead (a
+      driver takes them over at its next claim, before their lease expires).
     """
 
     running: int
@@ -249,6 +253,7 @@ class JobRunHealth:
     failed: int
     oldest_due_age_s: float
     due_by_job: dict[tuple[str, str], int] = field(default_factory=dict)
+    orphaned: int = 0
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobrun._core.lease import Lease
+from jobrun._core.predicates import due_at, is_due, is_leased, is_live
 from jobrun._core.records import ClaimRequest, JobRunStatus, RunPatch, RunRow
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -65,16 +66,10 @@ class Claimed:
         return self.previous is not None
 
 
-def due_at(row: RunRow) -> str:
-    """When a running run is due: its next attempt (a lease's expiry while leased),
-    else its start."""
-    return row.next_attempt_at or row.started_at
-
-
 def is_orphan(row: RunRow, request: ClaimRequest) -> bool:
-    """Held by a holder proven dead, under a lease that has not expired: claimed
-    first, due or not, and outside per-job limits (it adds no pass in flight)."""
-    return row.lease_owner in request.dead_owners and due_at(row) > request.now_at
+    """Orphaned: leased, by a holder proven dead. Claimed first, before its lease
+    expires, and outside per-job limits (it adds no pass in flight)."""
+    return is_leased(row, request.now_at) and row.lease_owner in request.dead_owners
 
 
 def takeover_note(previous: PreviousHolder) -> str:
@@ -124,12 +119,10 @@ def takeovers_exceeded_reason(takeovers: int, max_takeovers: int) -> str:
 
 
 def in_flight(rows: Iterable[RunRow], now_at: str) -> dict[tuple[str, str], int]:
-    """Per job, its running runs held under a lease that has not expired."""
+    """Per job, its leased runs (:func:`~jobrun._core.predicates.is_leased`)."""
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
-        expires_at = row.next_attempt_at
-        leased = row.lease_owner is not None and expires_at is not None and expires_at > now_at
-        if row.status == RUNNING and leased:
+        if is_leased(row, now_at):
             counts[(row.module_id, row.job)] = counts.get((row.module_id, row.job), 0) + 1
     return counts
 
@@ -140,9 +133,7 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     instant, then id) among jobs below their ``max_concurrent`` and not in
     ``skip_ids``."""
     wanted = [
-        row
-        for row in rows
-        if row.status == RUNNING and (row.module_id, row.job) in request.expires_at
+        row for row in rows if is_live(row) and (row.module_id, row.job) in request.expires_at
     ]
     orphans = [row for row in wanted if is_orphan(row, request)]
     if orphans:
@@ -152,7 +143,7 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     due = [
         row
         for row in wanted
-        if due_at(row) <= request.now_at
+        if is_due(row, request.now_at)
         and (row.module_id, row.job) not in full
         and row.id not in request.skip_ids
     ]

@@ -8,10 +8,23 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import cast
 
-from jobrun._core.browse import JobLoad, RunQuery, is_stranded, run_matches
+from jobrun._core.browse import JobLoad, RunQuery, run_matches
+from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits
+from jobrun._core.predicates import (
+    due_at,
+    is_due,
+    is_failed_since,
+    is_leased,
+    is_live,
+    is_prunable,
+    is_stranded,
+    live_run_of,
+    refill_on_resume,
+)
 from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
@@ -23,14 +36,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
-from jobrun._core.stranded import StrandedScans
-from jobrun._core.transitions import (
-    Claimed,
-    RunChange,
-    claim_candidate,
-    claim_transition,
-    due_at,
-)
+from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
 from jobrun.errors import JobConflictError
 
 __all__ = ["MemoryJobRunStore"]
@@ -57,7 +63,7 @@ class MemoryJobRunStore:
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self._owed_releases = OwedReleases()
-        self._stranded_scans = StrandedScans()
+        self._orphan_scans = OrphanScans()
 
     # -- JobRunStore: runs, the claim, leases, the pass's writes ------------------------------
 
@@ -74,17 +80,18 @@ class MemoryJobRunStore:
         return self._owed_releases
 
     @property
-    def stranded_scans(self) -> StrandedScans:
-        return self._stranded_scans
+    def orphan_scans(self) -> OrphanScans:
+        return self._orphan_scans
+
+    @property
+    def stranded_scans(self) -> OrphanScans:
+        """Deprecated alias of :attr:`orphan_scans` (removed in the next release)."""
+        return deprecated_scans(self)
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        for existing in self.runs.values():
-            if existing.status == JobRunStatus.RUNNING and (
-                existing.module_id,
-                existing.job,
-                existing.instance,
-            ) == (row.module_id, row.job, row.instance):
-                return existing, False
+        existing = live_run_of(self.runs.values(), row)
+        if existing is not None:
+            return existing, False
         self.runs[row.id] = row
         return row, True
 
@@ -107,15 +114,12 @@ class MemoryJobRunStore:
                 row.id,
                 row.module_id,
                 row.job,
-                row.lease_owner,
+                cast(str, row.lease_owner),  # leased: never None
                 row.lease_driver,
                 row.lease_began_at,
             )
             for row in self.runs.values()
-            if row.status == JobRunStatus.RUNNING
-            and row.lease_owner is not None
-            and (row.next_attempt_at or row.started_at) > now_at
-            and (jobs is None or (row.module_id, row.job) in jobs)
+            if is_leased(row, now_at) and (jobs is None or (row.module_id, row.job) in jobs)
         ]
 
     async def presence(self) -> int | None:
@@ -146,7 +150,7 @@ class MemoryJobRunStore:
 
     def _held(self, run_id: str, token: str) -> bool:
         row = self.runs.get(run_id)
-        return row is not None and row.status == JobRunStatus.RUNNING and row.lease_owner == token
+        return row is not None and is_live(row) and row.lease_owner == token
 
     async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
         if not self._held(run_id, token):
@@ -173,7 +177,7 @@ class MemoryJobRunStore:
         return True
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
-        if not self._held(run_id, token) or due_at(self.runs[run_id]) <= now_at:
+        if not self._held(run_id, token) or not is_leased(self.runs[run_id], now_at):
             return False
         self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
         return True
@@ -181,20 +185,12 @@ class MemoryJobRunStore:
     # -- OperatorStore: what operators do by hand ---------------------------------------------
 
     async def health(self, now_at: str) -> HealthCounts:
-        live = [row for row in self.runs.values() if row.status == JobRunStatus.RUNNING]
-        waiting = [
-            row.next_attempt_at or row.started_at
-            for row in live
-            if (row.next_attempt_at or row.started_at) <= now_at
-        ]
+        rows = self.runs.values()
+        waiting = [due_at(row) for row in rows if is_due(row, now_at)]
         return HealthCounts(
-            running=len(live),
+            running=sum(1 for row in rows if is_live(row)),
             due=len(waiting),
-            leased=sum(
-                1
-                for row in live
-                if row.lease_owner is not None and (row.next_attempt_at or row.started_at) > now_at
-            ),
+            leased=sum(1 for row in rows if is_leased(row, now_at)),
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
         )
@@ -202,8 +198,7 @@ class MemoryJobRunStore:
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}
         for row in self.runs.values():
-            due_at = row.next_attempt_at or row.started_at
-            if row.status == JobRunStatus.RUNNING and row.lease_owner is None and due_at <= now_at:
+            if is_due(row, now_at):
                 key = (row.module_id, row.job)
                 counts[key] = counts.get(key, 0) + 1
         return counts
@@ -222,20 +217,14 @@ class MemoryJobRunStore:
         row = self.runs.get(run_id)
         if row is None or not change.applies_to(row):
             return False
-        if any(
-            other.status == JobRunStatus.RUNNING
-            and (other.module_id, other.job, other.instance)
-            == (row.module_id, row.job, row.instance)
-            for other in self.runs.values()
-        ):
+        if live_run_of(self.runs.values(), row) is not None:
             raise JobConflictError(
                 f"run {run_id} cannot resume: another run of its key is live", "job_run_key_live"
             )
         self._change(run_id, change)
         ledger = self.ledgers.get(run_id, {})
         for name, (step, recorded_at) in builtins.list(ledger.items()):
-            if step.result is None:
-                ledger[name] = (replace(step, attempts=0), recorded_at)
+            ledger[name] = (refill_on_resume(step), recorded_at)
         return True
 
     async def release(self, run_id: str, change: RunChange) -> bool:
@@ -253,12 +242,7 @@ class MemoryJobRunStore:
         doomed = [
             run_id
             for run_id, row in self.runs.items()
-            if (only_jobs is None or (row.module_id, row.job) in only_jobs)
-            and (row.module_id, row.job) not in except_jobs
-            and row.status in statuses
-            and row.status != JobRunStatus.RUNNING
-            and row.ended_at is not None
-            and row.ended_at < ended_before
+            if is_prunable(row, ended_before, statuses, only_jobs, except_jobs)
         ]
         for run_id in doomed:
             del self.runs[run_id]
@@ -299,21 +283,16 @@ class MemoryJobRunStore:
     async def job_loads(self, now_at: str, failed_since_at: str) -> builtins.list[JobLoad]:
         loads: dict[tuple[str, str], JobLoad] = {}
         for row in self.runs.values():
-            running = row.status == JobRunStatus.RUNNING
-            failed = (
-                row.status == JobRunStatus.FAILED
-                and row.ended_at is not None
-                and row.ended_at >= failed_since_at
-            )
+            running = is_live(row)
+            failed = is_failed_since(row, failed_since_at)
             if not (running or failed):
                 continue
-            due_at = row.next_attempt_at or row.started_at
-            due = running and row.lease_owner is None and due_at <= now_at
+            due = is_due(row, now_at)
             key = (row.module_id, row.job)
             load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
             oldest = load.oldest_due_at
-            if due and (oldest is None or due_at < oldest):
-                oldest = due_at
+            if due:
+                oldest = min(oldest or due_at(row), due_at(row))
             loads[key] = replace(
                 load,
                 running=load.running + running,

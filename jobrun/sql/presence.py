@@ -13,7 +13,7 @@ the lock costs no query at all. The same connection carries the worker's
 A session that ended is not proof that its process did: a network cut, a
 Postgres restart or a proxy end the sessions of live processes. So a claimer
 that finds the lock free waits ``PRESENCE_GRACE_S`` before it takes the runs
-over (see ``jobrun._core.stranded``), and the holder keeps its side of that
+over (see ``jobrun._core.orphans``), and the holder keeps its side of that
 bargain here: the session is told never to time out when idle
 (``idle_session_timeout = 0``, which a server or role setting would otherwise
 apply), and a round trip on it every ``PRESENCE_CHECK_INTERVAL_S``, allowed
@@ -37,7 +37,8 @@ from sqlalchemy.exc import MissingGreenlet
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
-from jobrun._core.stranded import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
+from jobrun._core.holders import PRESENCE_PATTERN
+from jobrun._core.orphans import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
 from jobrun.sql.schema import job_runs
 
 log = logging.getLogger("jobrun.presence")
@@ -58,9 +59,7 @@ _HELD_KEYS = (
 def presence_held() -> Any:
     """Per run row: whether the presence its ``lease_driver`` names is held
     (NULL when it names none)."""
-    key = func.substring(job_runs.c.lease_driver, literal(r" presence=([0-9]+)\]$")).cast(
-        BigInteger
-    )
+    key = func.substring(job_runs.c.lease_driver, literal(PRESENCE_PATTERN)).cast(BigInteger)
     return case(
         (key.is_(None), null()),
         else_=key.in_(select(_HELD_KEYS.c.key)),

@@ -7,6 +7,8 @@ that due-ness is a string comparison that means the same on every engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
 SCHEMA_REVISION = "0004"
@@ -68,7 +70,16 @@ job_runs = Table(
 # id. Status leads so live runs are one seekable range however many finished
 # runs are kept; the index's key order is the ORDER BY's, so a claim reads it
 # front to back and stops at the first due run of a job it asked for.
-DUE_AT = func.coalesce(job_runs.c.next_attempt_at, job_runs.c.started_at)
+
+
+def due_at_of(runs: Any) -> Any:
+    """The due instant of the runs table ``runs`` (its columns, or an alias's): the SQL
+    of ``jobrun._core.predicates.due_at``, spelled only here, since the index below
+    must be keyed on the very expression the statements order and compare by."""
+    return func.coalesce(runs.next_attempt_at, runs.started_at)
+
+
+DUE_AT = due_at_of(job_runs.c)
 Index(
     "_substrat_job_runs_claim_order",
     job_runs.c.status,

@@ -40,9 +40,9 @@ from jobrun._core.transitions import CLAIM_FIELDS
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import (
-    DUE_AT,
     LEASED_ONLY,
     LIVE_ONLY,
+    due_at_of,
     job_runs,
     job_schedules,
     job_steps,
@@ -56,13 +56,75 @@ assert tuple(RunRow.__dataclass_fields__) == RUN_COLUMNS
 PATCH_COLUMNS = tuple(RunPatch.__dataclass_fields__)
 STEP_COLUMNS = ("run_id", "step", "result", "attempts", "last_error", "recorded_at")
 _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
+_RUNS = job_runs.c
+
+
+# -- the rules: SQL twins of jobrun._core.predicates, of the same names ----------------------
+# Each takes the runs' columns (``job_runs.c`` or an alias's) and returns a condition;
+# tests/contract/test_rule_parity.py checks each against its Python home on every
+# backend, and tests/unit/test_one_home.py that neither is spelled anywhere else.
+
+
+def due_at(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.due_at` (the claim-order index's key)."""
+    return due_at_of(runs)
+
+
+def is_live(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_live`."""
+    return runs.status == RUNNING
+
+
+def is_due(now_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_due` (the claim-order index's range)."""
+    return and_(is_live(runs), now_at >= due_at(runs))
+
+
+def is_leased(now_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_leased`."""
+    return and_(is_live(runs), runs.lease_owner.is_not(None), now_at < due_at(runs))
+
+
+def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_stranded`."""
+    return and_(is_due(now_at, runs), runs.lease_owner.is_not(None))
+
+
+def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
+    return and_(runs.status == FAILED, runs.ended_at >= since_at)
+
+
+def live_run_of() -> Any:
+    """Twin of :func:`jobrun._core.predicates.live_run_of`: the live run of the key
+    ``row_module_id``, ``row_job``, ``row_instance`` (the partial unique index on
+    ``LIVE_ONLY`` keeps it to one)."""
+    runs = job_runs.c
+    return select(job_runs).where(
+        runs.module_id == bindparam("row_module_id"),
+        runs.job == bindparam("row_job"),
+        runs.instance == bindparam("row_instance"),
+        is_live(),
+    )
+
+
+def refill_on_resume() -> Any:
+    """Twin of :func:`jobrun._core.predicates.refill_on_resume`: the steps of run
+    ``run_id`` that never completed get their attempts back; completed ones keep
+    their memo."""
+    steps = job_steps.c
+    return (
+        update(job_steps)
+        .where(steps.run_id == bindparam("run_id"), steps.result.is_(None))
+        .values(attempts=0)
+    )
 
 
 def _fence() -> Any:
     """``this run, still running, still held by this token``, as bound parameters."""
     return and_(
         job_runs.c.id == bindparam("fence_id"),
-        job_runs.c.status == RUNNING,
+        is_live(),
         job_runs.c.lease_owner == bindparam("fence_token"),
     )
 
@@ -145,40 +207,28 @@ class Statements:
         self.extend_lease = compile_(
             update(job_runs)
             # Not expired: an expired lease is never renewed back to life.
-            .where(_fence(), runs.next_attempt_at > bindparam("now_at", type_=Text))
+            .where(_fence(), is_leased(bindparam("now_at", type_=Text)))
             .values(next_attempt_at=bindparam("expires_at"))
             .returning(runs.id)
         )
         self.start = compile_(start_insert(is_postgres))
-        self.live = compile_(
-            select(job_runs).where(
-                runs.module_id == bindparam("row_module_id"),
-                runs.job == bindparam("row_job"),
-                runs.instance == bindparam("row_instance"),
-                runs.status == RUNNING,
-            )
-        )
+        self.live = compile_(live_run_of())
         self._operator(compile_)
 
     def _operator(self, compile_: Compiler) -> None:
-        # Failed steps get their attempts back; completed ones keep their memo.
-        self.refill = compile_(
-            update(job_steps)
-            .where(job_steps.c.run_id == bindparam("run_id"), job_steps.c.result.is_(None))
-            .values(attempts=0)
-        )
+        self.refill = compile_(refill_on_resume())
         self._operator_reads(compile_)
 
     def _operator_reads(self, compile_: Compiler) -> None:
         runs = job_runs.c
         now_at = bindparam("now_at", type_=Text)
-        live = runs.status == RUNNING
+        live = is_live()
         # Due includes the stranded: a lease that expired is due since its expiry.
-        waiting = and_(live, now_at >= DUE_AT)
+        waiting = is_due(now_at)
         # The running range of the claim-order index (status leads it).
         self.due_by_job = compile_(
             select(runs.module_id, runs.job, func.count())
-            .where(live, now_at >= DUE_AT, runs.lease_owner.is_(None))
+            .where(waiting)
             .group_by(runs.module_id, runs.job)
         )
         # Finished runs are kept forever; every filter here leads with status so
@@ -187,9 +237,9 @@ class Statements:
             select(
                 func.count().filter(live),
                 func.count().filter(waiting),
-                func.count().filter(and_(live, runs.lease_owner.is_not(None), now_at < DUE_AT)),
+                func.count().filter(is_leased(now_at)),
                 func.count().filter(runs.status == FAILED),
-                func.min(DUE_AT).filter(waiting),
+                func.min(due_at()).filter(waiting),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
         )
 
@@ -211,20 +261,18 @@ class Shapes:
 
 
 def _in_flight(module: str, job: str) -> Any:
-    """How many runs of the job named by parameters ``module`` and ``job`` hold a lease
-    that has not expired (a separate alias: the count must not correlate with the
-    claim's candidate row)."""
+    """How many runs of the job named by parameters ``module`` and ``job`` are leased
+    (a separate alias: the count must not correlate with the claim's candidate row)."""
     leased = job_runs.alias("leased")
     return (
         select(func.count())
         .select_from(leased)
         .where(
-            # Spelled as the partial index's predicate, so both engines use it.
+            # The partial index's predicate spelled as its own, so both engines use it.
             LEASED_ONLY,
             leased.c.module_id == bindparam(module),
             leased.c.job == bindparam(job),
-            leased.c.status == RUNNING,
-            leased.c.next_attempt_at > bindparam("now_at", type_=Text),
+            is_leased(bindparam("now_at", type_=Text), leased.c),
         )
         .scalar_subquery()
     )
@@ -241,11 +289,10 @@ def _due_candidate(pairs: list[Any], skipped: int, limited: int) -> Any:
     candidate = (
         select(runs.id)
         .where(
-            runs.status == RUNNING,
-            bindparam("now_at", type_=Text) >= DUE_AT,
+            is_due(bindparam("now_at", type_=Text)),
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
         )
-        .order_by(runs.priority.desc(), DUE_AT, runs.id)
+        .order_by(runs.priority.desc(), due_at(), runs.id)
         .limit(1)
     )
     for index in range(limited):
@@ -272,17 +319,16 @@ def _dead(dead: int) -> list[Any]:
 
 
 def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
-    """A run whose holder was proven dead (``dead_{i}``), due or not (see
-    ``jobrun._core.holders``). Taking it over adds no pass in flight, so per-job
-    limits do not apply."""
+    """An orphaned run: leased by a holder proven dead (``dead_{i}``; see
+    ``jobrun._core.orphans``), as ``jobrun._core.transitions.is_orphan``. Taking it
+    over adds no pass in flight, so per-job limits do not apply."""
     runs = job_runs.c
     return (
         select(runs.id)
         .where(
-            runs.status == RUNNING,
+            # Leased (once expired it is simply due): the due index's range.
+            is_leased(bindparam("now_at", type_=Text)),
             runs.lease_owner.in_(_dead(dead)),
-            # Unexpired (once expired it is simply due): the due index's range.
-            bindparam("now_at", type_=Text) < DUE_AT,
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
             *_not_skipped(skipped),
         )
@@ -312,7 +358,7 @@ def claim_write(limited: bool) -> Any:
     job (``check_module``, ``check_job``) holds fewer than ``check_most`` unexpired
     leases, counted in the same statement."""
     runs = job_runs.c
-    fence = [runs.id == bindparam("fence_id"), runs.status == RUNNING]
+    fence = [runs.id == bindparam("fence_id"), is_live()]
     fence += [runs[name].is_not_distinct_from(bindparam(f"was_{name}")) for name in CLAIM_FIELDS]
     if limited:
         most = bindparam("check_most", type_=runs.attempts.type)
@@ -356,10 +402,8 @@ def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
         runs.lease_began_at,
         held,
     ).where(
-        runs.status == RUNNING,
-        runs.lease_owner.is_not(None),
         # Not expired: a held lease's expiry is its due instant (the index's range).
-        bindparam("now_at", type_=Text) < DUE_AT,
+        is_leased(bindparam("now_at", type_=Text)),
     )
     if jobs is not None:
         pairs = [tuple_(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
@@ -403,31 +447,38 @@ def _any_job(prefix: str, jobs: int) -> Any:
     )
 
 
+def is_prunable(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_prunable`: status one of ``statuses``
+    (``pruned_status_{i}``), never live, ended before ``ended_before``; of
+    ``only_jobs`` pairs (``only_module_{i}``, ``only_job_{i}``; ``None``: any job) and
+    none of ``except_jobs`` (``except_*_{i}``)."""
+    runs = job_runs.c
+    conditions = [
+        runs.status.in_(
+            [bindparam(f"pruned_status_{i}", type_=runs.status.type) for i in range(statuses)]
+        ),
+        not_(is_live()),
+        runs.ended_at < bindparam("ended_before"),
+    ]
+    if only_jobs is not None:
+        conditions.append(_any_job("only_", only_jobs))
+    if except_jobs:
+        conditions.append(not_(_any_job("except_", except_jobs)))
+    return and_(*conditions)
+
+
 def prune_runs(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
-    """One prune batch: delete at most ``batch_size`` runs in id order whose status is
-    one of ``statuses`` (``pruned_status_{i}``, never ``running``) and that ended before
-    ``ended_before``; of ``only_jobs`` pairs (``only_module_{i}``, ``only_job_{i}``;
-    ``None``: any job) and none of ``except_jobs`` (``except_*_{i}``). Each run is
-    checked again as it is deleted (a run resumed since the batch was chosen stays);
-    returns the ids deleted."""
+    """One prune batch: delete at most ``batch_size`` runs in id order that
+    :func:`is_prunable` selects. Each run is checked again as it is deleted (a run
+    resumed since the batch was chosen stays); returns the ids deleted."""
     runs = job_runs.c
     doomed = (
         select(runs.id)
-        .where(
-            runs.status.in_(
-                [bindparam(f"pruned_status_{i}", type_=runs.status.type) for i in range(statuses)]
-            ),
-            runs.status != RUNNING,
-            runs.ended_at < bindparam("ended_before"),
-        )
+        .where(is_prunable(statuses, only_jobs, except_jobs))
         .order_by(runs.id)
         .limit(bindparam("batch_size", type_=runs.attempts.type))
     )
-    if only_jobs is not None:
-        doomed = doomed.where(_any_job("only_", only_jobs))
-    if except_jobs:
-        doomed = doomed.where(not_(_any_job("except_", except_jobs)))
-    return delete(job_runs).where(runs.id.in_(doomed), runs.status != RUNNING).returning(runs.id)
+    return delete(job_runs).where(runs.id.in_(doomed), not_(is_live())).returning(runs.id)
 
 
 def clock_statement() -> Any:
@@ -489,14 +540,6 @@ def point_slot_statement() -> Any:
 # -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------
 
 
-def _stranded(now_at: Any) -> Any:
-    """Mirror of :func:`jobrun._core.browse.is_stranded`: leased, lease expired."""
-    runs = job_runs.c
-    return and_(
-        runs.status == RUNNING, runs.lease_owner.is_not(None), runs.next_attempt_at < now_at
-    )
-
-
 def _instance_prefixed(names: tuple[str, ...]) -> list[Any]:
     """The instance starts with ``query_prefix`` (``query_prefix_length`` characters);
     on SQLite also within ``query_prefix_lower`` and ``query_prefix_upper`` (if given),
@@ -514,9 +557,10 @@ def _instance_prefixed(names: tuple[str, ...]) -> list[Any]:
     return bounds
 
 
-def _selected(names: tuple[str, ...]) -> list[Any]:
-    """The conditions of a console query (``jobrun._core.browse.RunQuery``) that has the
-    values ``names``: ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
+def run_matches(names: tuple[str, ...]) -> list[Any]:
+    """Twin of :func:`jobrun._core.browse.run_matches`: the conditions of a console
+    query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
+    ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
     ``query_status_{i}``, ``query_started_since_at`` with ``query_first_id``,
     ``query_stranded_at``, ``query_before_id``."""
     runs = job_runs.c
@@ -540,7 +584,7 @@ def _selected(names: tuple[str, ...]) -> list[Any]:
         conditions.append(runs.started_at >= bindparam("query_started_since_at"))
         conditions.append(runs.id >= bindparam("query_first_id"))
     if "query_stranded_at" in names:
-        conditions.append(_stranded(bindparam("query_stranded_at")))
+        conditions.append(is_stranded(bindparam("query_stranded_at")))
     if "query_before_id" in names:
         conditions.append(runs.id < bindparam("query_before_id"))
     return conditions
@@ -552,7 +596,7 @@ def find_statement(names: tuple[str, ...], arms: int) -> Any:
     id-ordered range of (module_id, job, status, id) or (status, id), stopped by the
     limit, and the few rows are merged."""
     runs = job_runs.c
-    conditions = _selected(names)
+    conditions = run_matches(names)
     limit = bindparam("limit", type_=runs.attempts.type)
     if arms < 2:
         return select(job_runs).where(and_(True, *conditions)).order_by(runs.id.desc()).limit(limit)
@@ -573,7 +617,9 @@ def count_statement(names: tuple[str, ...]) -> Any:
     bounds the work to ``cap`` index entries."""
     capped = (
         select(literal(1))
-        .where(and_(True, *_selected(names)))
+        # Named: a query with no conditions would otherwise select from nothing (one row).
+        .select_from(job_runs)
+        .where(and_(True, *run_matches(names)))
         .limit(bindparam("cap", type_=job_runs.c.attempts.type))
     )
     return select(func.count()).select_from(capped.subquery())
@@ -581,20 +627,20 @@ def count_statement(names: tuple[str, ...]) -> Any:
 
 def job_loads_statement() -> Any:
     """Per job with live runs or runs failed since ``failed_since_at``: running, due by
-    ``now_at`` and not leased, the oldest due instant, stranded, failed since."""
+    ``now_at`` (stranded ones included), the oldest due instant, stranded, failed since."""
     runs = job_runs.c
     now_at = bindparam("now_at", type_=Text)
-    live = runs.status == RUNNING
-    waiting = and_(live, runs.lease_owner.is_(None), now_at >= DUE_AT)
-    failed = and_(runs.status == FAILED, runs.ended_at >= bindparam("failed_since_at"))
+    live = is_live()
+    waiting = is_due(now_at)
+    failed = is_failed_since(bindparam("failed_since_at"))
     return (
         select(
             runs.module_id,
             runs.job,
             func.count().filter(live),
             func.count().filter(waiting),
-            func.min(DUE_AT).filter(waiting),
-            func.count().filter(_stranded(now_at)),
+            func.min(due_at()).filter(waiting),
+            func.count().filter(is_stranded(now_at)),
             func.count().filter(failed),
         )
         # Status leads, as in health(): finished history is not scanned.

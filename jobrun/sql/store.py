@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.ids import first_id_at
+from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -42,7 +43,6 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.refusals import refuse_type, type_name
-from jobrun._core.stranded import StrandedScans
 from jobrun._core.transitions import (
     CLAIM_FIELDS,
     Claimed,
@@ -220,7 +220,7 @@ class SqlJobRunStore:
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
-        self._stranded_scans = StrandedScans()
+        self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
         # (measured at, database clock minus system clock in seconds)
@@ -239,8 +239,13 @@ class SqlJobRunStore:
     # -- what every operation goes through --------------------------------------------------
 
     @property
-    def stranded_scans(self) -> StrandedScans:
-        return self._stranded_scans
+    def orphan_scans(self) -> OrphanScans:
+        return self._orphan_scans
+
+    @property
+    def stranded_scans(self) -> OrphanScans:
+        """Deprecated alias of :attr:`orphan_scans` (removed in the next release)."""
+        return deprecated_scans(self)
 
     @asynccontextmanager
     async def _operation(self, name: str) -> AsyncIterator[None]:

@@ -84,10 +84,11 @@ async def test_stranded_means_leased_with_an_expired_lease(store: Any, engine: A
             _row(2, next_attempt_at="2026-01-01T12:00:30.000Z", **leased),  # lease still good
             _row(3, next_attempt_at="2026-01-01T11:00:00.000Z"),  # backing off, not leased
             _row(4, status="failed", next_attempt_at="2026-01-01T11:00:00.000Z", **leased),
+            _row(5, next_attempt_at=NOW, **leased),  # expired at this very instant: due
         ],
     )
-    assert await _ids(store, stranded_at=NOW) == [f"{1:026d}"]
-    assert await store.count(RunQuery(stranded_at=NOW), 100) == 1
+    assert await _ids(store, stranded_at=NOW) == [f"{5:026d}", f"{1:026d}"]
+    assert await store.count(RunQuery(stranded_at=NOW), 100) == 2
 
 
 async def test_count_stops_at_the_cap(store: Any, engine: Any) -> None:
@@ -106,7 +107,7 @@ async def test_job_loads_per_job(store: Any, engine: Any) -> None:
         [
             _row(1, started_at="2026-01-01T11:00:00.000Z"),  # due an hour ago
             _row(2, started_at="2026-01-01T11:30:00.000Z"),  # due
-            _row(3, next_attempt_at="2026-01-01T11:59:00.000Z", **leased),  # stranded
+            _row(3, next_attempt_at="2026-01-01T11:59:00.000Z", **leased),  # stranded, so due
             _row(4, status="failed", ended_at="2026-01-01T11:10:00.000Z"),  # failed recently
             _row(5, status="failed", ended_at="2025-12-31T00:00:00.000Z"),  # failed long ago
             _row(6, status="done", job="done-only", ended_at=NOW),
@@ -120,7 +121,7 @@ async def test_job_loads_per_job(store: Any, engine: Any) -> None:
             "shop",
             "sync",
             running=3,
-            due=2,
+            due=3,
             oldest_due_at="2026-01-01T11:00:00.000Z",
             stranded=1,
             failed_recently=1,

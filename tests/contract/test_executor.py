@@ -60,7 +60,7 @@ async def test_the_hook_sees_every_statement_of_a_pass(
     operations = [operation for operation, _, _ in log.seen]
     commit = ["commit_pass"] if backend == "postgres" else ["commit_pass"] * 4
     # The driver's first claim on a store begins with the scan for runs stranded by a
-    # dead holder (jobrun._core.stranded; then at most once a second). The claim reads
+    # dead holder (jobrun._core.orphans; then at most once a second). The claim reads
     # its run, then writes the core's decision fenced on what it read.
     claim = ["claim", "claim"]
     assert operations == ["held_leases", *claim, "steps", "record_step", "record_step", *commit]

@@ -973,7 +973,7 @@ async def test_a_cancel_that_lands_during_a_claim_hands_the_lease_back(store, cl
     assert (report.attempted, ran) == (1, [run.id]), "claimable at once by the next driver"
 
 
-async def test_a_run_held_by_a_dead_holder_is_due_and_taken_over_at_once(
+async def test_a_run_held_by_a_dead_holder_is_orphaned_and_taken_over_at_once(
     store: Any, clock: FakeClock
 ) -> None:
     run = await jobrun.start_job_run(store, module_id="m", job="j", clock=clock)
@@ -981,8 +981,9 @@ async def test_a_run_held_by_a_dead_holder_is_due_and_taken_over_at_once(
     assert await claim_as(store, clock, "DEAD-TOKEN", driver=dead, lease_ms=60_000)
     clock.advance(seconds=30)
     health = await jobrun.job_run_health(store, clock=clock)
-    assert (health.due, health.leased) == (1, 0), "a provably dead holder's run waits"
-    assert health.oldest_due_age_s == 30.0, "since its pass began"
+    # Still leased (its lease has 30 s left), and counted apart as orphaned; not due.
+    assert (health.due, health.leased, health.orphaned) == (0, 1, 1)
+    assert health.oldest_due_age_s == 0.0
     registry = jobrun.JobRegistry()
     told: list[str | None] = []
 

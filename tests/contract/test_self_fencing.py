@@ -25,7 +25,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core import stranded
+from jobrun._core import orphans
 from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.lease import Lease, LeaseKeeper
 from jobrun._core.records import ClaimRequest
@@ -199,7 +199,7 @@ async def test_a_terminated_presence_stops_the_pass_and_is_not_taken_for_death(
     stopped_s = time.monotonic() - killed_s
     assert ended == ["body"]
     assert report.superseded == 1
-    assert stopped_s < stranded.PRESENCE_GRACE_S, f"stopped {stopped_s:.2f} s after the kill"
+    assert stopped_s < orphans.PRESENCE_GRACE_S, f"stopped {stopped_s:.2f} s after the kill"
     # Another driver, in another engine (another process to the database), may not
     # take the run over on a free presence alone... but the holder handed it back.
     row = await row_of(holder, run_id)
@@ -229,7 +229,7 @@ async def test_a_free_presence_is_taken_over_only_after_the_grace_period(
         first_s = time.monotonic()
         registry = jobrun.JobRegistry()
         registry.register(MODULE, JOB, lambda p: jobrun.PassResult(done=True))
-        while time.monotonic() - first_s < 3 * stranded.PRESENCE_GRACE_S:
+        while time.monotonic() - first_s < 3 * orphans.PRESENCE_GRACE_S:
             report = await jobrun.run_due_jobs(claimer, registry, driver_name="claimer")
             seen.append((time.monotonic() - first_s, report.attempted))
             if report.attempted:
@@ -237,7 +237,7 @@ async def test_a_free_presence_is_taken_over_only_after_the_grace_period(
             await asyncio.sleep(0.2)  # a poll interval
         taken = [elapsed for elapsed, attempted in seen if attempted]
         assert taken, f"never taken over: {seen}"
-        assert taken[0] >= stranded.PRESENCE_GRACE_S, f"taken over after {taken[0]:.2f} s"
+        assert taken[0] >= orphans.PRESENCE_GRACE_S, f"taken over after {taken[0]:.2f} s"
         done = await row_of(claimer, run_id)
         assert done.status == "done"
     finally:

@@ -10,7 +10,8 @@
   after its run is cancelled or taken over, and a hung step is cancelled;
 * a driver whose clock runs 10 minutes ahead takes no live lease, and its
   starts are dated by the database's clock;
-* health counts stranded runs (lease expired, holder dead) as due.
+* health counts stranded runs (lease expired) as due, and orphaned ones (holder
+  dead, lease unexpired) as leased and orphaned.
 
 The timed promises (first new step within 1 s of the restart, cross-host
 takeover within 2 s of the kill) are measured from events the children print,
@@ -272,7 +273,7 @@ def _dead_process_identity() -> HolderIdentity:
     return replace(local_identity(), host="here", pid=int(pid_text), start_ticks=int(start))
 
 
-async def test_health_counts_stranded_runs_as_due(store: Any) -> None:
+async def test_health_counts_stranded_runs_as_due_and_orphaned_runs_apart(store: Any) -> None:
     expired = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="expired")
     orphan = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="orphan")
     live = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, instance="live")
@@ -291,7 +292,7 @@ async def test_health_counts_stranded_runs_as_due(store: Any) -> None:
         assert claimed is not None
         assert claimed.row.id == run.id
     health = await jobrun.job_run_health(store)
-    assert (health.running, health.due, health.leased) == (3, 2, 1)
+    assert (health.running, health.due, health.leased, health.orphaned) == (3, 1, 2, 1)
     assert 25 < health.oldest_due_age_s < 120, health
     # The proven-dead holder's run is the next one taken, with the death on the record.
     registry = jobrun.JobRegistry()

@@ -264,7 +264,7 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     await worker.finish()
     claims = _claims(idle)
     # Besides the claims: the read of held leases that finds runs stranded by a
-    # dead driver (see jobrun._core.stranded), at most once a second.
+    # dead driver (see jobrun._core.orphans), at most once a second.
     scans = [sql for operation, sql, _ in idle if operation == "held_leases"]
     assert len(claims) + len(scans) == len(idle), idle
     # One poller at one claim per interval at most (a late poll only makes fewer), never

@@ -246,3 +246,14 @@ def zombie() -> Iterator[int]:
         yield child.pid
     finally:
         child.wait()
+
+
+def test_the_presence_key_is_read_wherever_the_field_stands() -> None:
+    assert parse_holder("w [jobrun presence=7 host=a pid=3 start=4]") == HolderIdentity(
+        "a", pid=3, start_ticks=4, presence=7
+    )
+    assert parse_holder("w [jobrun host=a presence=7 pid=3]") == HolderIdentity(
+        "a", pid=3, presence=7
+    )
+    identity = HolderIdentity("a", "b", "1", 2, 3, 2**63 - 1, "4")
+    assert parse_holder(identity.describe("w")) == identity

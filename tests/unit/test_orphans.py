@@ -1,11 +1,13 @@
-"""The stranded-runs scan: which holders are proven dead, and how often it reads."""
+"""The orphan scan: which holders are proven dead, and how often it reads."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from jobrun._core import stranded
+import pytest
+
+from jobrun._core import orphans
 from jobrun._core.records import HeldLease
 from jobrun._system import THIS_HOST, local_identity
 from tests.support import dead_driver
@@ -17,7 +19,7 @@ class _HeldLeases:
     def __init__(self, leases: list[HeldLease]) -> None:
         self.leases = leases
         self.reads: list[tuple[str, Any]] = []
-        self.stranded_scans = stranded.StrandedScans()
+        self.orphan_scans = orphans.OrphanScans()
 
     async def held_leases(self, now_at: str, jobs: Any) -> list[HeldLease]:
         self.reads.append((now_at, jobs))
@@ -29,8 +31,8 @@ def _held(run_id: str, token: str, driver: str | None, presence: bool | None = N
 
 
 def test_a_holder_is_dead_on_proof_only() -> None:
-    grace = stranded.PRESENCE_GRACE_S
-    holder_is_dead = functools.partial(stranded.holder_is_dead, host=THIS_HOST)
+    grace = orphans.PRESENCE_GRACE_S
+    holder_is_dead = functools.partial(orphans.holder_is_dead, host=THIS_HOST)
     # A presence seen free proves death only once the grace period has passed.
     assert not holder_is_dead(_held("r", "T", None, presence=False))
     assert not holder_is_dead(_held("r", "T", None, presence=False), grace - 0.001)
@@ -47,8 +49,8 @@ def test_a_holder_is_dead_on_proof_only() -> None:
 
 
 def _dead_owners_at(now: list[float]) -> Any:
-    """``stranded.dead_owners`` on this host, at the drive clock's time ``now[0]``."""
-    return lambda store, at, jobs: stranded.dead_owners(
+    """``orphans.dead_owners`` on this host, at the drive clock's time ``now[0]``."""
+    return lambda store, at, jobs: orphans.dead_owners(
         store, at, jobs, now_s=now[0], host=THIS_HOST
     )
 
@@ -67,29 +69,29 @@ async def test_dead_owners_scans_at_most_once_an_interval_and_forgets_claimed_ru
     at = "2026-01-01T00:00:01.000Z"
     # The free presence is a suspect, not yet dead: only the process gone from here is.
     assert await dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
-    assert stranded.suspects(store)  # type: ignore[arg-type]
+    assert orphans.suspects(store)  # type: ignore[arg-type]
     assert store.reads == [(at, jobs)]
-    now[0] += stranded.SCAN_INTERVAL_S / 2
+    now[0] += orphans.SCAN_INTERVAL_S / 2
     # Within the interval: no read, the last scan stands.
     assert await dead_owners(store, at, jobs) == {"DEAD"}  # type: ignore[arg-type]
     assert len(store.reads) == 1
     # Once the presence has been seen free for the grace period, it is dead too.
-    now[0] += stranded.PRESENCE_GRACE_S
+    now[0] += orphans.PRESENCE_GRACE_S
     assert await dead_owners(store, at, jobs) == {"DEAD", "GONE"}  # type: ignore[arg-type]
-    assert not stranded.suspects(store)  # type: ignore[arg-type]
+    assert not orphans.suspects(store)  # type: ignore[arg-type]
     assert len(store.reads) == 2
     store.leases = []
     # A claim of one of them drops only that one (for these jobs only).
-    stranded.claimed(store, frozenset({("m", "other")}), "run-dead")  # type: ignore[arg-type]
-    stranded.claimed(store, jobs, "run-dead")  # type: ignore[arg-type]
+    orphans.claimed(store, frozenset({("m", "other")}), "run-dead")  # type: ignore[arg-type]
+    orphans.claimed(store, jobs, "run-dead")  # type: ignore[arg-type]
     # A store never scanned: a claim there is nothing to forget.
-    stranded.claimed(_HeldLeases([]), jobs, "run-dead")  # type: ignore[arg-type]
+    orphans.claimed(_HeldLeases([]), jobs, "run-dead")  # type: ignore[arg-type]
     assert await dead_owners(store, at, jobs) == {"GONE"}  # type: ignore[arg-type]
     # Another set of jobs has its own scan.
     assert await dead_owners(store, at, frozenset({("m", "x")})) == frozenset()  # type: ignore[arg-type]
     assert len(store.reads) == 3
     # Exactly one interval later: scanned again, and the tokens no longer held forgotten.
-    now[0] += stranded.SCAN_INTERVAL_S
+    now[0] += orphans.SCAN_INTERVAL_S
     assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     assert len(store.reads) == 4
 
@@ -103,11 +105,19 @@ async def test_a_presence_seen_free_again_after_a_gap_restarts_its_grace() -> No
     assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     # The holder is seen held again (it was the claimer's view that lagged): forgotten.
     store.leases = [_held("run", "T", None, presence=True)]
-    now[0] += stranded.SCAN_INTERVAL_S
+    now[0] += orphans.SCAN_INTERVAL_S
     assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
     store.leases = [_held("run", "T", None, presence=False)]
-    now[0] += stranded.PRESENCE_GRACE_S - 0.5
+    now[0] += orphans.PRESENCE_GRACE_S - 0.5
     # Free for less than the grace since it was seen free again: not dead.
     assert await dead_owners(store, at, jobs) == frozenset()  # type: ignore[arg-type]
-    now[0] += stranded.PRESENCE_GRACE_S
+    now[0] += orphans.PRESENCE_GRACE_S
     assert await dead_owners(store, at, jobs) == {"T"}  # type: ignore[arg-type]
+
+
+def test_the_old_name_of_the_scans_warns_and_answers_the_same() -> None:
+    from jobrun.testing import MemoryJobRunStore
+
+    store = MemoryJobRunStore()
+    with pytest.warns(DeprecationWarning, match="orphan_scans"):
+        assert store.stranded_scans is store.orphan_scans

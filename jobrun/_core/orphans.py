@@ -1,4 +1,4 @@
-"""Runs stranded by a holder that can no longer run a step body, found so they are taken over early.
+"""Orphaned runs: leased by a holder proven unable to run a step body, taken over early.
 
 A run is taken over before its lease expires only on proof that its holder
 cannot run a step body any more (see ``docs/design.md``, "Proof of death"):
@@ -22,7 +22,7 @@ not expired, a range of the due index) plus, per holder on this host, a look at
 A driver process does it at its first claim on a store, then at most once per
 ``SCAN_INTERVAL_S`` whatever the number of drivers in the process.
 
-What the scans have seen is kept by the store object (``stranded_scans``), the
+What the scans have seen is kept by the store object (``orphan_scans``), the
 one thing every drive of a database in this process shares, the way it keeps
 its owed releases: it lasts as long as the store handle and no longer. Time
 between scans, and how long a presence has been seen free, is read from the
@@ -31,6 +31,7 @@ drive's clock (``clock.monotonic()``), so a test clock moves it too.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -66,7 +67,7 @@ class _Scan:
     held: bool = False
 
 
-class StrandedScans:
+class OrphanScans:
     """What the scans of one store have seen, per set of jobs (kept by the store)."""
 
     def __init__(self) -> None:
@@ -80,6 +81,17 @@ class StrandedScans:
 
     def __iter__(self) -> Iterator[_Scan]:
         return iter(self._scans.values())
+
+
+def deprecated_scans(store: JobRunStore) -> OrphanScans:
+    """``store.stranded_scans``, the old name of ``store.orphan_scans`` (one release more)."""
+    warnings.warn(
+        "stranded_scans is deprecated: use orphan_scans (stranded now means only "
+        "'leased, lease expired')",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return store.orphan_scans
 
 
 def holder_is_dead(
@@ -147,7 +159,7 @@ async def dead_owners(
     """Tokens of dead holders to take over, scanning again when the last scan is old.
 
     ``now_s``: the drive clock's monotonic seconds."""
-    scan = store.stranded_scans.of(jobs)
+    scan = store.orphan_scans.of(jobs)
     last = scan.scanned_at
     # A scan "from the future" was timed on another clock: it is old too.
     if last is None or not 0 <= now_s - last < SCAN_INTERVAL_S:
@@ -159,18 +171,18 @@ async def dead_owners(
 
 def suspects(store: JobRunStore) -> bool:
     """Whether a scan on ``store`` saw a presence free that is not proven dead yet."""
-    return any(token not in scan.dead for scan in store.stranded_scans for token in scan.free_since)
+    return any(token not in scan.dead for scan in store.orphan_scans for token in scan.free_since)
 
 
 def leases_held(store: JobRunStore) -> bool:
     """Whether the last scan on ``store`` saw unexpired leases: their holders may die,
     and an idle driver that looks again every ``SCAN_INTERVAL_S`` takes a dead one's
     runs over within about a second of the proof (instead of its idle interval)."""
-    return any(scan.held for scan in store.stranded_scans)
+    return any(scan.held for scan in store.orphan_scans)
 
 
 def claimed(store: JobRunStore, jobs: Jobs, run_id: str) -> None:
     """A run was claimed: it is nobody's orphan any more."""
-    scan = store.stranded_scans.get(jobs)
+    scan = store.orphan_scans.get(jobs)
     if scan is not None and scan.dead:
         scan.dead = {token: held for token, held in scan.dead.items() if held != run_id}
