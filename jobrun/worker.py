@@ -506,10 +506,7 @@ async def run_worker(
     ago than that (a job's ``keep_for`` wins for its own runs), at start and then
     every ``PRUNE_INTERVAL_S``.
     """
-    chosen = drive_options(options, keywords)
-    if chosen.watchdog is None:
-        # The worker's process is jobrun's own: a body that cannot be stopped ends it.
-        chosen = replace(chosen, watchdog=True)
+    chosen = _worker_options(options, keywords)
     if not databases:
         raise refuse("databases", "must name at least one database: run_worker needs one")
     if not isinstance(registry, JobRegistry):
@@ -534,6 +531,14 @@ async def run_worker(
             # The schema check (and a first connection) before any driver starts.
             await job_run_health(state.store)
         await _run_logged(worker)
+
+
+def _worker_options(options: DriveOptions | None, keywords: DriveKeywords) -> DriveOptions:
+    chosen = drive_options(options, keywords)
+    if chosen.watchdog is None:
+        # The worker's process is jobrun's own: a body that cannot be stopped ends it.
+        chosen = replace(chosen, watchdog=True)
+    return chosen
 
 
 def _store_of(

@@ -8,12 +8,14 @@ signal handlers and, with ``--metrics-port``, serves Prometheus metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -295,7 +297,7 @@ def worker(
     _check_sqlite_files(urls)
     _configure_logging(log_level, log_format)
     observer, on_health = _watchers(metrics_port, metrics_host)
-    try:
+    with _one_line_errors():
         # Judged once, here: every drive of every database gets this object.
         options = DriveOptions(
             limit=limit,
@@ -312,6 +314,15 @@ def worker(
             "schema": schema,
         }
         graceful = asyncio.run(_work(urls, registry, options, worker_options))
+    if not graceful:
+        sys.exit(1)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """What stops the worker before it drives, said in one line."""
+    try:
+        yield
     except SchemaOutdatedError as error:
         raise click.ClickException(outdated_message(error)) from error
     except JobValidationError as error:  # e.g. a --schema this database cannot take
@@ -320,8 +331,6 @@ def worker(
         raise click.ClickException(error.message) from error
     except OSError as error:
         raise click.ClickException(f"database error: {first_line(error)}") from error
-    if not graceful:
-        sys.exit(1)
 
 
 def _check_sqlite_files(urls: tuple[str, ...]) -> None:

@@ -71,6 +71,27 @@ async def _claim(
     )
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = sources.mint_id()
+    request = _claim_request(jobs, now_at, token, holder, skip_ids, dead)
+    claimed = await _shielded_claim(store, request)
+    if claimed is None:
+        return None
+    row = claimed.row
+    orphans.claimed(store, wanted, row.id)
+    registered = registry.get(row.module_id, row.job)
+    assert registered is not None, "the store returned a run of a job that was not asked for"
+    lease = Lease(token, holder, registered.lease_ms, presence, store.presence_fd(presence))
+    return claimed, registered, lease, leased_at_s
+
+
+def _claim_request(
+    jobs: list[RegisteredJob],
+    now_at: str,
+    token: str,
+    holder: str,
+    skip_ids: frozenset[str],
+    dead: frozenset[str],
+) -> ClaimRequest:
+    """What a claim asks of the store: the jobs, each with its lease's expiry and limit."""
     expires_at = {
         (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
         for job in jobs
@@ -80,39 +101,26 @@ async def _claim(
         for job in jobs
         if job.max_concurrent is not None
     }
-    claiming = asyncio.ensure_future(
-        store.claim(
-            ClaimRequest(
-                now_at,
-                token,
-                holder,
-                expires_at,
-                skip_ids,
-                max_concurrent=limits,
-                dead_owners=dead,
-            )
-        )
+    return ClaimRequest(
+        now_at, token, holder, expires_at, skip_ids, max_concurrent=limits, dead_owners=dead
     )
+
+
+async def _shielded_claim(store: JobRunStore, request: ClaimRequest) -> Claimed | None:
+    """The claim, shielded: one interrupted in flight may land anyway, so its answer
+    is still awaited and the lease it took handed back before the interruption goes on."""
+    claiming = asyncio.ensure_future(store.claim(request))
     try:
-        # Shielded: a claim interrupted in flight may land anyway, so its answer is
-        # still awaited below and the lease it took handed back.
-        claimed = await asyncio.shield(claiming)
+        return await asyncio.shield(claiming)
     except Exception:
         raise
     except BaseException:
         with contextlib.suppress(BaseException):
             taken = await asyncio.shield(claiming)
             if taken is not None:
-                await hand_back(store, taken.row, Lease(token, holder, MIN_LEASE_MS))
+                lease = Lease(request.token, request.driver, MIN_LEASE_MS)
+                await hand_back(store, taken.row, lease)
         raise
-    if claimed is None:
-        return None
-    row = claimed.row
-    orphans.claimed(store, wanted, row.id)
-    registered = registry.get(row.module_id, row.job)
-    assert registered is not None, "the store returned a run of a job that was not asked for"
-    lease = Lease(token, holder, registered.lease_ms, presence, store.presence_fd(presence))
-    return claimed, registered, lease, leased_at_s
 
 
 def _key_of(row: RunRow) -> RunKey:
