@@ -105,7 +105,8 @@ class Watchdog:
 
     def leave(self, entered: object) -> None:
         with self._lock:
-            self._bodies.pop(entered, None)  # type: ignore[call-overload]
+            if isinstance(entered, int):
+                self._bodies.pop(entered, None)
 
     def in_flight(self) -> int:
         with self._lock:

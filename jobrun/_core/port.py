@@ -31,6 +31,11 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
 
 
+def not_watching() -> None:
+    """What ``watch_presence`` returns where there is nothing to stop watching."""
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class StoreLimits:
     """Size caps, in bytes of UTF-8 JSON text, enforced before anything is written."""

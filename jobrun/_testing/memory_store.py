@@ -13,7 +13,7 @@ from typing import cast
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
-from jobrun._core.port import StoreLimits
+from jobrun._core.port import StoreLimits, not_watching
 from jobrun._core.predicates import (
     due_at,
     is_due,
@@ -40,10 +40,6 @@ from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_
 from jobrun.errors import JobConflictError
 
 __all__ = ["MemoryJobRunStore"]
-
-
-def _not_watching() -> None:
-    return None
 
 
 class MemoryJobRunStore:
@@ -126,7 +122,7 @@ class MemoryJobRunStore:
         return None
 
     def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
-        return _not_watching
+        return not_watching
 
     def presence_fd(self, key: int | None) -> int | None:
         return None

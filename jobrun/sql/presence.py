@@ -39,6 +39,7 @@ from sqlalchemy.util import await_only
 
 from jobrun._core.holders import PRESENCE_PATTERN
 from jobrun._core.orphans import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
+from jobrun._core.port import not_watching
 from jobrun.sql.schema import job_runs
 
 log = logging.getLogger("jobrun.presence")
@@ -112,10 +113,10 @@ class Presence:
         """Call ``lost`` once when presence ``key`` is lost (at once if it is not
         the live presence now); returns what stops the watching."""
         if key is None:
-            return _nothing
+            return not_watching
         if key != self._key or not self._alive():
             lost()
-            return _nothing
+            return not_watching
         self._next_watch += 1
         number = self._next_watch
         self._watchers[number] = lost
@@ -156,9 +157,15 @@ class Presence:
         self._checker = asyncio.get_running_loop().create_task(self._check_forever(raw))
 
     async def _check_forever(self, raw: Any) -> None:
-        """Prove the session is there every interval; on the first failure, lose it."""
+        """Prove the session is there every interval while it vouches for a pass; on
+        the first failure, lose it. With nothing watched no query is sent (an idle
+        host stays silent): a pass's lease names a token newer than any look a
+        claimer took, so its grace starts after the watch, and the first check
+        comes within one interval of it."""
         while raw is self._raw:
             await asyncio.sleep(PRESENCE_CHECK_INTERVAL_S)
+            if not self._watchers:
+                continue
             try:
                 async with asyncio.timeout(PRESENCE_CHECK_TIMEOUT_S), self._busy:
                     await raw.fetchval("SELECT 1")
@@ -168,15 +175,21 @@ class Presence:
                     self._lose(raw)
                 return
 
-    def _lose(self, raw: Any) -> None:
-        """The session is gone (or unreachable): tell the watchers, drop the connection."""
+    def _detach(self) -> tuple[AsyncConnection | None, Any]:
+        """Forget the presence, telling its watchers it is gone; what it held."""
+        held = self._connection, self._raw
+        self._connection, self._raw, self._key = None, None, None
         watchers, self._watchers = self._watchers, {}
-        connection = self._connection
-        self._connection, self._raw, self._key, self._checker = None, None, None, None
-        with contextlib.suppress(Exception):
-            raw.terminate()
         for lost in watchers.values():
             lost()
+        return held
+
+    def _lose(self, raw: Any) -> None:
+        """The session is gone (or unreachable): tell the watchers, drop the connection."""
+        self._checker = None
+        with contextlib.suppress(Exception):
+            raw.terminate()
+        connection, _ = self._detach()
         if connection is not None:
             # Given back to its pool as invalid (not left for the garbage collector).
             self._discarding = asyncio.ensure_future(_discard(connection))
@@ -185,11 +198,7 @@ class Presence:
         checker, self._checker = self._checker, None
         if checker is not None and checker is not asyncio.current_task():
             checker.cancel()
-        raw = self._raw
-        connection, self._connection, self._raw, self._key = self._connection, None, None, None
-        watchers, self._watchers = self._watchers, {}
-        for lost in watchers.values():
-            lost()
+        connection, raw = self._detach()
         if connection is not None:
             try:
                 await connection.close()
@@ -224,10 +233,6 @@ async def _discard(connection: AsyncConnection) -> None:
         await connection.invalidate()
     with contextlib.suppress(Exception):
         await connection.close()
-
-
-def _nothing() -> None:
-    return None
 
 
 async def _keep_session(raw: Any) -> None:

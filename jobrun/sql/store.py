@@ -30,6 +30,7 @@ from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
     StoreLimits,
+    not_watching,
 )
 from jobrun._core.records import (
     ClaimRequest,
@@ -154,10 +155,6 @@ def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 def _kept_changing(operation: str) -> StoreError:
     return StoreError(operation, RuntimeError("the key's live run kept changing; gave up"))
-
-
-def _not_watching() -> None:
-    return None
 
 
 def _fence_values(run_id: str, token: str) -> dict[str, Any]:
@@ -440,7 +437,7 @@ class SqlJobRunStore:
 
     def watch_presence(self, key: int | None, lost: Callable[[], None]) -> Callable[[], None]:
         if self._presence is None:
-            return _not_watching
+            return not_watching
         return self._presence.watch(key, lost)
 
     def presence_fd(self, key: int | None) -> int | None:

@@ -266,3 +266,27 @@ async def test_idle_session_timeout_does_not_end_the_presence(
             await short.dispose()
     finally:
         await admin.execute(f'ALTER DATABASE "{database}" RESET idle_session_timeout')
+
+
+@ON_POSTGRES
+async def test_the_presence_is_checked_only_while_it_vouches_for_a_pass(
+    backend: str, engine: AsyncEngine, admin: Any
+) -> None:
+    """An idle host sends no query; a watched presence is checked twice a second."""
+    store = jobrun.SqlJobRunStore(engine)
+    key = await store.presence()
+    pid = await _presence_pid(admin, key)
+
+    async def last_query() -> str:
+        return str(await admin.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid))
+
+    # asyncio.sleep: three check intervals, in which an idle presence must stay silent.
+    await asyncio.sleep(3 * orphans.PRESENCE_CHECK_INTERVAL_S)
+    assert "SELECT 1" not in await last_query()
+    stop = store.watch_presence(key, lambda: None)
+    try:
+        # asyncio.sleep: three check intervals, in which a watched one is checked.
+        await asyncio.sleep(3 * orphans.PRESENCE_CHECK_INTERVAL_S)
+        assert await last_query() == "SELECT 1"
+    finally:
+        stop()
