@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The demo needs jobrun's runtime dependencies only; the development tools
+# (the STAMP above) come with `make test`.
+RUNTIME_STAMP := $(VENV)/.runtime-installed
 # Material's banner about its successor is not a warning about these docs.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
@@ -15,15 +18,23 @@ venv: $(STAMP)
 
 # The stamp records "installed from this pyproject.toml"; an existing .venv is
 # reused as is (never recreated over another interpreter).
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) \
-		and "jobrun needs Python 3.11 or newer: make PYTHON=python3.11 ...")' \
-		&& $(PYTHON) -m venv $(VENV); }
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) \
+		and "jobrun needs Python 3.11 or newer: make PYTHON=python3.11 ...")'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(RUNTIME_STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-demo: venv
-	$(BIN)/python examples/walk_demo.py
+# DEMO passes options, e.g. make demo DEMO='--latency-ms 200' to watch it go.
+DEMO ?=
+demo: $(RUNTIME_STAMP)
+	$(BIN)/python examples/walk_demo.py $(DEMO)
 
 # Postgres tests run when JOBRUN_TEST_POSTGRES_URL is set and skip otherwise.
 test: venv

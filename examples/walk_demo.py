@@ -142,7 +142,12 @@ async def walk_demo(args: argparse.Namespace) -> int:
             # Left by a killed copy or driven by a live one: this copy drives it too.
             print(f"resuming run {run.id} at page {run.cursor or 0} of {api.pages}")
         watch = f"{jobrun_command()} watch {run.id} --url sqlite:///{args.db}"
-        print(f"follow it with: {watch}", flush=True)
+        print(f"follow it with: {watch}")
+        print(
+            "to watch it go, slow it down: --latency-ms 200 (make demo DEMO='--latency-ms 200'); "
+            "interrupt it (Ctrl-C) and run the same command again to resume it",
+            flush=True,
+        )
         registry = jobrun.JobRegistry()
         registry.register(MODULE_ID, JOB, walk_job(api))
         final, committed = await drive(store, registry, run, api.pages)

@@ -15,6 +15,7 @@ import click
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
+from jobrun._cli.job_names import check_registered, warn_unchecked
 from jobrun._cli.params import Duration, JsonValue
 from jobrun._cli.render import (
     dumps,
@@ -184,21 +185,36 @@ class _StartRecorder(SqlJobRunStore):
     "--priority", type=int, default=0, show_default=True,
     help="Higher is claimed first among due runs.",
 )  # fmt: skip
+@click.option(
+    "--app", "app", metavar="MODULE:REGISTRY", default=None,
+    help="Refuse a job this JobRegistry does not register (without it, the name is not checked).",
+)  # fmt: skip
 @json_option
 def start(
-    url: str, module_id: str, job: str, instance: str, payload: Any, priority: int, as_json: bool
+    url: str,
+    module_id: str,
+    job: str,
+    instance: str,
+    payload: Any,
+    priority: int,
+    app: str | None,
+    as_json: bool,
 ) -> None:
     """Start a run of MODULE/JOB, or join the live run of the same key.
 
     Prints `started RUN_ID` when a new run was inserted, `joined RUN_ID` when a
     run of the key was already live (its payload is kept, this one is ignored).
-    A driver that registers the job picks the run up.
+    A driver that registers the job picks the run up. With --app, a job that
+    registry does not register is refused (with the nearest names it does);
+    without it, a warning says the name was not checked.
 
     \b
     Example:
       jobrun start --url sqlite+aiosqlite:///app.db shop reindex -i shop-42 \\
-          --payload '{"shop": "shop-42"}'
+          --payload '{"shop": "shop-42"}' --app myapp.jobs:registry
     """
+    if app is not None:
+        check_registered(app, module_id, job)
 
     async def act(store: _StartRecorder) -> tuple[JobRun, bool]:
         run = await start_job_run(
@@ -212,6 +228,8 @@ def start(
         return run, store.inserted
 
     run, inserted = run_on_store(url, act, _StartRecorder)
+    if app is None:
+        warn_unchecked(module_id, job)
     if as_json:
         click.echo(dumps({"started": inserted, "run": run_json(run)}))
     else:

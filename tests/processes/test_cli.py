@@ -213,6 +213,27 @@ def test_start_says_started_then_joined(database_url: str) -> None:
     assert shown["run"]["payload"] == {"shop": 42}  # the live run's payload won
 
 
+APP = "tests.processes.worker_app:registry"
+
+
+def test_start_with_app_refuses_a_job_the_registry_lacks(database_url: str) -> None:
+    refused = fails(2, "start", "--url", database_url, "demo", "pagse", "--app", APP)
+    assert "registers no job demo/pagse; did you mean demo/pages?" in refused.stderr
+    far = fails(2, "start", "--url", database_url, "shop", "zzz", "--app", APP)
+    assert "registers no job shop/zzz (it registers" in far.stderr
+    # Nothing was written: the runs list is empty.
+    assert json.loads(ok("runs", "--url", database_url, "--json").stdout) == []
+    started = ok("start", "--url", database_url, "demo", "pages", "--app", APP)
+    assert started.stdout.split()[0] == "started"
+    assert "warning" not in started.stderr
+
+
+def test_start_without_app_warns_that_the_name_is_unchecked(database_url: str) -> None:
+    started = ok("start", "--url", database_url, "shop", "heartbeet")
+    assert started.stdout.split()[0] == "started"
+    assert "shop/heartbeet is not checked against any registry" in started.stderr
+
+
 def test_start_and_the_actions_print_json_for_scripts(database_url: str) -> None:
     first = json.loads(ok("start", "--url", database_url, "shop", "walk", "--json").stdout)
     assert first["started"] is True
