@@ -39,9 +39,7 @@ def test_only_the_options_given_go_to_the_step() -> None:
         {"retry": policy, "rate_limit": "limit", "concurrency_limit": "k1"},
         {"retry": policy, "rate_limit": "limit", "concurrency_limit": "k2"},
     ]
-    assert plan([1], concurrency_limit="shared").steps[0].options == {
-        "concurrency_limit": "shared"
-    }
+    assert plan([1], concurrency_limit="shared").steps[0].options == {"concurrency_limit": "shared"}
 
 
 def test_a_name_used_twice_or_already_used_is_refused() -> None:
