@@ -23,7 +23,7 @@ import asyncio
 import inspect
 import json
 import math
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -38,6 +38,7 @@ from jobrun._core.formats import (
     is_count,
 )
 from jobrun._core.lease import BodyGuard, Lease, LeaseKeeper
+from jobrun._core.mapping import DEFAULT_CONCURRENCY, plan_map, run_map
 from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
 from jobrun._core.outcomes import PassOutcome, cap_error_text, commit, hand_back, record_failure
@@ -150,6 +151,10 @@ class JobPass:
     * ``await p.step(name, fn, retry=None)``: run ``fn`` (sync, or returning an
       awaitable) once; its result is stored as JSON before ``step`` returns, and
       a later pass of the same cursor gets the stored result without calling it.
+    * ``await p.map(fn, items, name=..., concurrency=8)``: ``fn(item)`` as step
+      ``name(item)`` for each item, at most ``concurrency`` at once, results in
+      item order (see the method). Steps may also run side by side with
+      ``asyncio.gather(p.step(...), ...)``; each is durable when it ends.
     * ``p.count(name, by=1)``: add to a counter, committed with the pass.
     * ``await p.scope()``: what the host's ``open_scope(run)`` gives (by default
       the store's engine), opened at first use.
@@ -194,6 +199,8 @@ class JobPass:
         self._open_scope = settings.open_scope
         self._used: set[str] = set()
         self._ledger: dict[str, StepRow] | None = {} if ledger_known_empty else None
+        # Steps run side by side (p.map, gather) share the one ledger read.
+        self._ledger_read = asyncio.Lock()
         self._scope_task: asyncio.Future[Any] | None = None
         self._lease = keeper.lease
         self._keeper = keeper
@@ -320,6 +327,39 @@ class JobPass:
         self._unstarted[number] = (name, running)
         return running
 
+    async def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        *,
+        name: Callable[[Any], str],
+        concurrency: int = DEFAULT_CONCURRENCY,
+        retry: RetryPolicy | None = None,
+        rate_limit: Any = None,
+        concurrency_limit: str | Callable[[Any], str] | None = None,
+    ) -> list[Any]:
+        """Run ``fn(item)`` as step ``name(item)`` for every item, at most
+        ``concurrency`` (default 8) at once; the results in item order.
+
+        Each item is a ``p.step`` of its own (durable when it ends, answered from
+        the ledger on a replay); ``retry``, ``rate_limit`` and ``concurrency_limit``
+        (a str, or a callable item -> str) go to each step when given. Every name
+        is checked before anything runs. The first item to raise stops new items;
+        the running ones end and are recorded, then its exception is raised. See
+        :mod:`jobrun._core.mapping`.
+        """
+        plan = plan_map(
+            fn,
+            items,
+            name=name,
+            concurrency=concurrency,
+            retry=retry,
+            rate_limit=rate_limit,
+            concurrency_limit=concurrency_limit,
+            used=self._used,
+        )
+        return await run_map(self.step, plan)
+
     async def _started_step(
         self, number: int, name: str, fn: Callable[[], Any], retry: RetryPolicy | None
     ) -> Any:
@@ -362,8 +402,10 @@ class JobPass:
         # A step's policy replaces the job's wholesale; nothing is inherited.
         policy = retry if retry is not None else self._job_policy
         if self._ledger is None:
-            # The one ledger read of the pass: every later memo hit is served from it.
-            self._ledger = await self._store.steps(self.run.id)
+            async with self._ledger_read:
+                if self._ledger is None:
+                    # The one ledger read of the pass: every later memo hit is served from it.
+                    self._ledger = await self._store.steps(self.run.id)
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")

@@ -58,3 +58,10 @@ def test_bench_walk(tmp_path: Path, page: str) -> None:
     assert isinstance(walk, dict)
     assert walk["largest_ledger_rows"] <= int(page)
     assert walk["objects_per_s"] > 0
+
+
+def test_bench_map(tmp_path: Path) -> None:
+    sqlite = run_quick("bench_map.py", tmp_path)["sqlite"]
+    assert isinstance(sqlite, dict)
+    assert {"one at a time", "p.map, concurrency=32", "speed-up"} == set(sqlite)
+    assert all(value > 0 for value in sqlite.values())
