@@ -1,0 +1,37 @@
+"""The stand-in external API refuses what its bucket cannot serve and honours idempotency keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from tests.fake_api import FakeApi, object_size, serve
+
+
+async def test_the_fake_api_refuses_above_its_bucket_with_retry_after() -> None:
+    # A rate too slow to refill during the test: exactly the bucket's depth is served.
+    api = FakeApi(per_second=0.01, burst=4, latency_ms=0)
+    async with await serve(api) as serving, httpx.AsyncClient(base_url=serving.url) as client:
+        answers = await asyncio.gather(*(client.get(f"/objects/{n}") for n in range(10)))
+        stats = (await client.get("/stats")).json()
+    statuses = [answer.status_code for answer in answers]
+    assert statuses.count(200) == 4  # burst 4 + 0.1 s of the rate: 4.001 tokens, the next in 100 s
+    assert statuses.count(429) == 6
+    refused = next(answer for answer in answers if answer.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    served = next(answer for answer in answers if answer.status_code == 200)
+    assert served.json()["size"] == object_size(served.json()["id"])
+    assert (stats["served"], stats["refused"]) == (4, 6)
+
+
+async def test_the_fake_api_writes_once_per_idempotency_key() -> None:
+    api = FakeApi(latency_ms=0)
+    async with await serve(api) as serving, httpx.AsyncClient(base_url=serving.url) as client:
+        for key in ("a", "a", "b"):
+            answer = await client.post("/objects/7/mark", headers={"Idempotency-Key": key})
+            assert answer.status_code == 200
+        await client.post("/objects/8/mark")
+        await client.post("/objects/8/mark")
+        stats = (await client.get("/stats")).json()
+    assert stats["writes"] == {"7": 2, "8": 2}
