@@ -183,8 +183,7 @@ class SchemaOutdatedError(JobRunError):
         where = "has no jobrun schema" if found is None else f"is at revision {found!r}"
         super().__init__(
             f"the database {where}; jobrun needs revision {expected!r}. Run "
-            "`await jobrun.upgrade(engine)` or "
-            "`JOBRUN_DATABASE_URL=<url> alembic upgrade head` first"
+            "`await jobrun.upgrade(engine)` or `jobrun db upgrade --url <url>` first"
         )
         self.found = found
         self.expected = expected

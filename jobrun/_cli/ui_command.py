@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -10,6 +11,7 @@ import click
 from jobrun._cli.app import cli
 from jobrun._cli.connect import (
     URL_ENVVAR,
+    OneLineUsageError,
     make_engine,
     parse_url,
     refuse_unusable_schema,
@@ -17,37 +19,66 @@ from jobrun._cli.connect import (
     shown_url,
     sqlite_file,
 )
+from jobrun.errors import JobValidationError
 
 
-def _base_path(text: str) -> str:
-    path = "/" + text.strip("/")
-    if path != "/" and any(part in ("", ".", "..") for part in path[1:].split("/")):
-        raise click.BadParameter(
-            f"{text!r} is not a plain path like /jobs", param_hint="--base-path"
-        )
-    return "" if path == "/" else path
+@dataclass(frozen=True, slots=True)
+class _Serving:
+    """How ``jobrun ui`` listens and what it answers to, checked before any database opens."""
+
+    host: str
+    port: int
+    read_only: bool
+    base: str
+    root: str
+    allowed_hosts: tuple[str, ...]
+    forwarded_allow_ips: str
 
 
-def _application(web_console: Any, base: str) -> Any:
-    if not base:
-        return web_console
-    from starlette.applications import Starlette
-    from starlette.responses import RedirectResponse
-    from starlette.routing import Mount, Route
+def _checked(serving: _Serving) -> _Serving:
+    """``serving`` with its paths normalised and its default hosts filled in; a
+    one-line usage error for what the console could not serve."""
+    from jobrun.ui.hosts import LOOPBACK_HOSTS, AllowedHosts, is_loopback
+    from jobrun.ui.paths import checked_base_path
+    from jobrun.ui.proxying import TrustedProxies
 
-    async def to_console(request: Any) -> RedirectResponse:
-        return RedirectResponse(f"{base}/", status_code=307)
+    allowed = serving.allowed_hosts
+    if not allowed:
+        if not is_loopback(serving.host):
+            raise OneLineUsageError(
+                f"--host {serving.host} is reachable from other machines: name the host "
+                "names browsers use to reach the console with --allowed-host "
+                "(e.g. --allowed-host jobs.example.com)"
+            )
+        allowed = LOOPBACK_HOSTS
+    try:
+        AllowedHosts.of(allowed, "--allowed-host")
+        TrustedProxies(serving.forwarded_allow_ips)
+        base = checked_base_path(serving.base, "--base-path")
+        root = checked_base_path(serving.root, "--root-path")
+    except JobValidationError as error:
+        raise OneLineUsageError(error.message) from error
+    return replace(serving, base=base, root=root, allowed_hosts=allowed)
 
-    return Starlette(routes=[Route("/", to_console), Mount(base, app=web_console)])
+
+def _application(stores: dict[str, Any], serving: _Serving) -> Any:
+    from jobrun.ui import create_app
+    from jobrun.ui.proxying import ForwardedHeaders, TrustedProxies
+
+    web_console = create_app(
+        stores,
+        read_only=serving.read_only,
+        allowed_hosts=serving.allowed_hosts,
+        base_path=serving.base,
+    )
+    trusted = TrustedProxies(serving.forwarded_allow_ips)
+    return ForwardedHeaders(web_console, trusted) if trusted else web_console
 
 
-async def _serve(
-    urls: tuple[str, ...], schema: str | None, host: str, port: int, read_only: bool, base: str
-) -> None:
+async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -> None:
     import uvicorn
 
     from jobrun.sql.store import SqlJobRunStore
-    from jobrun.ui import create_app
 
     engines = []
     stores = {}
@@ -64,11 +95,18 @@ async def _serve(
                 )
             name = shown_url(parsed) if schema is None else f"{shown_url(parsed)} schema {schema}"
             stores[name] = SqlJobRunStore(engine, schema=schema)
-        web_console = create_app(stores, read_only=read_only)
         config = uvicorn.Config(
-            _application(web_console, base), host=host, port=port, log_level="info", lifespan="off"
+            _application(stores, serving),
+            host=serving.host,
+            port=serving.port,
+            log_level="info",
+            lifespan="off",
+            proxy_headers=False,  # ForwardedHeaders does it, the Host included
+            root_path=serving.root,
         )
-        click.echo(f"jobrun console on http://{host}:{port}{base}/ (Ctrl-C stops it)")
+        shown_host = f"[{serving.host}]" if ":" in serving.host else serving.host
+        address = f"http://{shown_host}:{serving.port}{serving.base}/"
+        click.echo(f"jobrun console on {address} (Ctrl-C stops it)")
         await uvicorn.Server(config).serve()
     finally:
         for engine in engines:
@@ -84,8 +122,23 @@ async def _serve(
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Show no action; refuse every state change.")
 @click.option(
+    "--allowed-host", "allowed_hosts", multiple=True, metavar="HOST[:PORT]",
+    help="A host name browsers reach the console by (any port unless given); repeat for "
+    "several. Other Host headers get 400. Default on a loopback --host: localhost, "
+    "127.0.0.1 and ::1; required on any other.",
+)  # fmt: skip
+@click.option(
     "--base-path", default="/", show_default=True, metavar="PATH",
-    help="Serve the console under this path, e.g. /jobs behind a proxy.",
+    help="Serve the console under this path, e.g. /jobs behind a proxy that keeps the path.",
+)  # fmt: skip
+@click.option(
+    "--root-path", default="/", show_default=True, metavar="PATH",
+    help="The path prefix a proxy in front strips before passing requests on; links get it.",
+)  # fmt: skip
+@click.option(
+    "--forwarded-allow-ips", default="", metavar="IPS",
+    help="Comma-separated proxy addresses or networks (or '*') whose X-Forwarded-For, "
+    "-Proto and -Host headers are believed. Default: none.",
 )  # fmt: skip
 @schema_option
 def ui(
@@ -93,15 +146,19 @@ def ui(
     host: str,
     port: int,
     read_only: bool,
+    allowed_hosts: tuple[str, ...],
     base_path: str,
+    root_path: str,
+    forwarded_allow_ips: str,
     schema: str | None,
 ) -> None:
     """Serve the operator console: runs, one run live, health; act on runs.
 
-    Listens on 127.0.0.1 unless told otherwise. It has no login of its own:
-    whoever reaches the port may act on runs unless --read-only is given. To put
-    it behind your own authentication, mount `jobrun.ui.create_app` in your
-    ASGI application instead.
+    Listens on 127.0.0.1 unless told otherwise, and answers only requests for the
+    host names --allowed-host names (localhost by default), which keeps
+    DNS-rebinding sites out. It has no login of its own: whoever reaches the port
+    may act on runs unless --read-only is given. To put it behind your own
+    authentication, mount `jobrun.ui.create_app` in your ASGI application instead.
 
     \b
     With --schema, every database shows that tenant's runs only.
@@ -110,8 +167,12 @@ def ui(
     Example:
       jobrun ui --url sqlite+aiosqlite:///app.db --port 8080 --read-only
       jobrun ui --url postgresql://app@db.internal/app --schema tenant_a
+      jobrun ui --url postgresql://app@db.internal/app --root-path /jobs \\
+          --allowed-host jobs.example.com --forwarded-allow-ips 127.0.0.1
     """
-    base = _base_path(base_path)
+    serving = _checked(
+        _Serving(host, port, read_only, base_path, root_path, allowed_hosts, forwarded_allow_ips)
+    )
     try:
         import uvicorn  # noqa: F401
 
@@ -120,4 +181,4 @@ def ui(
         raise click.ClickException(
             f"the console needs the ui extra: pip install 'jobrun[ui]' ({error})"
         ) from error
-    asyncio.run(_serve(urls, schema, host, port, read_only, base))
+    asyncio.run(_serve(urls, schema, serving))

@@ -5,7 +5,10 @@ Needs the ``ui`` extra (``pip install 'jobrun[ui]'``). Run it with ``jobrun ui
 
     from jobrun.ui import create_app
 
-    app.mount("/jobs", create_app({"main": engine}, authorize=may_operate))
+    app.mount(
+        "/jobs",
+        create_app({"main": engine}, authorize=may_operate, allowed_hosts=["jobs.example.com"]),
+    )
 
 Screens: runs (filters, keyset pages, counts per status, bulk actions), one run
 (record, counters with rates and progress, lease, step ledger; live while it

@@ -22,6 +22,7 @@ from jobrun._core.refusals import refuse
 from jobrun._core.runs import get_job_run, job_runs
 from jobrun._entry import cancel_job_run, resume_job_run, start_job_run
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
+from jobrun.ui.audit import log_action
 from jobrun.ui.databases import DATABASE_FAILURES
 from jobrun.ui.filtering import RunsFilter
 from jobrun.ui.security import ACTIONS, Refused
@@ -81,6 +82,8 @@ async def run_action(request: Request) -> Response:
     await console.guard.check_post(request, form, action)
     database = database_of(request)
     run_id = request.path_params["run_id"]
+    if "\x00" in run_id:
+        raise Refused(404, "no run has this id")
     base = request.scope.get("root_path", "").rstrip("/")
     db = request.path_params["db"]
     try:
@@ -94,7 +97,12 @@ async def run_action(request: Request) -> Response:
     except _EXPECTED as error:
         raise Refused(409, error.message) from error
     except DATABASE_FAILURES as error:
-        raise Refused(503, failure_text(error)) from error
+        raise Refused(503, failure_text(error, database)) from error
+    touched = [run_id] if target == run_id else [run_id, target]
+    if notice == "not-released":
+        log_action(request, database.name, action, [], touched)
+    else:
+        log_action(request, database.name, action, touched)
     location = f"{base}/db/{db}/runs/{quote(target, safe='')}?notice={notice}"
     return RedirectResponse(location, status_code=303)
 
@@ -121,6 +129,8 @@ class Bulk:
                 raise Refused(400, "; ".join(runs_filter.problems()))
             return cls(action, (), runs_filter)
         run_ids = tuple(dict.fromkeys(value[:200] for value in fields.get("run_id", []) if value))
+        if any("\x00" in run_id for run_id in run_ids):
+            raise Refused(400, "a run id must not contain NUL characters")
         if not run_ids:
             raise Refused(400, "select at least one run first")
         if len(run_ids) > _MAX_SELECTED:
@@ -156,7 +166,7 @@ async def bulk_confirm(request: Request) -> Response:
         try:
             found = 0 if query is None else await database.store.count(query, BULK_MAX + 1)
         except DATABASE_FAILURES as error:
-            context["error"] = failure_text(error)
+            context["error"] = failure_text(error, database)
             found = 0
         context["how_many"] = min(found, BULK_MAX)
         context["more"] = found > BULK_MAX
@@ -200,7 +210,10 @@ async def bulk_act(request: Request) -> Response:
                 else:
                     done.append(run_id)
     except DATABASE_FAILURES as failure:
-        error = failure_text(failure)
+        error = failure_text(failure, database)
+    log_action(
+        request, database.name, f"bulk {bulk.action}", done, [run_id for run_id, _ in refused]
+    )
     context = {
         "db": request.path_params["db"],
         "bulk": bulk,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -90,3 +91,12 @@ async def revisions_of(database: Database) -> Revisions | None:
     async with database.engine.connect() as connection:
         current = await connection.run_sync(current_revision, database.schema)
     return Revisions(current, head_revision())
+
+
+def upgrade_command(database: Database) -> str:
+    """The command that migrates ``database`` (its password hidden), for a page to show."""
+    if database.engine is None:
+        return "jobrun db upgrade --url URL"
+    url = database.engine.url.render_as_string(hide_password=True)
+    schema = f" --schema {database.schema}" if database.schema else ""
+    return f"jobrun db upgrade --url {shlex.quote(url)}{schema}"

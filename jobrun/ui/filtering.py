@@ -33,6 +33,8 @@ class RunsFilter:
 
     def problems(self) -> list[str]:
         found = []
+        if any("\x00" in getattr(self, name) for name in _FIELDS):
+            found.append("the filter must not contain NUL characters")
         if self.status and self.status not in STATUS_CHOICES:
             found.append(f"status must be one of {', '.join(STATUS_CHOICES)}")
         if self.since and _since_at(self.since) is None:
@@ -67,8 +69,9 @@ class RunsFilter:
 def _since_at(text: str) -> str | None:
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        # An offset can carry a date at either end of the calendar past its edge.
+        return format_instant(moment)
+    except (ValueError, OverflowError):
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return format_instant(moment)

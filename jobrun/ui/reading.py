@@ -17,7 +17,7 @@ from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.progress import Poll, progress_of
 from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
 from jobrun._core.refusals import is_number
-from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of
+from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
 from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
 
@@ -45,12 +45,15 @@ async def runs_page(request: Request) -> Response:
     database = database_of(request)
     runs_filter = RunsFilter.of(request.query_params)
     before = request.query_params.get("before", "")[:_MAX_ID] or None
+    problems = runs_filter.problems()
+    if before is not None and "\x00" in before:
+        problems.append("before must be a run id")
     context: dict[str, Any] = {
         "db": request.path_params["db"],
         "database": database,
         "filter": runs_filter,
         "statuses": STATUS_CHOICES,
-        "problems": runs_filter.problems(),
+        "problems": problems,
         "runs": [],
         "counts": {},
         "older": None,
@@ -66,7 +69,7 @@ async def runs_page(request: Request) -> Response:
             )
             context["counts"] = await _status_counts(database, runs_filter, now)
         except DATABASE_FAILURES as error:
-            context["error"] = failure_text(error)
+            context["error"] = failure_text(error, database)
         else:
             shown = rows[:PAGE_SIZE]
             context["runs"] = [job_run_of(row) for row in shown]
@@ -88,7 +91,9 @@ def _previous(run: JobRun, given: str | None) -> Poll | None:
             for name, value in dict(seen["counters"]).items()
             if is_number(value) and math.isfinite(value)
         }
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+    if not math.isfinite(at):
         return None
     return Poll(replace(run, counters=counters), at)
 
@@ -133,11 +138,13 @@ async def _run_context(request: Request) -> dict[str, Any]:
         "error": None,
         "notice": _NOTICES.get(request.query_params.get("notice", "")),
     }
+    if "\x00" in run_id:  # no id holds one, and Postgres text cannot
+        return context
     try:
         row = await database.store.get(run_id)
         steps = await database.store.steps(run_id) if row is not None else {}
     except DATABASE_FAILURES as error:
-        context["error"] = failure_text(error)
+        context["error"] = failure_text(error, database)
         return context
     if row is not None:
         context |= _live_context(job_run_of(row), steps, request.query_params.get("prev"))
@@ -172,14 +179,20 @@ async def run_live(request: Request) -> Response:
 
 
 async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
-    part: dict[str, Any] = {"database": database, "error": None, "jobs": [], "revisions": None}
+    part: dict[str, Any] = {
+        "database": database,
+        "error": None,
+        "jobs": [],
+        "revisions": None,
+        "upgrade": upgrade_command(database),
+    }
     try:
         part["revisions"] = await revisions_of(database)
         loads = await database.store.job_loads(
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
     except DATABASE_FAILURES as error:
-        part["error"] = failure_text(error)
+        part["error"] = failure_text(error, database)
         return part
     part["jobs"] = [
         {

@@ -1,8 +1,11 @@
 """Who may see and act, and proof that a state change came from the console's own page.
 
-Every state change is a POST that must pass, in order: not read-only; an
-``Origin`` (or, lacking one, a ``Referer``) naming this host or a trusted origin;
-a CSRF token matching the browser's cookie; and ``authorize(request, action)``.
+Every request must name an allowed ``Host`` (:mod:`jobrun.ui.hosts`); every
+page, fragment and static file must pass ``authorize(request, "view")``. Every
+state change is a POST that must pass, in order: not read-only; an ``Origin``
+(or, lacking one, a ``Referer``) naming this host, which must be an allowed one,
+or a trusted origin; a CSRF token matching the browser's cookie; and
+``authorize(request, action)``.
 
 The CSRF token is a signed double submit: the cookie holds a random nonce, the
 form holds an HMAC of that nonce under a key only this process knows, so a
@@ -22,12 +25,18 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import Response
 
+from jobrun.ui.hosts import AllowedHosts
+
 VIEW = "view"
 ACTIONS = ("cancel", "resume", "release", "start")
 """What ``authorize`` is asked about besides ``"view"``."""
 
 Authorize: TypeAlias = Callable[[Request, str], bool | Awaitable[bool]]
 
+NO_HOSTS_BANNER = (
+    "Read-only: this console was given no allowed hosts (create_app(allowed_hosts=...)), "
+    "so it cannot tell its own page from a DNS-rebinding site's and refuses every action."
+)
 CSRF_COOKIE = "jobrun_console_csrf"
 CSRF_FIELD = "csrf_token"
 
@@ -49,10 +58,15 @@ class Guard:
         *,
         read_only: bool,
         authorize: Authorize | None,
+        allowed_hosts: AllowedHosts | None,
         trusted_origins: Iterable[str] = (),
         secret: bytes | None = None,
     ) -> None:
-        self.read_only = read_only
+        # Without allowed hosts, a DNS-rebinding site's requests look same-origin:
+        # such a console only shows, and says why on every page.
+        self.banner = None if allowed_hosts is not None or read_only else NO_HOSTS_BANNER
+        self.read_only = read_only or allowed_hosts is None
+        self._allowed_hosts = allowed_hosts
         self._authorize = authorize
         self._secret = secret or secrets.token_bytes(32)
         self._trusted = {urlsplit(origin).netloc.lower() for origin in trusted_origins}
@@ -108,14 +122,20 @@ class Guard:
         claimed = request.headers.get("origin") or request.headers.get("referer")
         if not claimed or claimed == "null":
             return False
-        netloc = urlsplit(claimed).netloc.lower()
+        try:
+            netloc = urlsplit(claimed).netloc.lower()
+        except ValueError:  # a malformed IPv6 literal
+            return False
+        if netloc in self._trusted:
+            return True
         host = request.headers.get("host", "").lower()
-        return bool(netloc) and (netloc == host or netloc in self._trusted)
+        allowed = self._allowed_hosts is not None and self._allowed_hosts.allows(netloc)
+        return bool(netloc) and netloc == host and allowed
 
     async def check_post(self, request: Request, form: dict[str, str], action: str) -> None:
         """Raise :class:`Refused` unless this POST may change state as ``action``."""
         if self.read_only:
-            raise Refused(403, "this console is read-only")
+            raise Refused(403, self.banner or "this console is read-only")
         if not self._same_origin(request):
             raise Refused(403, "refused: the request did not come from this console's page")
         nonce = request.cookies.get(CSRF_COOKIE, "")

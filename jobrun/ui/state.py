@@ -7,7 +7,8 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
-from jobrun.ui.databases import Database
+from jobrun.errors import SchemaOutdatedError
+from jobrun.ui.databases import Database, upgrade_command
 from jobrun.ui.security import Guard, Refused
 from jobrun.ui.views import Pages
 
@@ -34,8 +35,14 @@ def database_of(request: Request) -> Database:
     return databases[int(index)]
 
 
-def failure_text(error: BaseException) -> str:
+def failure_text(error: BaseException, database: Database) -> str:
     """One line for a database that is down or broken, for the part of the page it owns."""
+    if isinstance(error, SchemaOutdatedError):
+        where = "has no jobrun schema" if error.found is None else f"is at {error.found}"
+        return (
+            f"this database {where}; this jobrun needs revision {error.expected}: "
+            f"run {upgrade_command(database)}"
+        )
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
     return f"this database cannot be read: {line}"

@@ -85,6 +85,7 @@ class Pages:
             csrf_field=CSRF_FIELD,
             csrf_token=self.guard.token_for(request),
             read_only=self.guard.read_only,
+            banner=self.guard.banner,
             can=await self.guard.abilities(request),
             databases=self.databases,
             poll_interval_ms=self.poll_interval_ms,

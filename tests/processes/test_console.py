@@ -26,6 +26,7 @@ from jobrun.ui import create_app
 from tests.support import hand_made_row, put_rows, row_of, set_columns
 
 ORIGIN = "http://console.test"
+HOSTS = ["console.test"]
 HOSTILE = "<script>alert(1)</script>"
 TOKEN = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 
@@ -68,7 +69,7 @@ async def test_runs_page_lists_filters_counts_and_pages(
     rows = [_row(index, status="done", instance=f"shop-{index}") for index in range(1, 56)]
     rows.append(_row(60, status="failed", instance="other", last_error="boom"))
     await put_rows(store, engine, rows)
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     page = await client.get("/db/0/runs")
     assert page.status_code == 200
     ids = re.findall(r'href="/db/0/runs/(\d{26})"', page.text)
@@ -109,7 +110,7 @@ async def test_hostile_text_is_escaped_everywhere(store: Any, engine: Any, clien
             )
         ],
     )
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     run_path = f"/db/0/runs/{1:026d}"
     for path in (
         "/db/0/runs",
@@ -147,7 +148,7 @@ async def test_run_page_shows_record_progress_rates_lease_and_ledger(
     )
     assert await store.record_step(run.id, StepRow("fetch", '"ok"', 1, None), "x", "token")
     assert await store.record_step(run.id, StepRow("save", None, 2, "disk full"), "x", "token")
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     page = await client.get(f"/db/0/runs/{run.id}")
     text = page.text
     assert 'progress max="1000" value="250"' in text
@@ -175,7 +176,7 @@ async def test_run_page_shows_record_progress_rates_lease_and_ledger(
 
 async def test_each_action_through_its_button(store: Any, engine: Any, client_for: Any) -> None:
     run = await jobrun.start_job_run(store, module_id="shop", job="sync", payload={"n": 1})
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     path = f"/db/0/runs/{run.id}"
     cancelled = await _post(client, f"{path}/cancel", {"reason": "wrong shop"}, token_from=path)
     assert cancelled.status_code == 303
@@ -203,7 +204,7 @@ async def test_each_action_through_its_button(store: Any, engine: Any, client_fo
 
 async def test_forged_posts_change_nothing(store: Any, client_for: Any) -> None:
     run = await jobrun.start_job_run(store, module_id="shop", job="sync")
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     path = f"/db/0/runs/{run.id}"
     token = await _token(client, path)
     attempts = [
@@ -217,7 +218,7 @@ async def test_forged_posts_change_nothing(store: Any, client_for: Any) -> None:
         answer = await client.post(f"{path}/cancel", data=form, headers=headers)
         assert answer.status_code == 403, (form, headers)
     # A token is bound to its browser's cookie: another browser's token fails.
-    stranger = client_for(create_app({"main": store}))
+    stranger = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     answer = await stranger.post(
         f"{path}/cancel", data={"csrf_token": token}, headers={"origin": ORIGIN}
     )
@@ -238,7 +239,7 @@ async def test_read_only_shows_no_action_and_refuses_every_post(
 ) -> None:
     run = await jobrun.start_job_run(store, module_id="shop", job="sync")
     await set_columns(store, engine, run.id, lease_owner="t", lease_driver="d")
-    client = client_for(create_app({"main": store}, read_only=True))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS, read_only=True))
     for path in ("/db/0/runs", f"/db/0/runs/{run.id}", "/health"):
         page = await client.get(path)
         assert page.status_code == 200
@@ -246,7 +247,7 @@ async def test_read_only_shows_no_action_and_refuses_every_post(
         assert "/bulk" not in page.text
     confirm = await client.get(f"/db/0/bulk?action=cancel&scope=selected&run_id={run.id}")
     assert confirm.status_code == 403
-    writable = client_for(create_app({"main": store}))
+    writable = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     token = await _token(writable, f"/db/0/runs/{run.id}")
     client.cookies = writable.cookies
     for action in ("cancel", "resume", "release", "start"):
@@ -269,7 +270,7 @@ async def test_authorize_decides_who_sees_and_who_acts(store: Any, client_for: A
         role = request.headers.get("x-role")
         return role == "operator" or (role == "viewer" and action == "view")
 
-    client = client_for(create_app({"main": store}, authorize=authorize))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS, authorize=authorize))
     assert (await client.get("/db/0/runs")).status_code == 403
     viewer = {"x-role": "viewer"}
     page = await client.get(f"/db/0/runs/{run.id}", headers=viewer)
@@ -297,7 +298,7 @@ async def test_bulk_actions_confirm_how_many_then_act(
     ]
     running = [_row(index, instance=f"r{index}") for index in range(20, 23)]
     await put_rows(store, engine, failed + running)
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     confirm = await client.get("/db/0/bulk?action=resume&scope=filter&module=shop")
     assert "Resume 7 runs?" in confirm.text  # the running ones are not counted
     done = await _post(
@@ -328,7 +329,7 @@ async def test_bulk_actions_confirm_how_many_then_act(
 
 async def test_mounted_under_a_base_path(store: Any, client_for: Any) -> None:
     run = await jobrun.start_job_run(store, module_id="shop", job="sync")
-    host = Starlette(routes=[Mount("/jobs", app=create_app({"main": store}))])
+    host = Starlette(routes=[Mount("/jobs", app=create_app({"main": store}, allowed_hosts=HOSTS))])
     client = client_for(host)
     home = await client.get("/jobs/")
     assert home.status_code == 303
@@ -352,7 +353,9 @@ async def test_a_database_that_is_down_shows_an_error_on_its_part(
     )
     missing = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/no/such/dir.db")
     try:
-        client = client_for(create_app({"main": store, "down": down, "gone": missing}))
+        client = client_for(
+            create_app({"main": store, "down": down, "gone": missing}, allowed_hosts=HOSTS)
+        )
         health = await client.get("/health")
         assert health.status_code == 200
         assert health.text.count("this database cannot be read") == 2
@@ -373,7 +376,7 @@ async def test_a_database_that_is_down_shows_an_error_on_its_part(
 
 async def test_health_counts_per_job(store: Any, engine: Any, client_for: Any) -> None:
     await put_rows(store, engine, [_row(1), _row(2, module_id="crm", job="mail")])
-    client = client_for(create_app({"main": store}))
+    client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))
     page = await client.get("/health")
     assert re.search(r"<td>shop</td><td>sync</td>\s*<td class=\"num\">1</td>", page.text)
     if isinstance(store, MemoryJobRunStore):

@@ -49,7 +49,7 @@ def _free_port() -> int:
 def served(sqlite_url: str) -> Iterator[str]:
     """The console on the test's SQLite file, served by uvicorn from its own thread and loop."""
     engine = create_async_engine(sqlite_url)  # used only from the server's loop
-    app = create_app({"main": engine}, poll_interval_s=0.2)
+    app = create_app({"main": engine}, allowed_hosts=["127.0.0.1"], poll_interval_s=0.2)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")

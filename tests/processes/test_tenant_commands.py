@@ -211,7 +211,8 @@ def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
     async def serve(server: uvicorn.Server, *args: Any) -> None:
         transport = httpx.ASGITransport(app=server.config.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
+        # The console answers to loopback names only unless --allowed-host says otherwise.
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             pages["runs"] = (await client.get("/db/0/runs")).text
 
     monkeypatch.setattr(uvicorn.Server, "serve", serve)
