@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import cast
 
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
+from jobrun._core.fair import ClaimTurns
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
@@ -59,6 +60,7 @@ class MemoryJobRunStore:
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self._owed_releases = OwedReleases()
+        self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
 
     # -- JobRunStore: runs, the claim, leases, the pass's writes ------------------------------
@@ -74,6 +76,10 @@ class MemoryJobRunStore:
     @property
     def owed_releases(self) -> OwedReleases:
         return self._owed_releases
+
+    @property
+    def claim_turns(self) -> ClaimTurns:
+        return self._claim_turns
 
     @property
     def orphan_scans(self) -> OrphanScans:
