@@ -218,9 +218,7 @@ def _step_key(step: str, value: object, path: str) -> str:
     return value
 
 
-def matching_prefix(
-    prefixes: Mapping[str, ConcurrencyLimit], key: str
-) -> ConcurrencyLimit | None:
+def matching_prefix(prefixes: Mapping[str, ConcurrencyLimit], key: str) -> ConcurrencyLimit | None:
     """The declaration with the longest prefix of ``key``, or ``None``."""
     for length in range(len(key), 0, -1):
         found = prefixes.get(key[:length])
@@ -252,9 +250,7 @@ def wait_for_token_s(tokens_milli: int, per_second: float) -> float:
     return -tokens_milli / (per_second * MILLI)
 
 
-def take(
-    tokens_milli: int, elapsed_ms: float, per_second: float, burst: int
-) -> tuple[int, float]:
+def take(tokens_milli: int, elapsed_ms: float, per_second: float, burst: int) -> tuple[int, float]:
     """Reserve one token: the bucket after the take, and the seconds to wait for it."""
     after = refilled(tokens_milli, elapsed_ms, per_second, burst) - MILLI
     return after, wait_for_token_s(after, per_second)

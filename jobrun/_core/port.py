@@ -223,9 +223,7 @@ class JobRunStore(Protocol):
         connections, processes and hosts."""
         ...
 
-    async def release_slot(
-        self, key: str, run_id: str, step: str, token: str, now_at: str
-    ) -> None:
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
         """Let go of the slot :meth:`acquire_slot` took; slots of ``key`` that no
         longer count by ``now_at`` are deleted on the way (nothing else cleans them)."""
         ...

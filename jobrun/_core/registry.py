@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from jobrun._core.lease import DEFAULT_LEASE_MS, DEFAULT_MAX_TAKEOVERS, check_lease_ms
-from jobrun._core.names import require_name
 from jobrun._core.limits import LimitDeclarations, concurrency_limit, rate_limit
+from jobrun._core.names import require_name
 from jobrun._core.passes import Handler
 from jobrun._core.refusals import checked_int, refuse, refuse_type, type_name
 from jobrun._core.retry import RetryPolicy

@@ -68,7 +68,7 @@ class MemoryJobRunStore:
         self._default_scope = default_scope
         self._clock = SYSTEM_CLOCK if clock is None else clock
         # key: [milli-tokens, refilled at, per_second, burst]
-        self.buckets: dict[str, list[Any]] = {}
+        self.buckets: dict[str, builtins.list[Any]] = {}
         # (key, run id, step, lease token)
         self.slots: set[tuple[str, str, str, str]] = set()
         self.runs: dict[str, RunRow] = {}
@@ -196,7 +196,7 @@ class MemoryJobRunStore:
 
     # -- limits: rate-limit buckets and concurrency slots ----------------------------------
 
-    def _refill(self, key: str, per_second: float, burst: int) -> list[Any]:
+    def _refill(self, key: str, per_second: float, burst: int) -> builtins.list[Any]:
         now = self._clock.now()
         bucket = self.buckets.setdefault(key, [burst * MILLI, now, per_second, burst])
         bucket[2:] = [per_second, burst]
@@ -215,7 +215,7 @@ class MemoryJobRunStore:
         if bucket is not None:
             bucket[0] = min(burst * MILLI, bucket[0] + MILLI)
 
-    def _counting(self, key: str, now_at: str) -> list[tuple[str, str, str, str]]:
+    def _counting(self, key: str, now_at: str) -> builtins.list[tuple[str, str, str, str]]:
         return [
             slot
             for slot in self.slots
@@ -230,9 +230,7 @@ class MemoryJobRunStore:
         self.slots.add((key, run_id, step, token))
         return True
 
-    async def release_slot(
-        self, key: str, run_id: str, step: str, token: str, now_at: str
-    ) -> None:
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
         counting = set(self._counting(key, now_at))
         self.slots = {
             slot

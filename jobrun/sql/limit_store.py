@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 from jobrun._core.limits import MILLI, LimitUsage, bucket_state, wait_for_token_s
 from jobrun.sql.executor import Executor
@@ -85,9 +84,7 @@ class SqlLimits:
             await transaction.fetch(lock, {"lock_0": slot_lock_key(self._schema, key)})
             return bool(await transaction.fetch(statement, values))
 
-    async def release_slot(
-        self, key: str, run_id: str, step: str, token: str, now_at: str
-    ) -> None:
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
         values = {"slot_key": key, "slot_step": step, "slot_token": token, "now_at": now_at}
         del run_id  # the token and step name the row; the run is its lease's
         await self._executor.fetch("release_slot", self._shapes.of(release_slot_statement), values)

@@ -23,9 +23,9 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    cast,
     delete,
     exists,
-    cast,
     extract,
     func,
     literal,
@@ -674,7 +674,7 @@ def database_now(is_postgres: bool) -> Any:
     instants (milliseconds truncated, UTC, ``Z``)."""
     if is_postgres:
         utc = func.timezone(literal_column("'UTC'"), func.clock_timestamp())
-        return func.to_char(utc, literal_column("'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'"))
+        return func.to_char(utc, literal_column('\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\''))
     return func.strftime(literal_column("'%Y-%m-%dT%H:%M:%fZ'"), literal_column("'now'"))
 
 
@@ -683,7 +683,7 @@ def ms_between(is_postgres: bool, earlier: Any, later: Any) -> Any:
     if is_postgres:
         stamp = TIMESTAMP(timezone=True)
         return extract("epoch", cast(later, stamp) - cast(earlier, stamp)) * 1000
-    per_day = literal_column("86400000.0")
+    per_day: Any = literal_column("86400000.0")
     return func.round((func.julianday(later) - func.julianday(earlier)) * per_day)
 
 
@@ -752,7 +752,9 @@ def _slots_counting(key: Any) -> Any:
     return (
         select(func.count())
         .select_from(held.join(runs, runs.c.id == held.c.run_id))
-        .where(held.c.limit_key == key, slot_counts(bindparam("now_at", type_=Text), held.c, runs.c))
+        .where(
+            held.c.limit_key == key, slot_counts(bindparam("now_at", type_=Text), held.c, runs.c)
+        )
         .scalar_subquery()
     )
 
@@ -787,7 +789,9 @@ def release_slot_statement() -> Any:
     still_counts = exists(
         select(literal(1))
         .select_from(runs)
-        .where(runs.c.id == slots.run_id, slot_counts(bindparam("now_at", type_=Text), slots, runs.c))
+        .where(
+            runs.c.id == slots.run_id, slot_counts(bindparam("now_at", type_=Text), slots, runs.c)
+        )
     )
     mine = and_(slots.lease_token == bindparam("slot_token"), slots.step == bindparam("slot_step"))
     return delete(concurrency_slots).where(

@@ -541,13 +541,9 @@ class SqlJobRunStore:
         self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
     ) -> bool:
         async with self._operation("acquire_slot"):
-            return await self._limit_operations.acquire_slot(
-                key, most, run_id, step, token, now_at
-            )
+            return await self._limit_operations.acquire_slot(key, most, run_id, step, token, now_at)
 
-    async def release_slot(
-        self, key: str, run_id: str, step: str, token: str, now_at: str
-    ) -> None:
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
         async with self._operation("release_slot"):
             await self._limit_operations.release_slot(key, run_id, step, token, now_at)
 

@@ -174,9 +174,12 @@ async def _leased_run(store: Any, clock: FakeClock, instance: str, token: str) -
         store, module_id=MODULE, job=JOB, instance=instance, clock=clock
     )
     expires_at = format_instant(clock.now().replace(year=2026, month=1, day=2))
-    request = ClaimRequest(format_instant(clock.now()), token, "test:0", {(MODULE, JOB): expires_at})
+    request = ClaimRequest(
+        format_instant(clock.now()), token, "test:0", {(MODULE, JOB): expires_at}
+    )
     claimed = await store.claim(request)
-    assert claimed is not None and claimed.row.id == run.id
+    assert claimed is not None
+    assert claimed.row.id == run.id
     return run.id
 
 
@@ -273,7 +276,8 @@ async def test_a_wait_beyond_the_pass_budget_ends_the_pass_and_gives_the_token_b
     # TODO: deferred once TooLongAWaitError becomes RetryAfter at merge.
     assert report.retrying == 1
     row = await row_of(store, run_id)
-    assert row.last_error is not None and "beyond the pass budget" in row.last_error
+    assert row.last_error is not None
+    assert "beyond the pass budget" in row.last_error
     assert (await store.steps(run_id))["first"].result == "1"
     [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
     assert bucket.waiting == 0
