@@ -257,7 +257,7 @@ def take(tokens_milli: int, elapsed_ms: float, per_second: float, burst: int) ->
 
 
 @dataclass(frozen=True, slots=True)
-class BucketState:
+class RateLimitBucket:
     """A rate limit's bucket as the database holds it, read for health."""
 
     key: str
@@ -273,12 +273,12 @@ class BucketState:
 
 def bucket_state(
     key: str, per_second: float, burst: int, tokens_milli: int, elapsed_ms: float
-) -> BucketState:
+) -> RateLimitBucket:
     """What health shows of a bucket read ``elapsed_ms`` after its last refill."""
     now = refilled(tokens_milli, elapsed_ms, per_second, burst)
     waiting = math.ceil(-now / MILLI) if now < 0 else 0
     empty_for_s = 0.0 if now >= MILLI else (MILLI - now) / (per_second * MILLI)
-    return BucketState(key, per_second, burst, now / MILLI, waiting, empty_for_s)
+    return RateLimitBucket(key, per_second, burst, now / MILLI, waiting, empty_for_s)
 
 
 class TooLongAWaitError(Exception):
@@ -306,6 +306,6 @@ def too_long_a_wait(seconds: float) -> Exception:
 class LimitUsage:
     """What a database's limits hold now, for ``jobrun health`` and the console."""
 
-    buckets: tuple[BucketState, ...] = ()
+    buckets: tuple[RateLimitBucket, ...] = ()
     slots: Mapping[str, int] = field(default_factory=dict)
     """Slots held now, by concurrency key (only keys with a slot held)."""

@@ -172,12 +172,19 @@ async def run_live(request: Request) -> Response:
 
 
 async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
-    part: dict[str, Any] = {"database": database, "error": None, "jobs": [], "revisions": None}
+    part: dict[str, Any] = {
+        "database": database,
+        "error": None,
+        "jobs": [],
+        "revisions": None,
+        "limits": None,
+    }
     try:
         part["revisions"] = await revisions_of(database)
         loads = await database.store.job_loads(
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
+        part["limits"] = await database.store.limit_usage(format_instant(now))
     except DATABASE_FAILURES as error:
         part["error"] = failure_text(error)
         return part

@@ -81,6 +81,10 @@ async def test_a_bucket_refills_at_its_rate_and_health_reads_it(store: Any) -> N
     assert (bucket.key, bucket.per_second, bucket.burst, bucket.waiting) == ("slow", 0.5, 2, 1)
     assert -1.0 <= bucket.tokens < -0.5
     assert 3.5 < bucket.empty_for_s <= 4.0
+    # jobrun health (and the console) show the same.
+    health = await jobrun.job_run_health(store)
+    assert [(shown.key, shown.waiting) for shown in health.rate_limits] == [("slow", 1)]
+    assert health.concurrency_slots == {}
     # A token given back (the pass would not wait that long) is one waiter fewer.
     await store.give_back_token("slow", 2)
     [bucket] = (await store.limit_usage(format_instant(FakeClock().now()))).buckets
