@@ -76,7 +76,7 @@ class SqlLimits:
             "slot_token": token,
             "now_at": now_at,
         }
-        statement = self._shapes.of(acquire_slot_statement)
+        statement = self._shapes.of(acquire_slot_statement, self._is_postgres)
         if not self._is_postgres:
             return bool(await self._executor.fetch("acquire_slot", statement, values))
         lock = self._shapes.of(limit_locks, 1)

@@ -759,7 +759,7 @@ def _slots_counting(key: Any) -> Any:
     )
 
 
-def acquire_slot_statement() -> Any:
+def acquire_slot_statement(is_postgres: bool) -> Any:
     """Insert slot ``slot_*`` while fewer than ``slot_most`` slots of ``slot_key`` count
     at ``now_at``; returns a row when it did. On Postgres it runs after the key's
     advisory lock (``limit_locks``) in the same transaction, so concurrent takers
@@ -774,11 +774,12 @@ def acquire_slot_statement() -> Any:
         bindparam("slot_run_id", type_=Text),
         bindparam("now_at", type_=Text),
     ).where(_slots_counting(key) < bindparam("slot_most", type_=Integer))
-    return (
-        dialect_insert(False, concurrency_slots)
-        .from_select(names, values)
-        .returning(slots.limit_key)
-    )
+    insert = dialect_insert(is_postgres, concurrency_slots).from_select(names, values)
+    # The same holder's row again (a release that failed): taken again, not an error.
+    return insert.on_conflict_do_update(
+        index_elements=[slots.limit_key, slots.lease_token, slots.step],
+        set_={"acquired_at": insert.excluded.acquired_at},
+    ).returning(slots.limit_key)
 
 
 def release_slot_statement() -> Any:
