@@ -9,6 +9,7 @@ import importlib
 import typing
 
 from jobrun._core.actions import release_job_lease
+from jobrun._core.limits import RateLimitBucket
 from jobrun._core.observe import (
     LOG_PASSES,
     LoggingObserver,
@@ -129,6 +130,7 @@ __all__ = [
     "PassStart",
     "PassTimeoutError",
     "PassWatch",
+    "RateLimitBucket",
     "RetryPolicy",
     "RunKey",
     "ScheduleStore",

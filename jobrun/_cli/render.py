@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from jobrun._core.limits import RateLimitBucket
 from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
 
@@ -308,4 +309,18 @@ def health_table(
         if registered is not None and (module_id, job) not in registered:
             note = "  (not registered by --app: nothing will run these)"
         table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
+    for bucket in health.rate_limits:
+        table.add_row(f"rate limit {bucket.key}", _bucket_text(bucket))
+    for key, held in health.concurrency_slots.items():
+        table.add_row(f"concurrency {key}", f"{held} in flight")
     return table
+
+
+def _bucket_text(bucket: RateLimitBucket) -> str:
+    """``50/s, burst 5: 2.4 tokens``, and who waits for how long when it is empty."""
+    text = f"{bucket.per_second:g}/s, burst {bucket.burst}: {bucket.tokens:.1f} tokens"
+    if bucket.waiting:
+        text += f", {bucket.waiting} waiting"
+    if bucket.empty_for_s > 0:
+        text += f", empty for {bucket.empty_for_s:.2f}s"
+    return text

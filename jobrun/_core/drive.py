@@ -234,6 +234,7 @@ class _Drive:
             timeout_s=options.pass_timeout_s,
             # On only when asked: run_worker asks unless told not to (see DriveOptions).
             guard=sources.guard(clock) if options.watchdog is True else None,
+            limits=registry.limits,
         )
         self.report = JobDriveReport()
 

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobrun._core.formats import MalformedColumnError, decode_counters, decode_json, parse_instant
+from jobrun._core.limits import RateLimitBucket
 from jobrun._core.refusals import checked_int, checked_number, refuse
 
 JOB_RUN_LIST_LIMIT = 50
@@ -248,6 +249,11 @@ class JobRunHealth:
       (filled when asked for with ``by_job=True``, else empty).
     * ``orphaned``: of the leased runs, those whose holder is provably dead (a
       driver takes them over at its next claim, before their lease expires).
+    * ``rate_limits``: each rate-limit bucket of this database
+      (:class:`jobrun.RateLimitBucket`: key, rate, burst, tokens now, takers
+      waiting, seconds until a token is free), on the database's clock.
+    * ``concurrency_slots``: ``{key: slots held}``, the step bodies in flight now
+      per concurrency key (keys with none left out).
     """
 
     running: int
@@ -257,6 +263,8 @@ class JobRunHealth:
     oldest_due_age_s: float
     due_by_job: dict[tuple[str, str], int] = field(default_factory=dict)
     orphaned: int = 0
+    rate_limits: tuple[RateLimitBucket, ...] = ()
+    concurrency_slots: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

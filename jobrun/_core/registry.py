@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from jobrun._core.lease import DEFAULT_LEASE_MS, DEFAULT_MAX_TAKEOVERS, check_lease_ms
+from jobrun._core.limits import LimitDeclarations, concurrency_limit, rate_limit
 from jobrun._core.names import require_name
 from jobrun._core.passes import Handler
 from jobrun._core.refusals import checked_int, refuse, refuse_type, type_name
@@ -66,6 +67,8 @@ class JobRegistry:
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, str], RegisteredJob] = {}
         self._schedules: dict[tuple[str, str, str], Schedule] = {}
+        self.limits = LimitDeclarations()
+        """The rate and concurrency limits declared here, which steps name."""
 
     def register(
         self,
@@ -176,6 +179,29 @@ class JobRegistry:
                 "schedule_already_registered",
             )
         self._schedules[made.key] = made
+
+    def rate_limit(
+        self, key: str, *, per_second: float, burst: int = 1, store: object = None
+    ) -> None:
+        """Declare rate limit ``key``: step bodies that name it (``p.step(...,
+        rate_limit=key)``) start at most ``per_second`` a second, ``burst`` at once
+        after a lull, counted across every driver on every host.
+
+        The bucket is a row in a database, refilled on that database's clock: by
+        default the database of the run being driven; ``store`` (a store, e.g.
+        ``SqlJobRunStore`` on one shared database) names where it lives, for a limit
+        shared by runs kept in many databases (one per scope). Declaring the same
+        key again with the same rate is accepted; with another rate it is refused.
+        """
+        self.limits.declare_rate(rate_limit(key, per_second, burst, store))
+
+    def concurrency_limit(self, prefix: str, most: int) -> None:
+        """Declare that at most ``most`` step bodies run at once under each key that
+        starts with ``prefix`` (``p.step(..., concurrency_limit=f"tenant-{tid}")``),
+        across every driver on every host; the longest declared prefix of a key is
+        the one that applies. The same prefix with another ``most`` is refused.
+        """
+        self.limits.declare_concurrency(concurrency_limit(prefix, most))
 
     def schedules(self) -> list[Schedule]:
         """Every schedule, in the order they were added."""

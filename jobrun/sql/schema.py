@@ -160,3 +160,32 @@ job_steps = Table(
     Column("last_error", Text, nullable=True),
     Column("recorded_at", Text, nullable=False),
 )
+
+# -- Revision 0005: rate and concurrency limits (jobrun._core.limits) ----------------------
+
+rate_buckets = Table(
+    "_substrat_rate_buckets",
+    metadata,
+    Column("limit_key", Text, primary_key=True),
+    # The declaration the last take was made under, kept for health: the rate as
+    # decimal text (a float), the burst in whole tokens.
+    Column("per_second", Text, nullable=False),
+    Column("burst", Integer, nullable=False),
+    # Thousandths of a token; below zero, tokens already promised to waiting takers.
+    Column("milli_tokens", Integer, nullable=False),
+    # The database's clock at the last refill, fixed-shape instant text.
+    Column("refilled_at", Text, nullable=False),
+)
+
+concurrency_slots = Table(
+    "_substrat_concurrency_slots",
+    metadata,
+    # One row per step body in flight under a concurrency key. It counts only while
+    # its lease token is still its run's unexpired lease, so a holder that died,
+    # was taken over or ended its pass frees its slot with no write at all.
+    Column("limit_key", Text, primary_key=True),
+    Column("lease_token", Text, primary_key=True),
+    Column("step", Text, primary_key=True),
+    Column("run_id", Text, nullable=False),
+    Column("acquired_at", Text, nullable=False),
+)

@@ -17,18 +17,24 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    TIMESTAMP,
+    Integer,
     String,
     Text,
     and_,
     bindparam,
+    cast,
     delete,
     exists,
+    extract,
     func,
     literal,
+    literal_column,
     not_,
     null,
     or_,
     select,
+    true,
     tuple_,
     union_all,
     update,
@@ -43,10 +49,12 @@ from jobrun.sql.schema import (
     BY_AGE_ONLY,
     LEASED_ONLY,
     LIVE_ONLY,
+    concurrency_slots,
     due_at_of,
     job_runs,
     job_schedules,
     job_steps,
+    rate_buckets,
 )
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -94,6 +102,12 @@ def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
     return and_(runs.status == FAILED, runs.ended_at >= since_at)
+
+
+def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.slot_counts`, for the slot row ``slots``
+    and its run ``runs``."""
+    return and_(is_leased(now_at, runs), runs.lease_owner == slots.lease_token)
 
 
 def live_run_of() -> Any:
@@ -652,4 +666,162 @@ def job_loads_statement() -> Any:
         .where(runs.status.in_([literal(RUNNING), literal(FAILED)]), live | failed)
         .group_by(runs.module_id, runs.job)
         .order_by(runs.module_id, runs.job)
+    )
+
+
+# -- rate and concurrency limits (jobrun._core.limits) ---------------------------------------
+# The dialect part: the database's clock as instant text, and time between two
+# instant texts. Everything else is the same SQL on both engines.
+
+
+def database_now(is_postgres: bool) -> Any:
+    """The database's clock now, as ``jobrun._core.formats.format_instant`` writes
+    instants (milliseconds truncated, UTC, ``Z``)."""
+    if is_postgres:
+        utc = func.timezone(literal_column("'UTC'"), func.clock_timestamp())
+        return func.to_char(utc, literal_column('\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\''))
+    return func.strftime(literal_column("'%Y-%m-%dT%H:%M:%fZ'"), literal_column("'now'"))
+
+
+def ms_between(is_postgres: bool, earlier: Any, later: Any) -> Any:
+    """Milliseconds from instant text ``earlier`` to ``later`` (whole, as both are)."""
+    if is_postgres:
+        stamp = TIMESTAMP(timezone=True)
+        return extract("epoch", cast(later, stamp) - cast(earlier, stamp)) * 1000
+    per_day: Any = literal_column("86400000.0")
+    return func.round((func.julianday(later) - func.julianday(earlier)) * per_day)
+
+
+def _whole(is_postgres: bool, amount: Any) -> Any:
+    """``amount`` (never negative here) rounded down to a whole number."""
+    return func.floor(amount) if is_postgres else cast(amount, Integer)
+
+
+def _least(is_postgres: bool, *values: Any) -> Any:
+    return func.least(*values) if is_postgres else func.min(*values)
+
+
+def _greatest(is_postgres: bool, *values: Any) -> Any:
+    return func.greatest(*values) if is_postgres else func.max(*values)
+
+
+def take_token_statement(is_postgres: bool) -> Any:
+    """Refill bucket ``bucket_key`` on the database's clock and reserve one token, in
+    one statement (created full, less the token, at its first take); returns the
+    milli-tokens left. The arithmetic is :func:`jobrun._core.limits.take`'s:
+    whole milli-tokens gained (``bucket_rate`` per ms), capped at
+    ``bucket_burst_milli``, minus 1000. On Postgres the row lock orders concurrent
+    takers; SQLite runs one writer at a time."""
+    buckets = rate_buckets.c
+    columns = ["limit_key", "per_second", "burst", "milli_tokens", "refilled_at"]
+    values = select(
+        bindparam("bucket_key", type_=Text),
+        bindparam("bucket_per_second", type_=Text),
+        bindparam("bucket_burst", type_=Integer),
+        bindparam("bucket_first_milli", type_=Integer),
+        database_now(is_postgres),
+    ).where(true())  # SQLite needs a WHERE before ON CONFLICT in an INSERT ... SELECT
+    insert = dialect_insert(is_postgres, rate_buckets).from_select(columns, values)
+    now_at = insert.excluded.refilled_at
+    # A clock read before another taker's later one counts as no time at all.
+    elapsed_ms = _greatest(is_postgres, ms_between(is_postgres, buckets.refilled_at, now_at), 0)
+    # Untyped: a float bind would need processing (the drivers take the float as is).
+    gained = _whole(is_postgres, elapsed_ms * bindparam("bucket_rate"))
+    full = bindparam("bucket_burst_milli", type_=Integer)
+    return insert.on_conflict_do_update(
+        index_elements=[buckets.limit_key],
+        set_={
+            "milli_tokens": _least(is_postgres, full, buckets.milli_tokens + gained) - 1000,
+            "refilled_at": _greatest(is_postgres, buckets.refilled_at, now_at),
+            "per_second": insert.excluded.per_second,
+            "burst": insert.excluded.burst,
+        },
+    ).returning(buckets.milli_tokens)
+
+
+def give_back_token_statement(is_postgres: bool) -> Any:
+    """One token back to bucket ``bucket_key``, ``bucket_burst_milli`` at most."""
+    buckets = rate_buckets.c
+    full = bindparam("bucket_burst_milli", type_=Integer)
+    return (
+        update(rate_buckets)
+        .where(buckets.limit_key == bindparam("bucket_key"))
+        .values(milli_tokens=_least(is_postgres, full, buckets.milli_tokens + 1000))
+    )
+
+
+def _slots_counting(key: Any) -> Any:
+    """How many slots of concurrency key ``key`` count at ``now_at``."""
+    held = concurrency_slots.alias("held")
+    runs = job_runs.alias("holder")
+    return (
+        select(func.count())
+        .select_from(held.join(runs, runs.c.id == held.c.run_id))
+        .where(
+            held.c.limit_key == key, slot_counts(bindparam("now_at", type_=Text), held.c, runs.c)
+        )
+        .scalar_subquery()
+    )
+
+
+def acquire_slot_statement(is_postgres: bool) -> Any:
+    """Insert slot ``slot_*`` while fewer than ``slot_most`` slots of ``slot_key`` count
+    at ``now_at``; returns a row when it did. On Postgres it runs after the key's
+    advisory lock (``limit_locks``) in the same transaction, so concurrent takers
+    count one after the other; SQLite runs one writer at a time."""
+    slots = concurrency_slots.c
+    names = ["limit_key", "lease_token", "step", "run_id", "acquired_at"]
+    key = bindparam("slot_key", type_=Text)
+    values = select(
+        key,
+        bindparam("slot_token", type_=Text),
+        bindparam("slot_step", type_=Text),
+        bindparam("slot_run_id", type_=Text),
+        bindparam("now_at", type_=Text),
+    ).where(_slots_counting(key) < bindparam("slot_most", type_=Integer))
+    insert = dialect_insert(is_postgres, concurrency_slots).from_select(names, values)
+    # The same holder's row again (a release that failed): taken again, not an error.
+    return insert.on_conflict_do_update(
+        index_elements=[slots.limit_key, slots.lease_token, slots.step],
+        set_={"acquired_at": insert.excluded.acquired_at},
+    ).returning(slots.limit_key)
+
+
+def release_slot_statement() -> Any:
+    """Delete slot ``slot_*``, and every slot of ``slot_key`` that no longer counts at
+    ``now_at`` (stale rows are cleaned here, lazily, and nowhere else)."""
+    slots = concurrency_slots.c
+    runs = job_runs.alias("holder")
+    still_counts = exists(
+        select(literal(1))
+        .select_from(runs)
+        .where(
+            runs.c.id == slots.run_id, slot_counts(bindparam("now_at", type_=Text), slots, runs.c)
+        )
+    )
+    mine = and_(slots.lease_token == bindparam("slot_token"), slots.step == bindparam("slot_step"))
+    return delete(concurrency_slots).where(
+        slots.limit_key == bindparam("slot_key"), or_(mine, not_(still_counts))
+    )
+
+
+def buckets_statement(is_postgres: bool) -> Any:
+    """Every bucket, and the milliseconds since its refill on the database's clock."""
+    buckets = rate_buckets.c
+    since = ms_between(is_postgres, buckets.refilled_at, database_now(is_postgres))
+    return select(
+        buckets.limit_key, buckets.per_second, buckets.burst, buckets.milli_tokens, since
+    ).order_by(buckets.limit_key)
+
+
+def slots_held_statement() -> Any:
+    """Per concurrency key, the slots that count at ``now_at`` (keys with none left out)."""
+    slots = concurrency_slots
+    runs = job_runs.alias("holder")
+    return (
+        select(slots.c.limit_key, func.count())
+        .select_from(slots.join(runs, runs.c.id == slots.c.run_id))
+        .where(slot_counts(bindparam("now_at", type_=Text), slots.c, runs.c))
+        .group_by(slots.c.limit_key)
+        .order_by(slots.c.limit_key)
     )

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.fair import ClaimTurns
 from jobrun._core.ids import first_id_at
+from jobrun._core.limits import LimitUsage
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import (
@@ -55,6 +56,7 @@ from jobrun._core.transitions import (
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
+from jobrun.sql.limit_store import SqlLimits
 from jobrun.sql.presence import Presence
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
@@ -215,6 +217,9 @@ class SqlJobRunStore:
         compile_ = Compiler(engine.dialect, None if self._schema is None else {None: self._schema})
         self._statements = Statements(compile_, self._is_postgres)
         self._shapes = Shapes(compile_)
+        self._limit_operations = SqlLimits(
+            self._executor, self._shapes, self._is_postgres, self._schema
+        )
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
@@ -529,6 +534,30 @@ class SqlJobRunStore:
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
         return await self._lone_write("extend_lease", self._statements.extend_lease, values)
+
+    # -- limits: rate-limit buckets and concurrency slots (jobrun.sql.limit_store) -------------
+
+    async def take_token(self, key: str, per_second: float, burst: int) -> float:
+        async with self._operation("take_token"):
+            return await self._limit_operations.take_token(key, per_second, burst)
+
+    async def give_back_token(self, key: str, burst: int) -> None:
+        async with self._operation("give_back_token"):
+            await self._limit_operations.give_back_token(key, burst)
+
+    async def acquire_slot(
+        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+    ) -> bool:
+        async with self._operation("acquire_slot"):
+            return await self._limit_operations.acquire_slot(key, most, run_id, step, token, now_at)
+
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
+        async with self._operation("release_slot"):
+            await self._limit_operations.release_slot(key, run_id, step, token, now_at)
+
+    async def limit_usage(self, now_at: str) -> LimitUsage:
+        async with self._operation("limit_usage"):
+            return await self._limit_operations.limit_usage(now_at)
 
     # -- OperatorStore: what operators do by hand ---------------------------------------------
 

@@ -185,12 +185,14 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "jobs": [],
         "revisions": None,
         "upgrade": upgrade_command(database),
+        "limits": None,
     }
     try:
         part["revisions"] = await revisions_of(database)
         loads = await database.store.job_loads(
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
+        part["limits"] = await database.store.limit_usage(format_instant(now))
     except DATABASE_FAILURES as error:
         part["error"] = failure_text(error, database)
         return part

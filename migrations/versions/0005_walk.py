@@ -1,4 +1,5 @@
-"""Fair claims' due-order index (each block below is one change of its own).
+"""External walks: fair claims' due-order index, rate and concurrency limit tables
+(each block below is one change of its own).
 
 Revision ID: 0005
 Revises: 0004
@@ -47,9 +48,46 @@ def _downgrade_due_order() -> None:
 # --- end of fair claims -------------------------------------------------------------------------
 
 
+# -- rate and concurrency limits: two tables of their own (nothing else changes) ----------
+
+RATE_BUCKETS = "_substrat_rate_buckets"
+CONCURRENCY_SLOTS = "_substrat_concurrency_slots"
+
+
+def _upgrade_limits() -> None:
+    op.create_table(
+        RATE_BUCKETS,
+        sa.Column("limit_key", sa.Text(), nullable=False),
+        sa.Column("per_second", sa.Text(), nullable=False),
+        sa.Column("burst", sa.Integer(), nullable=False),
+        sa.Column("milli_tokens", sa.Integer(), nullable=False),
+        sa.Column("refilled_at", sa.Text(), nullable=False),
+        sa.PrimaryKeyConstraint("limit_key"),
+    )
+    op.create_table(
+        CONCURRENCY_SLOTS,
+        sa.Column("limit_key", sa.Text(), nullable=False),
+        sa.Column("lease_token", sa.Text(), nullable=False),
+        sa.Column("step", sa.Text(), nullable=False),
+        sa.Column("run_id", sa.Text(), nullable=False),
+        sa.Column("acquired_at", sa.Text(), nullable=False),
+        sa.PrimaryKeyConstraint("limit_key", "lease_token", "step"),
+    )
+
+
+def _downgrade_limits() -> None:
+    op.drop_table(CONCURRENCY_SLOTS)
+    op.drop_table(RATE_BUCKETS)
+
+
+# -- end of the limits block ---------------------------------------------------------------
+
+
 def upgrade() -> None:
     _upgrade_due_order()
+    _upgrade_limits()
 
 
 def downgrade() -> None:
+    _downgrade_limits()
     _downgrade_due_order()

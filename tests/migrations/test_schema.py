@@ -29,12 +29,23 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
-from jobrun.sql.schema import VERSION_TABLE, job_runs, job_schedules, job_steps, metadata
+from jobrun.sql.schema import (
+    VERSION_TABLE,
+    concurrency_slots,
+    job_runs,
+    job_schedules,
+    job_steps,
+    metadata,
+    rate_buckets,
+)
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
 LIVE = "status = 'running'"
 SCHEDULES = "_substrat_job_schedules"
+BUCKETS = "_substrat_rate_buckets"
+SLOTS = "_substrat_concurrency_slots"
+TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS)
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
@@ -108,6 +119,29 @@ EXPECTED: dict[str, Any] = {
             ("updated_at", "TEXT", False, None),
         ],
         "primary_key": ["module_id", "job", "schedule"],
+        "indexes": [],
+    },
+    # Revision 0005: rate-limit buckets and concurrency slots.
+    BUCKETS: {
+        "columns": [
+            ("limit_key", "TEXT", False, None),
+            ("per_second", "TEXT", False, None),
+            ("burst", "INTEGER", False, None),
+            ("milli_tokens", "INTEGER", False, None),
+            ("refilled_at", "TEXT", False, None),
+        ],
+        "primary_key": ["limit_key"],
+        "indexes": [],
+    },
+    SLOTS: {
+        "columns": [
+            ("limit_key", "TEXT", False, None),
+            ("lease_token", "TEXT", False, None),
+            ("step", "TEXT", False, None),
+            ("run_id", "TEXT", False, None),
+            ("acquired_at", "TEXT", False, None),
+        ],
+        "primary_key": ["limit_key", "lease_token", "step"],
         "indexes": [],
     },
 }
@@ -296,8 +330,8 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
 
 def _reflected_tables(connection: Connection) -> dict[str, Any]:
     names = set(inspect(connection).get_table_names())
-    assert names == {RUNS, STEPS, SCHEDULES, VERSION_TABLE}
-    return {table: _reflected_shape(connection, table) for table in (RUNS, STEPS, SCHEDULES)}
+    assert names == {*TABLES, VERSION_TABLE}
+    return {table: _reflected_shape(connection, table) for table in TABLES}
 
 
 def _expected_reflection() -> dict[str, Any]:
@@ -324,9 +358,9 @@ async def _reflect(engine: AsyncEngine) -> dict[str, Any]:
 
 
 def test_metadata_is_the_contracts_data_model() -> None:
-    assert set(metadata.tables) == {RUNS, STEPS, SCHEDULES}
+    assert set(metadata.tables) == set(TABLES)
     for dialect in DIALECTS:
-        for table in (job_runs, job_steps, job_schedules):
+        for table in (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots):
             assert _metadata_shape(table, dialect) == EXPECTED[table.name], dialect.name
 
 
@@ -377,7 +411,7 @@ async def test_sqlite_and_postgres_reflect_the_same_shape(
     on_sqlite, on_postgres = shapes
     assert on_sqlite == on_postgres
     for reflected, dialect in zip(shapes, DIALECTS, strict=True):
-        for table in (job_runs, job_steps, job_schedules):
+        for table in (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots):
             shape = _metadata_shape(table, dialect)
             assert {key: reflected[table.name][key] for key in shape} == shape
 
