@@ -40,7 +40,14 @@ from jobrun._core.formats import (
 from jobrun._core.lease import BodyGuard, Lease, LeaseKeeper
 from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
-from jobrun._core.outcomes import PassOutcome, cap_error_text, commit, hand_back, record_failure
+from jobrun._core.outcomes import (
+    PassOutcome,
+    cap_error_text,
+    commit,
+    defer,
+    hand_back,
+    record_failure,
+)
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunKey, RunRow, StepRow
 from jobrun._core.refusals import is_int, mistake
@@ -57,6 +64,7 @@ from jobrun.errors import (
     JobRunError,
     LeaseLostError,
     PassTimeoutError,
+    RetryAfter,
     StepFailedError,
     StepReusedError,
     describe_exception,
@@ -377,6 +385,10 @@ class JobPass:
             raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
         try:
             value = await self._body(fn)
+        except RetryAfter:
+            # Not a failed attempt: nothing is recorded, and the pass is deferred
+            # unless the handler catches it.
+            raise
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
@@ -536,6 +548,8 @@ async def run_job_pass(
             # hold the lease: handed back, so any driver may take the run at once.
             await hand_back(store, row, lease)
         return PassOutcome("superseded")
+    except RetryAfter as deferral:
+        return await defer(store, clock, row, lease, deferral, job.max_deferrals)
     except UserExit as escaped:
         outcome = await _failed(settings, row, lease, job_policy, escaped.failure)
         return replace(outcome, raised=escaped.raised)
