@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.records import StepRow
-from jobrun.testing import FakeClock
+from jobrun.testing import FakeClock, drive_until_idle
 from tests.support import JOB, drive, iso, row_of, set_columns, start_id
 from tests.support import MODULE_ID as MODULE
 
@@ -189,3 +189,34 @@ async def test_max_deferrals_zero_fails_at_the_first_deferral(store: Any, clock:
     report = await drive(store, registry_of(handler, max_deferrals=0), clock)
     assert report.failed == 1
     assert (await row_of(store, run_id)).status == "failed"
+
+
+async def test_observers_hear_a_deferred_pass_and_step_and_the_kit_waits_it_out(
+    store: Any, clock: FakeClock
+) -> None:
+    deferrals = {"left": 2}
+
+    def call_api() -> str:
+        if deferrals["left"]:
+            deferrals["left"] -= 1
+            raise jobrun.RetryAfter(90, reason="429")
+        return "ok"
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("prepare", lambda: 1)
+        await p.step("call", call_api)
+        return jobrun.PassResult(done=True)
+
+    await start_id(store, clock)
+    report = await drive_until_idle(store, registry_of(handler), clock=clock)
+    assert report.outcomes() == ["deferred", "deferred", "completed"]
+    assert report.advanced_s == 180
+    assert report.errors == []
+    first, second, last = report.passes
+    assert [(step.name, step.outcome) for step in first.steps] == [
+        ("prepare", "ran"),
+        ("call", "deferred"),
+    ]
+    assert first.end.error == "retry after 90 s: 429"
+    assert [step.outcome for step in second.steps] == ["memo", "deferred"]
+    assert last.ran() == ["call"]
