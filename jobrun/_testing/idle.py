@@ -103,10 +103,10 @@ async def drive_until_idle(
     deferral's delay or a dead pass's lease expiry, so retries, deferrals and
     takeovers run without waiting; without one, only what is due now is driven.
     ``crash`` kills the first pass that records that many steps (like a killed
-    process: its lease stays held); the
-    run is then taken over when the lease expires, and its replay shows which
-    steps were memo hits. ``options`` go to ``run_due_jobs`` (``max_passes``,
-    ``pass_timeout_s``, ``open_scope``...). Raises ``RuntimeError`` after
+    process: its lease stays held); the run is then taken over when the lease
+    expires, and its replay shows which steps were memo hits. ``options`` go to
+    ``run_due_jobs`` (``max_passes``, ``pass_timeout_s``, ``open_scope``...).
+    Raises ``RuntimeError`` after
     ``max_drives`` drives, so a job that never settles fails the test.
     """
     report = IdleReport()
