@@ -106,8 +106,8 @@ async def drive_until_idle(
     process: its lease stays held); the run is then taken over when the lease
     expires, and its replay shows which steps were memo hits. ``options`` go to
     ``run_due_jobs`` (``max_passes``, ``pass_timeout_s``, ``open_scope``...).
-    Raises ``RuntimeError`` after
-    ``max_drives`` drives, so a job that never settles fails the test.
+    Raises ``RuntimeError`` after ``max_drives`` drives, so a job that never
+    settles fails the test.
     """
     report = IdleReport()
     observer = _Recorder(report)
