@@ -237,6 +237,20 @@ def lease_lines(run: JobRun, at: datetime) -> str:
     return text
 
 
+def waiting_text(run: JobRun) -> str | None:
+    """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
+    delay its last pass asked for (``RetryAfter``); else ``None``."""
+    if run.status != "running" or run.lease_driver is not None:
+        return None
+    if not run.deferrals or run.next_attempt_at is None:
+        return None
+    why = f"Retry-After: {run.deferred_reason}" if run.deferred_reason else "Retry-After"
+    text = f"waiting until {instant(run.next_attempt_at)} ({why})"
+    if run.deferrals > 1:
+        text += f"; deferred {run.deferrals} times in a row"
+    return text
+
+
 def _fields_table() -> Table:
     from rich.table import Table
 
@@ -267,7 +281,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")
     if run.lease_driver is None:
-        record.add_row("next attempt", instant(run.next_attempt_at) or "-")
+        record.add_row("next attempt", waiting_text(run) or instant(run.next_attempt_at) or "-")
     record.add_row("ended", instant(run.ended_at) or "-")
     record.add_row("lease", lease_lines(run, at))
     if run.decode_error:

@@ -149,7 +149,7 @@ class LimitGate:
             with contextlib.suppress(StoreError):
                 # Unused: another taker may have it sooner.
                 await store.give_back_token(rate.key, rate.burst)
-            raise too_long_a_wait(wait_s)
+            raise too_long_a_wait(rate.key, wait_s)
         extend(self.budget, wait_s)
         await self.clock.sleep(wait_s)
 

@@ -33,7 +33,7 @@ from jobrun._core.refusals import (
     mistake,
     refuse,
 )
-from jobrun.errors import JobConflictError
+from jobrun.errors import JobConflictError, RetryAfter
 
 MILLI = 1000
 """Milli-tokens in one token."""
@@ -281,25 +281,14 @@ def bucket_state(
     return RateLimitBucket(key, per_second, burst, now / MILLI, waiting, empty_for_s)
 
 
-class TooLongAWaitError(Exception):
-    """A token would come later than the pass budget allows: the pass ends, to be
-    tried again after ``seconds``.
-
-    TODO: becomes RetryAfter at merge (jobrun.RetryAfter, built on another branch:
-    the pass then ends ``deferred``, due again after the delay).
-    """
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"a rate-limit token is {seconds:.3f} s away, beyond the pass budget")
-        self.seconds = seconds
-
-
-def too_long_a_wait(seconds: float) -> Exception:
-    """The one place that says how a pass ends when its token is beyond its budget.
-
-    TODO: becomes RetryAfter at merge.
-    """
-    return TooLongAWaitError(seconds)
+def too_long_a_wait(key: str, seconds: float) -> RetryAfter:
+    """The one place that says how a pass ends when its token of rate limit ``key``
+    is ``seconds`` away, beyond the pass budget: deferred, due again then (nothing
+    charged; the steps that finished stay stored)."""
+    return RetryAfter(
+        seconds,
+        reason=f"rate limit {key!r}: a token is {seconds:.3f} s away, beyond the pass budget",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,14 @@ from jobrun._core.limits import LimitDeclarations, StepLimits
 from jobrun._core.mapping import DEFAULT_CONCURRENCY, plan_map, run_map
 from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
-from jobrun._core.outcomes import PassOutcome, cap_error_text, commit, hand_back, record_failure
+from jobrun._core.outcomes import (
+    PassOutcome,
+    cap_error_text,
+    commit,
+    defer,
+    hand_back,
+    record_failure,
+)
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunKey, RunRow, StepRow
 from jobrun._core.refusals import is_int, mistake
@@ -60,6 +67,7 @@ from jobrun.errors import (
     JobRunError,
     LeaseLostError,
     PassTimeoutError,
+    RetryAfter,
     StepFailedError,
     StepReusedError,
     describe_exception,
@@ -447,6 +455,10 @@ class JobPass:
         held = await self._gate.enter(limits, name)
         try:
             value = await self._body(fn, held)
+        except RetryAfter:
+            # Not a failed attempt: nothing is recorded, and the pass is deferred
+            # unless the handler catches it.
+            raise
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
@@ -609,6 +621,8 @@ async def run_job_pass(
             # hold the lease: handed back, so any driver may take the run at once.
             await hand_back(store, row, lease)
         return PassOutcome("superseded")
+    except RetryAfter as deferral:
+        return await defer(store, clock, row, lease, deferral, job.max_deferrals)
     except UserExit as escaped:
         outcome = await _failed(settings, row, lease, job_policy, escaped.failure)
         return replace(outcome, raised=escaped.raised)

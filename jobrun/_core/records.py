@@ -56,6 +56,9 @@ class RunRow:
     # on), and the passes committed so far (the idempotency keys' pass number).
     lease_epoch: int = 0
     passes_committed: int = 0
+    # Revision 0005: the passes deferred in a row (RetryAfter) and the last one's reason.
+    deferrals: int = 0
+    deferred_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,9 @@ class RunPatch:
 
     The lease fields are part of it: an outcome either hands the lease on to the
     next pass of the same driver or clears it. So are ``lease_epoch`` and
-    ``passes_committed``: an outcome writes them back as read, or one higher.
+    ``passes_committed``: an outcome writes them back as read, or one higher;
+    and ``deferrals`` and ``deferred_reason``: one more (and the reason) after a
+    deferred pass, 0 and ``None`` after a commit or a failure.
     """
 
     status: str
@@ -81,6 +86,8 @@ class RunPatch:
     lease_takeovers: int = 0
     lease_epoch: int = 0
     passes_committed: int = 0
+    deferrals: int = 0
+    deferred_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +193,11 @@ class JobRun:
     ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
     lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
     passes it has committed; both read 0 on a run no jobrun of revision 0004 or
-    later has touched.
+    later has touched. ``deferrals`` counts the passes in a row that ended
+    ``deferred`` (a handler or step raised ``RetryAfter``) and ``deferred_reason``
+    is the last one's reason; a commit or a failure sets them back to 0 and
+    ``None``. A running run with deferrals and no lease waits until
+    ``next_attempt_at``.
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -214,6 +225,8 @@ class JobRun:
     priority: int = 0
     lease_epoch: int = 0
     passes_committed: int = 0
+    deferrals: int = 0
+    deferred_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +297,7 @@ class JobDriveReport:
 
     ``attempted`` counts RUNS; every other number counts PASSES (with
     ``max_passes > 1`` one run can have several), so ``advanced + completed +
-    retrying + failed + superseded`` may exceed ``attempted``.
+    retrying + failed + superseded + deferred`` may exceed ``attempted``.
 
     * ``attempted``: runs claimed (leased) by this call, each counted once.
     * ``advanced``: passes that committed and left the run ``running``.
@@ -295,6 +308,8 @@ class JobDriveReport:
       their leases kept expiring (``max_takeovers``).
     * ``superseded``: passes that stopped because the run was no longer theirs
       (lease taken over, or cancelled or released by an operator).
+    * ``deferred``: passes that ended by raising ``RetryAfter``: nothing
+      committed or charged, the run due again after the delay it asked for.
     * ``errors``: one entry per ``retrying`` or ``failed`` pass: the run id and
       the error text stored as its ``last_error``.
     """
@@ -305,6 +320,7 @@ class JobDriveReport:
     retrying: int = 0
     failed: int = 0
     superseded: int = 0
+    deferred: int = 0
     errors: list[DriveError] = field(default_factory=list)
 
 
@@ -368,6 +384,8 @@ def job_run_of(row: RunRow) -> JobRun:
         priority=row.priority,
         lease_epoch=row.lease_epoch,
         passes_committed=row.passes_committed,
+        deferrals=row.deferrals,
+        deferred_reason=row.deferred_reason,
     )
 
 

@@ -14,6 +14,7 @@ from jobrun._core.passes import Handler
 from jobrun._core.refusals import checked_int, refuse, refuse_type, type_name
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.schedules import Schedule, make_schedule
+from jobrun._core.transitions import DEFAULT_MAX_DEFERRALS
 from jobrun.errors import JobConflictError
 
 
@@ -27,6 +28,7 @@ class RegisteredJob:
     max_takeovers: int = DEFAULT_MAX_TAKEOVERS
     max_concurrent: int | None = None
     keep_for: timedelta | None = None
+    max_deferrals: int = DEFAULT_MAX_DEFERRALS
 
 
 def _check_max_concurrent(value: object) -> int | None:
@@ -81,6 +83,7 @@ class JobRegistry:
         max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
         max_concurrent: int | None = None,
         keep_for: timedelta | None = None,
+        max_deferrals: int = DEFAULT_MAX_DEFERRALS,
     ) -> None:
         """Register ``handler`` for a job; registering the same pair twice is an error.
 
@@ -92,6 +95,9 @@ class JobRegistry:
         across every driver of a database (the claim enforces it).
         ``keep_for`` is how long the worker keeps this job's finished runs
         (instead of its ``prune_after``, if any).
+        ``max_deferrals`` is how many passes in a row a run may end by raising
+        :class:`~jobrun.RetryAfter` (an int of at least 0, default 100); the
+        one after that fails the run, saying so in ``last_error``.
         """
         require_name(module_id, "module_id")
         require_name(name, "name")
@@ -108,6 +114,8 @@ class JobRegistry:
             raise refuse("max_takeovers", f"must not be negative, got {max_takeovers}")
         limit = _check_max_concurrent(max_concurrent)
         kept = _check_keep_for(keep_for)
+        if checked_int(max_deferrals, "max_deferrals") < 0:
+            raise refuse("max_deferrals", f"must not be negative, got {max_deferrals}")
         key = (module_id, name)
         if key in self._jobs:
             raise JobConflictError(
@@ -115,7 +123,7 @@ class JobRegistry:
                 "job_already_registered",
             )
         self._jobs[key] = RegisteredJob(
-            module_id, name, handler, retry, lease_ms, max_takeovers, limit, kept
+            module_id, name, handler, retry, lease_ms, max_takeovers, limit, kept, max_deferrals
         )
 
     def job(
@@ -128,6 +136,7 @@ class JobRegistry:
         max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
         max_concurrent: int | None = None,
         keep_for: timedelta | None = None,
+        max_deferrals: int = DEFAULT_MAX_DEFERRALS,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`; returns the function unchanged."""
 
@@ -141,6 +150,7 @@ class JobRegistry:
                 max_takeovers=max_takeovers,
                 max_concurrent=max_concurrent,
                 keep_for=keep_for,
+                max_deferrals=max_deferrals,
             )
             return handler
 

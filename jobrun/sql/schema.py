@@ -51,6 +51,10 @@ job_runs = Table(
     # idempotency keys'). Defaulted, so a writer that does not know them still inserts.
     Column("lease_epoch", Integer, nullable=False, server_default=text("0")),
     Column("passes_committed", Integer, nullable=False, server_default=text("0")),
+    # Revision 0005: the passes deferred in a row (a handler raised RetryAfter),
+    # set back to 0 by a commit or a failure, and the last deferral's reason.
+    Column("deferrals", Integer, nullable=False, server_default=text("0")),
+    Column("deferred_reason", Text, nullable=True),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,

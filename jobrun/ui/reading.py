@@ -20,6 +20,7 @@ from jobrun._core.refusals import is_number
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
 from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
+from jobrun.ui.views import instant
 
 FAILED_RECENTLY = timedelta(hours=1)
 _MAX_ID = 200
@@ -116,7 +117,19 @@ def _live_context(run: JobRun, steps: dict[str, StepRow], given: str | None) -> 
             (run.lease_expires_at - now).total_seconds() if run.lease_expires_at else None
         ),
         "running": run.status == JobRunStatus.RUNNING,
+        "waiting": waiting_text(run),
     }
+
+
+def waiting_text(run: JobRun) -> str | None:
+    """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
+    delay its last pass asked for (``RetryAfter``); else ``None``."""
+    if run.status != JobRunStatus.RUNNING or run.lease_driver is not None:
+        return None
+    if not run.deferrals or run.next_attempt_at is None:
+        return None
+    why = f"Retry-After: {run.deferred_reason}" if run.deferred_reason else "Retry-After"
+    return f"waiting until {instant(run.next_attempt_at)} ({why})"
 
 
 def _remaining_s(poll: Poll, progress: tuple[str, float, float] | None) -> float | None:

@@ -1,5 +1,6 @@
-"""External walks: fair claims' due-order index, rate and concurrency limit tables
-(each block below is one change of its own).
+"""External walks: deferrals, fair claims' due-order index, rate and concurrency
+limit tables (each block below is one change of its own, upgraded in this order and
+downgraded in reverse).
 
 Revision ID: 0005
 Revises: 0004
@@ -83,7 +84,27 @@ def _downgrade_limits() -> None:
 # -- end of the limits block ---------------------------------------------------------------
 
 
+# --- Deferrals ---------------------------------------------------------------------------------
+# ``deferrals``: the passes deferred in a row, 0 on every existing run. ADD COLUMN
+# with a constant default, as 0002-0004 did: no table rebuild on either engine,
+# and a writer that does not know the column still inserts.
+# ``deferred_reason``: the last deferral's reason, NULL on every existing run.
+
+
+def _upgrade_deferrals() -> None:
+    op.add_column(
+        RUNS, sa.Column("deferrals", sa.Integer(), nullable=False, server_default=sa.text("0"))
+    )
+    op.add_column(RUNS, sa.Column("deferred_reason", sa.Text(), nullable=True))
+
+
+def _downgrade_deferrals() -> None:
+    op.drop_column(RUNS, "deferred_reason")
+    op.drop_column(RUNS, "deferrals")
+
+
 def upgrade() -> None:
+    _upgrade_deferrals()
     _upgrade_due_order()
     _upgrade_limits()
 
@@ -91,3 +112,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     _downgrade_limits()
     _downgrade_due_order()
+    _downgrade_deferrals()

@@ -277,11 +277,13 @@ async def test_a_wait_beyond_the_pass_budget_ends_the_pass_and_gives_the_token_b
     registry.rate_limit("api", per_second=0.1, burst=1)
     run_id = await start_id(store, clock)
     report = await drive(store, registry, clock, pass_timeout_s=5)
-    # TODO: deferred once TooLongAWaitError becomes RetryAfter at merge.
-    assert report.retrying == 1
+    # Deferred, not failed: nothing charged, due again when the token would be there.
+    assert (report.deferred, report.retrying) == (1, 0)
     row = await row_of(store, run_id)
-    assert row.last_error is not None
-    assert "beyond the pass budget" in row.last_error
+    assert (row.attempts, row.last_error, row.deferrals) == (0, None, 1)
+    assert row.deferred_reason is not None
+    assert "'api'" in row.deferred_reason
+    assert "beyond the pass budget" in row.deferred_reason
     assert (await store.steps(run_id))["first"].result == "1"
     [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
     assert bucket.waiting == 0

@@ -81,6 +81,9 @@ EXPECTED: dict[str, Any] = {
             # Revision 0004: the fencing epoch and the passes committed, from 0.
             ("lease_epoch", "INTEGER", False, "0"),
             ("passes_committed", "INTEGER", False, "0"),
+            # Revision 0005: the passes deferred in a row, and the last one's reason.
+            ("deferrals", "INTEGER", False, "0"),
+            ("deferred_reason", "TEXT", True, None),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)

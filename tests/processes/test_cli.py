@@ -312,6 +312,30 @@ def _lease(url: str, run_id: str) -> None:
     )
 
 
+def test_show_says_how_long_a_deferred_run_waits_and_why(database_url: str) -> None:
+    run_id = start(database_url)
+    execute(
+        database_url,
+        update(runs_table)
+        .where(runs_table.c.id == run_id)
+        .values(
+            next_attempt_at="2999-01-01T00:05:00.000Z",
+            deferrals=3,
+            deferred_reason="rate limited by the API",
+        ),
+    )
+    shown = " ".join(ok("show", "--url", database_url, run_id).stdout.split())
+    assert (
+        "waiting until 2999-01-01 00:05:00 (Retry-After: rate limited by the API); "
+        "deferred 3 times in a row"
+    ) in shown
+    data = json.loads(ok("show", "--url", database_url, run_id, "--json").stdout)
+    assert (data["run"]["deferrals"], data["run"]["deferred_reason"]) == (
+        3,
+        "rate limited by the API",
+    )
+
+
 def test_show_and_release_a_lease(database_url: str) -> None:
     run_id = start(database_url)
     _lease(database_url, run_id)

@@ -121,6 +121,7 @@ def test_health_reads_waiters_and_how_long_the_bucket_stays_empty() -> None:
 
 
 def test_a_wait_beyond_the_budget_is_one_named_exception() -> None:
-    error = too_long_a_wait(12.5)
-    assert "12.500 s" in str(error)
-    assert error.seconds == 12.5  # type: ignore[attr-defined]
+    error = too_long_a_wait("api", 12.5)
+    assert isinstance(error, jobrun.RetryAfter)
+    assert "12.500 s" in error.reason
+    assert error.seconds == 12.5
