@@ -191,6 +191,8 @@ class _Worker:
                 group.create_task(self._watch_unregistered(database))
                 if self.registry.schedules():
                     group.create_task(self._schedule(database))
+                else:
+                    group.create_task(self._forget_schedules(database))
                 if retains(self.registry, self.prune_after):
                     group.create_task(self._prune(database))
 
@@ -348,6 +350,14 @@ class _Worker:
 
         message = "starting the scheduled runs of %s failed: %s; trying again in %.1f s"
         await self._repeat(start, _warning(database, message, self.interval_s, self.interval_s))
+
+    async def _forget_schedules(self, database: _Database) -> None:
+        """No schedules here: forget, once, those that this registry's jobs had (a
+        registry that schedules nothing starts nothing, so once at start suffices)."""
+        try:
+            await start_scheduled_runs(database.store, self.registry, clock=self.clock)
+        except Exception as error:
+            _warning(database, "forgetting the removed schedules of %s failed: %s", 0.0)(error)
 
     async def _prune(self, database: _Database) -> None:
         async def prune() -> float:

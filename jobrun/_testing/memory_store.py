@@ -254,10 +254,26 @@ class MemoryJobRunStore:
         for row in rows:
             self.schedules.setdefault((row.module_id, row.job, row.schedule), row)
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        key = (schedule.module_id, schedule.job, schedule.schedule)
+        stored = self.schedules.get(key)
+        if stored is None or stored.cron != stored_cron:
+            return False
+        self.schedules[key] = schedule
+        return True
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        for key in keys:
+            self.schedules.pop(key, None)
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
         key = (schedule.module_id, schedule.job, schedule.schedule)
         stored = self.schedules.get(key)
-        if stored is None or not stored.last_slot_at < schedule.last_slot_at:
+        if (
+            stored is None
+            or stored.cron != schedule.cron
+            or not stored.last_slot_at < schedule.last_slot_at
+        ):
             return None
         run, inserted = await self.start_or_join(row)
         self.schedules[key] = replace(schedule, last_run_id=run.id)

@@ -517,12 +517,16 @@ def _slot_key() -> Any:
 def take_slot_statement() -> Any:
     """The conditional write that picks the one caller who starts a slot: the schedule
     ``slot_*`` moves to ``new_last_slot_at`` (with ``new_last_run_id``,
-    ``new_updated_at``) only from an earlier slot. On Postgres a second caller waits
-    on the row, then finds the slot taken."""
+    ``new_updated_at``) only from an earlier slot of the same cron ``slot_cron``. On
+    Postgres a second caller waits on the row, then finds the slot taken."""
     slots = job_schedules.c
     return (
         update(job_schedules)
-        .where(_slot_key(), slots.last_slot_at < bindparam("new_last_slot_at"))
+        .where(
+            _slot_key(),
+            slots.cron == bindparam("slot_cron"),
+            slots.last_slot_at < bindparam("new_last_slot_at"),
+        )
         .values(
             last_slot_at=bindparam("new_last_slot_at"),
             last_run_id=bindparam("new_last_run_id"),
@@ -530,6 +534,29 @@ def take_slot_statement() -> Any:
         )
         .returning(slots.module_id)
     )
+
+
+def reset_schedule_statement() -> Any:
+    """The schedule ``slot_*`` counts the slots of ``new_cron`` from ``new_last_slot_at``
+    (with ``new_last_run_id``, ``new_updated_at``), only if its cron is still
+    ``old_cron`` (NULL matching NULL): of callers who read the same row, one resets it."""
+    slots = job_schedules.c
+    return (
+        update(job_schedules)
+        .where(_slot_key(), slots.cron.is_not_distinct_from(bindparam("old_cron", type_=Text())))
+        .values(
+            last_slot_at=bindparam("new_last_slot_at"),
+            last_run_id=bindparam("new_last_run_id"),
+            updated_at=bindparam("new_updated_at"),
+            cron=bindparam("new_cron"),
+        )
+        .returning(slots.module_id)
+    )
+
+
+def remove_schedule_statement() -> Any:
+    """Delete the row of the schedule ``slot_*`` (none: nothing)."""
+    return delete(job_schedules).where(_slot_key())
 
 
 def point_slot_statement() -> Any:

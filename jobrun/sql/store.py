@@ -79,6 +79,8 @@ from jobrun.sql.statements import (
     point_slot_statement,
     prune_ledgers,
     prune_runs,
+    remove_schedule_statement,
+    reset_schedule_statement,
     schedule_rows_statement,
     take_slot_statement,
 )
@@ -151,6 +153,15 @@ def _numbered(name: str, items: Sequence[Any]) -> dict[str, Any]:
 
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
+
+
+def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
+    """The key of ``schedule``'s row, named as ``statements._slot_key`` reads it."""
+    return {
+        "slot_module_id": schedule.module_id,
+        "slot_job": schedule.job,
+        "slot_schedule": schedule.schedule,
+    }
 
 
 def _kept_changing(operation: str) -> StoreError:
@@ -619,11 +630,32 @@ class SqlJobRunStore:
             for row in rows:
                 await transaction.fetch(statement, _values("row_", row, SCHEDULE_COLUMNS))
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        values = _slot_values(schedule) | {
+            "new_last_slot_at": schedule.last_slot_at,
+            "new_last_run_id": schedule.last_run_id,
+            "new_updated_at": schedule.updated_at,
+            "new_cron": schedule.cron,
+            "old_cron": stored_cron,
+        }
+        statement = self._shapes.of(reset_schedule_statement)
+        return await self._lone_write("reset_schedule", statement, values)
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        if not keys:
+            return
+        statement = self._shapes.of(remove_schedule_statement)
+        async with (
+            self._operation("remove_schedules"),
+            self._executor.transaction("remove_schedules") as transaction,
+        ):
+            for module_id, job, schedule in keys:
+                values = {"slot_module_id": module_id, "slot_job": job, "slot_schedule": schedule}
+                await transaction.fetch(statement, values)
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
-        slot = {
-            "slot_module_id": schedule.module_id,
-            "slot_job": schedule.job,
-            "slot_schedule": schedule.schedule,
+        slot = _slot_values(schedule) | {
+            "slot_cron": schedule.cron,
             "new_last_slot_at": schedule.last_slot_at,
             "new_last_run_id": row.id,
             "new_updated_at": schedule.updated_at,
