@@ -15,7 +15,8 @@ see ``jobrun.sql.presence``) also waits on ``LISTEN jobrun_started``
 Per database, one more task starts the runs of due schedule slots (see
 :meth:`jobrun.JobRegistry.schedule`): it sleeps until the next slot, calls
 :func:`jobrun.start_scheduled_runs` and wakes the drivers. Another, with
-``prune_after`` or a job's ``keep_for``, deletes expired finished runs every
+``prune_after`` or a job's ``keep_for``, deletes expired finished runs of the
+registered jobs (of the others only with ``prune_unregistered_after``) every
 ``PRUNE_INTERVAL_S``, in small transactions, away from the drivers.
 
 ``stop`` ends the worker gracefully: no new claims, passes in flight finish.
@@ -163,6 +164,7 @@ class _Worker:
         stop: asyncio.Event,
         clock: Clock,
         prune_after: timedelta | None,
+        prune_unregistered_after: timedelta | None = None,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -174,6 +176,7 @@ class _Worker:
         self.driver_name = options.driver_name or default_driver_name()
         self.clock = clock
         self.prune_after = prune_after
+        self.prune_unregistered_after = prune_unregistered_after
         self.slots = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -193,7 +196,7 @@ class _Worker:
                     group.create_task(self._schedule(database))
                 else:
                     group.create_task(self._forget_schedules(database))
-                if retains(self.registry, self.prune_after):
+                if retains(self.registry, self.prune_after, self.prune_unregistered_after):
                     group.create_task(self._prune(database))
 
     async def _stopper(self) -> None:
@@ -362,7 +365,11 @@ class _Worker:
     async def _prune(self, database: _Database) -> None:
         async def prune() -> float:
             deleted = await prune_by_retention(
-                database.store, self.registry, prune_after=self.prune_after, sources=SYSTEM_SOURCES
+                database.store,
+                self.registry,
+                prune_after=self.prune_after,
+                prune_unregistered_after=self.prune_unregistered_after,
+                sources=SYSTEM_SOURCES,
             )
             if deleted:
                 log.info(
@@ -491,6 +498,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     prune_after: timedelta | None = None,
+    prune_unregistered_after: timedelta | None = None,
     schema: str | None = None,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
@@ -512,9 +520,13 @@ async def run_worker(
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
     The registry's schedules are started at each slot (once per slot across any
-    number of workers). ``prune_after`` deletes finished runs that ended longer
-    ago than that (a job's ``keep_for`` wins for its own runs), at start and then
-    every ``PRUNE_INTERVAL_S``.
+    number of workers); the stored schedules of its jobs that it no longer
+    declares are forgotten. ``prune_after`` deletes finished runs of the jobs the
+    registry registers that ended longer ago than that (a job's ``keep_for`` wins
+    for its own runs), at start and then every ``PRUNE_INTERVAL_S``. Runs of jobs
+    it does not register are another application's: kept, unless
+    ``prune_unregistered_after`` is given (then kept that long, or their job's
+    ``keep_for`` as its own workers recorded it, if longer).
     """
     chosen = _worker_options(options, keywords)
     if not databases:
@@ -532,6 +544,9 @@ async def run_worker(
         stop=stop if stop is not None else asyncio.Event(),
         clock=timing,
         prune_after=check_prune_after(prune_after),
+        prune_unregistered_after=check_prune_after(
+            prune_unregistered_after, "prune_unregistered_after"
+        ),
     )
     async with contextlib.AsyncExitStack() as owned:
         for database in databases:

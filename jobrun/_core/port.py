@@ -8,7 +8,7 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -243,6 +243,22 @@ class OperatorStore(JobRunStore, Protocol):
         those ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept.
         Returns how many runs were deleted.
         """
+        ...
+
+
+class RetentionStore(OperatorStore, Protocol):
+    """Where each job's own retention (its ``keep_for``) is recorded for every worker."""
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        """Record each ``(module_id, job)``'s retention in whole seconds (``updated_at``
+        ``at``), replacing what was recorded; ``None`` deletes the job's record. One
+        transaction."""
+        ...
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        """Every recorded retention, in seconds, whichever registry recorded it."""
         ...
 
 

@@ -6,7 +6,7 @@ says what it promises). Methods are grouped as the port's protocols are
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -58,6 +58,7 @@ class MemoryJobRunStore:
         self.runs: dict[str, RunRow] = {}
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
+        self.retention: dict[tuple[str, str], int] = {}
         self._owed_releases = OwedReleases()
         self._orphan_scans = OrphanScans()
 
@@ -244,6 +245,20 @@ class MemoryJobRunStore:
             del self.runs[run_id]
             self.ledgers.pop(run_id, None)
         return len(doomed)
+
+    # -- RetentionStore: each job's own keep_for -------------------------------------------
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        for key, seconds in keep_for_s.items():
+            if seconds is None:
+                self.retention.pop(key, None)
+            else:
+                self.retention[key] = seconds
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        return dict(sorted(self.retention.items()))
 
     # -- ScheduleStore: each schedule's progress --------------------------------------------
 

@@ -43,6 +43,7 @@ from jobrun.sql.schema import (
     LEASED_ONLY,
     LIVE_ONLY,
     due_at_of,
+    job_retention,
     job_runs,
     job_schedules,
     job_steps,
@@ -562,6 +563,41 @@ def remove_schedule_statement() -> Any:
 def point_slot_statement() -> Any:
     """Point the schedule ``slot_*`` at the live run ``new_last_run_id`` it joined."""
     return update(job_schedules).where(_slot_key()).values(last_run_id=bindparam("new_last_run_id"))
+
+
+# -- each job's own retention (jobrun._core.port.RetentionStore) -----------------------------
+
+
+def record_retention_statement(is_postgres: bool) -> Any:
+    """Record the retention ``keep_for_s`` of the job ``kept_module_id``, ``kept_job``
+    (``updated_at``), replacing what was recorded."""
+    inserted = dialect_insert(is_postgres, job_retention).values(
+        module_id=bindparam("kept_module_id"),
+        job=bindparam("kept_job"),
+        keep_for_s=bindparam("keep_for_s"),
+        updated_at=bindparam("updated_at"),
+    )
+    return inserted.on_conflict_do_update(
+        index_elements=list(job_retention.primary_key.columns),
+        set_={
+            "keep_for_s": inserted.excluded.keep_for_s,
+            "updated_at": inserted.excluded.updated_at,
+        },
+    )
+
+
+def forget_retention_statement() -> Any:
+    """Delete the recorded retention of the job ``kept_module_id``, ``kept_job``."""
+    kept = job_retention.c
+    return delete(job_retention).where(
+        kept.module_id == bindparam("kept_module_id"), kept.job == bindparam("kept_job")
+    )
+
+
+def recorded_retention_statement() -> Any:
+    """Every job's recorded retention: ``(module_id, job, keep_for_s)``."""
+    kept = job_retention.c
+    return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
 
 
 # -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------

@@ -72,6 +72,7 @@ from jobrun.sql.statements import (
     clock_statement,
     count_statement,
     find_statement,
+    forget_retention_statement,
     held_leases_statement,
     job_loads_statement,
     limit_locks,
@@ -79,6 +80,8 @@ from jobrun.sql.statements import (
     point_slot_statement,
     prune_ledgers,
     prune_runs,
+    record_retention_statement,
+    recorded_retention_statement,
     remove_schedule_statement,
     reset_schedule_statement,
     schedule_rows_statement,
@@ -610,6 +613,33 @@ class SqlJobRunStore:
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
+
+    # -- RetentionStore: each job's own keep_for -------------------------------------------
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        if not keep_for_s:
+            return
+        record = self._shapes.of(record_retention_statement, self._is_postgres)
+        forget = self._shapes.of(forget_retention_statement)
+        async with (
+            self._operation("record_retention"),
+            self._executor.transaction("record_retention") as transaction,
+        ):
+            for (module_id, job), seconds in sorted(keep_for_s.items()):
+                key = {"kept_module_id": module_id, "kept_job": job}
+                if seconds is None:
+                    await transaction.fetch(forget, key)
+                else:
+                    values = key | {"keep_for_s": seconds, "updated_at": at}
+                    await transaction.fetch(record, values)
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        statement = self._shapes.of(recorded_retention_statement)
+        async with self._operation("recorded_retention"):
+            rows = await self._executor.fetch("recorded_retention", statement, {})
+        return {(row[0], row[1]): int(row[2]) for row in rows}
 
     # -- ScheduleStore: each schedule's progress --------------------------------------------
 

@@ -353,3 +353,15 @@ async def test_a_registry_forgets_only_schedules_of_jobs_it_registers(store: Any
     scheduler_only.schedule(MODULE, "elsewhere", "* * * * *")
     await tick(store, scheduler_only, at(1, 30))
     assert len(await store.schedule_rows()) == 3
+
+
+async def test_each_jobs_retention_is_recorded_and_replaced(store: Any):
+    """The record a worker that does not register a job reads its keep_for from."""
+    assert await store.recorded_retention() == {}
+    at_ = "2026-01-01T00:00:00.000Z"
+    await store.record_retention({("m", "a"): 60, ("m", "b"): 3600, ("m", "c"): None}, at_)
+    assert await store.recorded_retention() == {("m", "a"): 60, ("m", "b"): 3600}
+    await store.record_retention({("m", "a"): None, ("m", "b"): 7200}, at_)
+    assert await store.recorded_retention() == {("m", "b"): 7200}
+    await store.record_retention({}, at_)
+    assert await store.recorded_retention() == {("m", "b"): 7200}

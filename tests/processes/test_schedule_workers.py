@@ -154,7 +154,8 @@ async def test_retention_deletes_only_what_it_should(store: Any, engine: AsyncEn
         "other job, ten days": (_finished(4, "every2s", "done", ago(days=10)), False),
         "other job, failed ten days": (_finished(5, "every2s", "failed", ago(days=10)), False),
         "other job, three days": (_finished(6, "every2s", "done", ago(days=3)), True),
-        "unregistered, ten days": (_finished(7, "theirs", "done", ago(days=10), "else"), False),
+        # Another app's job: not this worker's to prune (issue 23, item 7).
+        "unregistered, ten days": (_finished(7, "theirs", "done", ago(days=10), "else"), True),
         "running, started long ago": (_finished(8, "every2s", "running", ago(days=30)), True),
         # keep_for (a day) wins over prune_after (a week) for its job, both ways.
         "kept job, eight days": (_finished(9, "kept", "done", ago(days=8)), False),
