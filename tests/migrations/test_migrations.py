@@ -41,7 +41,12 @@ from jobrun.sql.migrate import (
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
 from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic
 
-JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps", "_substrat_job_schedules"}
+JOBRUN_TABLES = {
+    "_substrat_job_runs",
+    "_substrat_job_steps",
+    "_substrat_job_schedules",
+    "_substrat_job_retention",
+}
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 
 # Autogenerate on SQLite cannot compare the expression index _substrat_job_runs_claim_order:
@@ -407,7 +412,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade  -> 0001" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0001 -> 0002" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0002 -> 0003" in output
-    assert f"INFO  [alembic.runtime.migration] Running upgrade 0003 -> {SCHEMA_REVISION}" in output
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0003 -> 0004" in output
+    assert f"INFO  [alembic.runtime.migration] Running upgrade 0004 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")

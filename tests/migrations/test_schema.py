@@ -29,12 +29,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
-from jobrun.sql.schema import VERSION_TABLE, job_runs, job_schedules, job_steps, metadata
+from jobrun.sql.schema import (
+    VERSION_TABLE,
+    job_retention,
+    job_runs,
+    job_schedules,
+    job_steps,
+    metadata,
+)
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
 LIVE = "status = 'running'"
 SCHEDULES = "_substrat_job_schedules"
+RETENTION = "_substrat_job_retention"
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
 LEASED_INDEX = "_substrat_job_runs_leased"
@@ -102,8 +110,21 @@ EXPECTED: dict[str, Any] = {
             ("last_slot_at", "TEXT", False, None),
             ("last_run_id", "TEXT", True, None),
             ("updated_at", "TEXT", False, None),
+            # Revision 0005: the cron whose slots last_slot_at counts (NULL before).
+            ("cron", "TEXT", True, None),
         ],
         "primary_key": ["module_id", "job", "schedule"],
+        "indexes": [],
+    },
+    # Revision 0005: each job's own keep_for, as the workers registering it said.
+    RETENTION: {
+        "columns": [
+            ("module_id", "TEXT", False, None),
+            ("job", "TEXT", False, None),
+            ("keep_for_s", "INTEGER", False, None),
+            ("updated_at", "TEXT", False, None),
+        ],
+        "primary_key": ["module_id", "job"],
         "indexes": [],
     },
 }
@@ -291,8 +312,10 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
 
 def _reflected_tables(connection: Connection) -> dict[str, Any]:
     names = set(inspect(connection).get_table_names())
-    assert names == {RUNS, STEPS, SCHEDULES, VERSION_TABLE}
-    return {table: _reflected_shape(connection, table) for table in (RUNS, STEPS, SCHEDULES)}
+    assert names == {RUNS, STEPS, SCHEDULES, RETENTION, VERSION_TABLE}
+    return {
+        table: _reflected_shape(connection, table) for table in (RUNS, STEPS, SCHEDULES, RETENTION)
+    }
 
 
 def _expected_reflection() -> dict[str, Any]:
@@ -319,9 +342,9 @@ async def _reflect(engine: AsyncEngine) -> dict[str, Any]:
 
 
 def test_metadata_is_the_contracts_data_model() -> None:
-    assert set(metadata.tables) == {RUNS, STEPS, SCHEDULES}
+    assert set(metadata.tables) == {RUNS, STEPS, SCHEDULES, RETENTION}
     for dialect in DIALECTS:
-        for table in (job_runs, job_steps, job_schedules):
+        for table in (job_runs, job_steps, job_schedules, job_retention):
             assert _metadata_shape(table, dialect) == EXPECTED[table.name], dialect.name
 
 
@@ -370,7 +393,7 @@ async def test_sqlite_and_postgres_reflect_the_same_shape(
     on_sqlite, on_postgres = shapes
     assert on_sqlite == on_postgres
     for reflected, dialect in zip(shapes, DIALECTS, strict=True):
-        for table in (job_runs, job_steps, job_schedules):
+        for table in (job_runs, job_steps, job_schedules, job_retention):
             shape = _metadata_shape(table, dialect)
             assert {key: reflected[table.name][key] for key in shape} == shape
 
