@@ -191,7 +191,9 @@ async def test_retention_deletes_only_what_it_should(store: Any, engine: AsyncEn
 async def test_the_worker_prunes_at_start(store: jobrun.SqlJobRunStore, engine: AsyncEngine):
     old = _finished(1, "every2s", "done", datetime.now(UTC) - timedelta(days=40))
     recent = _finished(2, "every2s", "done", datetime.now(UTC) - timedelta(days=1))
-    await put_rows(store, engine, [old, recent])
+    # Another app's job, as old: not this worker's to prune (issue 23, item 7).
+    theirs = _finished(3, "invoice", "done", datetime.now(UTC) - timedelta(days=40), "billing")
+    await put_rows(store, engine, [old, recent, theirs])
     stop = asyncio.Event()
     worker = asyncio.create_task(
         jobrun.run_worker(
@@ -206,3 +208,5 @@ async def test_the_worker_prunes_at_start(store: jobrun.SqlJobRunStore, engine: 
     stop.set()
     await asyncio.wait_for(worker, 10)
     assert await store.get(recent.id) is not None
+    # Its own jobs are pruned last in a round: the round was over when `old` went.
+    assert await store.get(theirs.id) is not None
