@@ -245,16 +245,13 @@ class OperatorStore(JobRunStore, Protocol):
         """
         ...
 
-
-class RetentionStore(OperatorStore, Protocol):
-    """Where each job's own retention (its ``keep_for``) is recorded for every worker."""
-
     async def record_retention(
         self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
     ) -> None:
-        """Record each ``(module_id, job)``'s retention in whole seconds (``updated_at``
-        ``at``), replacing what was recorded; ``None`` deletes the job's record. One
-        transaction."""
+        """Record each ``(module_id, job)``'s own retention (its ``keep_for``) in whole
+        seconds (``updated_at`` ``at``), replacing what was recorded; ``None`` deletes
+        the job's record. One transaction. Read by workers that do not register the
+        job (see :mod:`jobrun._core.retention`)."""
         ...
 
     async def recorded_retention(self) -> dict[tuple[str, str], int]:

@@ -14,7 +14,7 @@ from datetime import timedelta
 from jobrun._core.actions import prune_job_runs
 from jobrun._core.clock import ClockLike
 from jobrun._core.formats import format_instant
-from jobrun._core.port import RetentionStore
+from jobrun._core.port import OperatorStore
 from jobrun._core.records import JobRunStatus
 from jobrun._core.refusals import refuse, refuse_type, type_name
 from jobrun._core.registry import JobRegistry
@@ -56,7 +56,7 @@ def _whole_seconds(keep_for: timedelta | None) -> int | None:
 
 
 async def prune_by_retention(
-    store: RetentionStore,
+    store: OperatorStore,
     registry: JobRegistry,
     *,
     prune_after: timedelta | None,

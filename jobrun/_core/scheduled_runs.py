@@ -102,9 +102,10 @@ async def _settle(
             current[schedule.key] = row
             continue
         # Never behind the stored slot: a host whose clock lags cannot reopen a slot
-        # that a host whose clock leads has taken.
+        # that a host whose clock leads has taken. No last run: last_slot_at is no
+        # run's slot now (``jobrun schedules`` shows a slot only with its run).
         since = max(row.last_slot_at, at)
-        reset = ScheduleRow(*schedule.key, since, row.last_run_id, at, schedule.cron)
+        reset = ScheduleRow(*schedule.key, since, None, at, schedule.cron)
         await store.reset_schedule(reset, row.cron)
     return current
 

@@ -246,7 +246,7 @@ class MemoryJobRunStore:
             self.ledgers.pop(run_id, None)
         return len(doomed)
 
-    # -- RetentionStore: each job's own keep_for -------------------------------------------
+    # -- OperatorStore: each job's own keep_for -------------------------------------------
 
     async def record_retention(
         self, keep_for_s: Mapping[tuple[str, str], int | None], at: str

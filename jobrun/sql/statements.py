@@ -565,7 +565,7 @@ def point_slot_statement() -> Any:
     return update(job_schedules).where(_slot_key()).values(last_run_id=bindparam("new_last_run_id"))
 
 
-# -- each job's own retention (jobrun._core.port.RetentionStore) -----------------------------
+# -- each job's own retention (jobrun._core.port.OperatorStore) ------------------------------
 
 
 def record_retention_statement(is_postgres: bool) -> Any:

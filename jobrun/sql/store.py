@@ -614,7 +614,7 @@ class SqlJobRunStore:
             if len(ids) < batch_size:
                 return deleted
 
-    # -- RetentionStore: each job's own keep_for -------------------------------------------
+    # -- OperatorStore: each job's own keep_for -------------------------------------------
 
     async def record_retention(
         self, keep_for_s: Mapping[tuple[str, str], int | None], at: str

@@ -276,7 +276,11 @@ async def test_a_changed_cron_starts_from_its_next_slot_and_replays_nothing(stor
     assert await tick(store, minutely, noon) == []
     assert await tick(store, minutely, noon + timedelta(seconds=1)) == []
     (row,) = await store.schedule_rows()
-    assert (row.cron, row.last_slot_at) == ("* * * * *", "2026-01-02T12:00:30.000Z")
+    assert (row.cron, row.last_slot_at, row.last_run_id) == (
+        "* * * * *",
+        "2026-01-02T12:00:30.000Z",
+        None,  # the reset instant is no run's slot
+    )
     assert await tick(store, minutely, noon + timedelta(seconds=30)) == ["2026-01-02T12:01:00.000Z"]
     # Down three minutes: catch_up="all" starts this cron's missed slots, no more.
     later = await tick(store, minutely, noon + timedelta(minutes=3, seconds=40))
