@@ -175,8 +175,9 @@ class _Worker:
         self.stop = stop
         self.driver_name = options.driver_name or default_driver_name()
         self.clock = clock
-        self.prune_after = prune_after
-        self.prune_unregistered_after = prune_unregistered_after
+        self.prune_after = check_prune_after(prune_after)
+        unregistered = check_prune_after(prune_unregistered_after, "prune_unregistered_after")
+        self.prune_unregistered_after = unregistered
         self.slots = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -519,14 +520,8 @@ async def run_worker(
     schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
-    The registry's schedules are started at each slot (once per slot across any
-    number of workers); the stored schedules of its jobs that it no longer
-    declares are forgotten. ``prune_after`` deletes finished runs of the jobs the
-    registry registers that ended longer ago than that (a job's ``keep_for`` wins
-    for its own runs), at start and then every ``PRUNE_INTERVAL_S``. Runs of jobs
-    it does not register are another application's: kept, unless
-    ``prune_unregistered_after`` is given (then kept that long, or their job's
-    ``keep_for`` as its own workers recorded it, if longer).
+    Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
+    registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
     """
     chosen = _worker_options(options, keywords)
     if not databases:
@@ -543,10 +538,8 @@ async def run_worker(
         on_health=on_health,
         stop=stop if stop is not None else asyncio.Event(),
         clock=timing,
-        prune_after=check_prune_after(prune_after),
-        prune_unregistered_after=check_prune_after(
-            prune_unregistered_after, "prune_unregistered_after"
-        ),
+        prune_after=prune_after,
+        prune_unregistered_after=prune_unregistered_after,
     )
     async with contextlib.AsyncExitStack() as owned:
         for database in databases:
