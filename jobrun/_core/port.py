@@ -8,7 +8,7 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -299,6 +299,19 @@ class OperatorStore(JobRunStore, Protocol):
         """
         ...
 
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        """Record each ``(module_id, job)``'s own retention (its ``keep_for``) in whole
+        seconds (``updated_at`` ``at``), replacing what was recorded; ``None`` deletes
+        the job's record. One transaction. Read by workers that do not register the
+        job (see :mod:`jobrun._core.retention`)."""
+        ...
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        """Every recorded retention, in seconds, whichever registry recorded it."""
+        ...
+
 
 class ScheduleStore(JobRunStore, Protocol):
     """Where each schedule's progress is kept, so a slot is started once across hosts."""
@@ -311,16 +324,29 @@ class ScheduleStore(JobRunStore, Protocol):
         """Insert each row whose key has none yet; existing rows are left as they are."""
         ...
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        """Make the stored row of ``schedule``'s key ``schedule`` (a new cron, counted from
+        its ``last_slot_at``) only if its cron is still ``stored_cron`` (``None``
+        matches a NULL cron), in one conditional write; whether it was written. Of
+        callers who read the same row, one at most resets it."""
+        ...
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        """Delete the rows of these ``(module_id, job, schedule)`` keys; a missing one is
+        no error."""
+        ...
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
         """Take a slot and start its run, atomically; ``None`` when the slot was not free.
 
         ``schedule.last_slot_at`` is the slot. When the stored row of the same key
-        has an earlier ``last_slot_at``, it becomes ``schedule`` (its
-        ``last_run_id`` the run's id) and ``row`` is started as by
-        :meth:`start_or_join` (joining a live run of its key: then the live run
+        has the same ``cron`` and an earlier ``last_slot_at``, it becomes
+        ``schedule`` (its ``last_run_id`` the run's id) and ``row`` is started as
+        by :meth:`start_or_join` (joining a live run of its key: then the live run
         is returned, with ``False``, and becomes ``last_run_id``), in one
-        transaction. Otherwise (another caller took this slot or a later one, or
-        the schedule has no row) nothing is written. Of any number of callers
-        on any number of hosts, one at most gets a slot, even after its run ended.
+        transaction. Otherwise (another caller took this slot or a later one, the
+        row counts another cron's slots, or the schedule has no row) nothing is
+        written. Of any number of callers on any number of hosts, one at most
+        gets a slot, even after its run ended.
         """
         ...

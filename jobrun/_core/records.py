@@ -120,7 +120,8 @@ class ScheduleRow:
     """One ``_substrat_job_schedules`` row: how far a schedule has got (times as stored text).
 
     ``schedule`` is the instance its runs share, or ``''`` when each slot's run
-    has its own instance.
+    has its own instance. ``cron`` is the expression whose slots ``last_slot_at``
+    counts (``None`` on rows written before revision 0005).
     """
 
     module_id: str
@@ -129,6 +130,7 @@ class ScheduleRow:
     last_slot_at: str
     last_run_id: str | None
     updated_at: str
+    cron: str | None
 
 
 @dataclass(frozen=True, slots=True)

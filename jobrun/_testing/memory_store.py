@@ -6,7 +6,7 @@ says what it promises). Methods are grouped as the port's protocols are
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -75,6 +75,7 @@ class MemoryJobRunStore:
         self.runs: dict[str, RunRow] = {}
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
+        self.retention: dict[tuple[str, str], int] = {}
         self._owed_releases = OwedReleases()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
@@ -323,6 +324,20 @@ class MemoryJobRunStore:
             self.ledgers.pop(run_id, None)
         return len(doomed)
 
+    # -- OperatorStore: each job's own keep_for -------------------------------------------
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        for key, seconds in keep_for_s.items():
+            if seconds is None:
+                self.retention.pop(key, None)
+            else:
+                self.retention[key] = seconds
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        return dict(sorted(self.retention.items()))
+
     # -- ScheduleStore: each schedule's progress --------------------------------------------
 
     async def schedule_rows(self) -> builtins.list[ScheduleRow]:
@@ -332,10 +347,26 @@ class MemoryJobRunStore:
         for row in rows:
             self.schedules.setdefault((row.module_id, row.job, row.schedule), row)
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        key = (schedule.module_id, schedule.job, schedule.schedule)
+        stored = self.schedules.get(key)
+        if stored is None or stored.cron != stored_cron:
+            return False
+        self.schedules[key] = schedule
+        return True
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        for key in keys:
+            self.schedules.pop(key, None)
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
         key = (schedule.module_id, schedule.job, schedule.schedule)
         stored = self.schedules.get(key)
-        if stored is None or not stored.last_slot_at < schedule.last_slot_at:
+        if (
+            stored is None
+            or stored.cron != schedule.cron
+            or not stored.last_slot_at < schedule.last_slot_at
+        ):
             return None
         run, inserted = await self.start_or_join(row)
         self.schedules[key] = replace(schedule, last_run_id=run.id)

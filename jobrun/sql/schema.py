@@ -152,6 +152,22 @@ job_schedules = Table(
     Column("last_slot_at", Text, nullable=False),
     Column("last_run_id", Text, nullable=True),
     Column("updated_at", Text, nullable=False),
+    # Revision 0005: the cron whose slots last_slot_at counts. A registry with
+    # another cron (or a row from before 0005: NULL) starts again from "now", so
+    # slots of an older cron are never replayed under a newer one.
+    Column("cron", Text, nullable=True),
+)
+
+# Revision 0005: each job's own retention (keep_for), as the workers registering
+# it last said, so that a worker that does not register the job still spares its
+# runs when told to prune unregistered jobs.
+job_retention = Table(
+    "_substrat_job_retention",
+    metadata,
+    Column("module_id", Text, primary_key=True),
+    Column("job", Text, primary_key=True),
+    Column("keep_for_s", Integer, nullable=False),
+    Column("updated_at", Text, nullable=False),
 )
 
 job_steps = Table(

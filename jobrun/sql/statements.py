@@ -51,6 +51,7 @@ from jobrun.sql.schema import (
     LIVE_ONLY,
     concurrency_slots,
     due_at_of,
+    job_retention,
     job_runs,
     job_schedules,
     job_steps,
@@ -536,12 +537,16 @@ def _slot_key() -> Any:
 def take_slot_statement() -> Any:
     """The conditional write that picks the one caller who starts a slot: the schedule
     ``slot_*`` moves to ``new_last_slot_at`` (with ``new_last_run_id``,
-    ``new_updated_at``) only from an earlier slot. On Postgres a second caller waits
-    on the row, then finds the slot taken."""
+    ``new_updated_at``) only from an earlier slot of the same cron ``slot_cron``. On
+    Postgres a second caller waits on the row, then finds the slot taken."""
     slots = job_schedules.c
     return (
         update(job_schedules)
-        .where(_slot_key(), slots.last_slot_at < bindparam("new_last_slot_at"))
+        .where(
+            _slot_key(),
+            slots.cron == bindparam("slot_cron"),
+            slots.last_slot_at < bindparam("new_last_slot_at"),
+        )
         .values(
             last_slot_at=bindparam("new_last_slot_at"),
             last_run_id=bindparam("new_last_run_id"),
@@ -551,9 +556,67 @@ def take_slot_statement() -> Any:
     )
 
 
+def reset_schedule_statement() -> Any:
+    """The schedule ``slot_*`` counts the slots of ``new_cron`` from ``new_last_slot_at``
+    (with ``new_last_run_id``, ``new_updated_at``), only if its cron is still
+    ``old_cron`` (NULL matching NULL): of callers who read the same row, one resets it."""
+    slots = job_schedules.c
+    return (
+        update(job_schedules)
+        .where(_slot_key(), slots.cron.is_not_distinct_from(bindparam("old_cron", type_=Text())))
+        .values(
+            last_slot_at=bindparam("new_last_slot_at"),
+            last_run_id=bindparam("new_last_run_id"),
+            updated_at=bindparam("new_updated_at"),
+            cron=bindparam("new_cron"),
+        )
+        .returning(slots.module_id)
+    )
+
+
+def remove_schedule_statement() -> Any:
+    """Delete the row of the schedule ``slot_*`` (none: nothing)."""
+    return delete(job_schedules).where(_slot_key())
+
+
 def point_slot_statement() -> Any:
     """Point the schedule ``slot_*`` at the live run ``new_last_run_id`` it joined."""
     return update(job_schedules).where(_slot_key()).values(last_run_id=bindparam("new_last_run_id"))
+
+
+# -- each job's own retention (jobrun._core.port.OperatorStore) ------------------------------
+
+
+def record_retention_statement(is_postgres: bool) -> Any:
+    """Record the retention ``keep_for_s`` of the job ``kept_module_id``, ``kept_job``
+    (``updated_at``), replacing what was recorded."""
+    inserted = dialect_insert(is_postgres, job_retention).values(
+        module_id=bindparam("kept_module_id"),
+        job=bindparam("kept_job"),
+        keep_for_s=bindparam("keep_for_s"),
+        updated_at=bindparam("updated_at"),
+    )
+    return inserted.on_conflict_do_update(
+        index_elements=list(job_retention.primary_key.columns),
+        set_={
+            "keep_for_s": inserted.excluded.keep_for_s,
+            "updated_at": inserted.excluded.updated_at,
+        },
+    )
+
+
+def forget_retention_statement() -> Any:
+    """Delete the recorded retention of the job ``kept_module_id``, ``kept_job``."""
+    kept = job_retention.c
+    return delete(job_retention).where(
+        kept.module_id == bindparam("kept_module_id"), kept.job == bindparam("kept_job")
+    )
+
+
+def recorded_retention_statement() -> Any:
+    """Every job's recorded retention: ``(module_id, job, keep_for_s)``."""
+    kept = job_retention.c
+    return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
 
 
 # -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------

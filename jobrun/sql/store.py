@@ -75,6 +75,7 @@ from jobrun.sql.statements import (
     clock_statement,
     count_statement,
     find_statement,
+    forget_retention_statement,
     held_leases_statement,
     job_loads_statement,
     limit_locks,
@@ -82,6 +83,10 @@ from jobrun.sql.statements import (
     point_slot_statement,
     prune_ledgers,
     prune_runs,
+    record_retention_statement,
+    recorded_retention_statement,
+    remove_schedule_statement,
+    reset_schedule_statement,
     schedule_rows_statement,
     take_slot_statement,
 )
@@ -154,6 +159,15 @@ def _numbered(name: str, items: Sequence[Any]) -> dict[str, Any]:
 
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
+
+
+def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
+    """The key of ``schedule``'s row, named as ``statements._slot_key`` reads it."""
+    return {
+        "slot_module_id": schedule.module_id,
+        "slot_job": schedule.job,
+        "slot_schedule": schedule.schedule,
+    }
 
 
 def _kept_changing(operation: str) -> StoreError:
@@ -637,6 +651,33 @@ class SqlJobRunStore:
             if len(ids) < batch_size:
                 return deleted
 
+    # -- OperatorStore: each job's own keep_for -------------------------------------------
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        if not keep_for_s:
+            return
+        record = self._shapes.of(record_retention_statement, self._is_postgres)
+        forget = self._shapes.of(forget_retention_statement)
+        async with (
+            self._operation("record_retention"),
+            self._executor.transaction("record_retention") as transaction,
+        ):
+            for (module_id, job), seconds in sorted(keep_for_s.items()):
+                key = {"kept_module_id": module_id, "kept_job": job}
+                if seconds is None:
+                    await transaction.fetch(forget, key)
+                else:
+                    values = key | {"keep_for_s": seconds, "updated_at": at}
+                    await transaction.fetch(record, values)
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        statement = self._shapes.of(recorded_retention_statement)
+        async with self._operation("recorded_retention"):
+            rows = await self._executor.fetch("recorded_retention", statement, {})
+        return {(row[0], row[1]): int(row[2]) for row in rows}
+
     # -- ScheduleStore: each schedule's progress --------------------------------------------
 
     async def schedule_rows(self) -> builtins.list[ScheduleRow]:
@@ -656,11 +697,32 @@ class SqlJobRunStore:
             for row in rows:
                 await transaction.fetch(statement, _values("row_", row, SCHEDULE_COLUMNS))
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        values = _slot_values(schedule) | {
+            "new_last_slot_at": schedule.last_slot_at,
+            "new_last_run_id": schedule.last_run_id,
+            "new_updated_at": schedule.updated_at,
+            "new_cron": schedule.cron,
+            "old_cron": stored_cron,
+        }
+        statement = self._shapes.of(reset_schedule_statement)
+        return await self._lone_write("reset_schedule", statement, values)
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        if not keys:
+            return
+        statement = self._shapes.of(remove_schedule_statement)
+        async with (
+            self._operation("remove_schedules"),
+            self._executor.transaction("remove_schedules") as transaction,
+        ):
+            for module_id, job, schedule in keys:
+                values = {"slot_module_id": module_id, "slot_job": job, "slot_schedule": schedule}
+                await transaction.fetch(statement, values)
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
-        slot = {
-            "slot_module_id": schedule.module_id,
-            "slot_job": schedule.job,
-            "slot_schedule": schedule.schedule,
+        slot = _slot_values(schedule) | {
+            "slot_cron": schedule.cron,
             "new_last_slot_at": schedule.last_slot_at,
             "new_last_run_id": row.id,
             "new_updated_at": schedule.updated_at,

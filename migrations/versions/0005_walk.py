@@ -1,5 +1,5 @@
 """External walks: deferrals, fair claims' due-order index, rate and concurrency
-limit tables (each block below is one change of its own, upgraded in this order and
+limit tables, schedules' crons and each job's retention (each block below is one change of its own, upgraded in this order and
 downgraded in reverse).
 
 Revision ID: 0005
@@ -103,13 +103,42 @@ def _downgrade_deferrals() -> None:
     op.drop_column(RUNS, "deferrals")
 
 
+# -- schedules and retention (issue 23, items 6 and 7) ----------------------------------------
+# A schedule's row keeps the cron its last slot belongs to (NULL on rows written
+# before: such a schedule starts again from its next slot), and each job's own
+# keep_for is recorded for workers that do not register the job.
+
+SCHEDULES = "_substrat_job_schedules"
+RETENTION = "_substrat_job_retention"
+
+
+def _schedules_and_retention_up() -> None:
+    # A nullable column without a default: no table rebuild on either engine.
+    op.add_column(SCHEDULES, sa.Column("cron", sa.Text(), nullable=True))
+    op.create_table(
+        RETENTION,
+        sa.Column("module_id", sa.Text(), nullable=False),
+        sa.Column("job", sa.Text(), nullable=False),
+        sa.Column("keep_for_s", sa.Integer(), nullable=False),
+        sa.Column("updated_at", sa.Text(), nullable=False),
+        sa.PrimaryKeyConstraint("module_id", "job"),
+    )
+
+
+def _schedules_and_retention_down() -> None:
+    op.drop_table(RETENTION)
+    op.drop_column(SCHEDULES, "cron")
+
+
 def upgrade() -> None:
     _upgrade_deferrals()
     _upgrade_due_order()
     _upgrade_limits()
+    _schedules_and_retention_up()
 
 
 def downgrade() -> None:
+    _schedules_and_retention_down()
     _downgrade_limits()
     _downgrade_due_order()
     _downgrade_deferrals()

@@ -48,6 +48,8 @@ JOBRUN_TABLES = {
     # Revision 0005: the limits.
     "_substrat_rate_buckets",
     "_substrat_concurrency_slots",
+    # Revision 0005: each job's own keep_for.
+    "_substrat_job_retention",
 }
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"

@@ -32,6 +32,7 @@ import jobrun
 from jobrun.sql.schema import (
     VERSION_TABLE,
     concurrency_slots,
+    job_retention,
     job_runs,
     job_schedules,
     job_steps,
@@ -45,7 +46,9 @@ LIVE = "status = 'running'"
 SCHEDULES = "_substrat_job_schedules"
 BUCKETS = "_substrat_rate_buckets"
 SLOTS = "_substrat_concurrency_slots"
-TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS)
+RETENTION = "_substrat_job_retention"
+TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS, RETENTION)
+TABLE_OBJECTS = (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots, job_retention)
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
@@ -120,6 +123,8 @@ EXPECTED: dict[str, Any] = {
             ("last_slot_at", "TEXT", False, None),
             ("last_run_id", "TEXT", True, None),
             ("updated_at", "TEXT", False, None),
+            # Revision 0005: the cron whose slots last_slot_at counts (NULL before).
+            ("cron", "TEXT", True, None),
         ],
         "primary_key": ["module_id", "job", "schedule"],
         "indexes": [],
@@ -145,6 +150,17 @@ EXPECTED: dict[str, Any] = {
             ("acquired_at", "TEXT", False, None),
         ],
         "primary_key": ["limit_key", "lease_token", "step"],
+        "indexes": [],
+    },
+    # Revision 0005: each job's own keep_for, as the workers registering it said.
+    RETENTION: {
+        "columns": [
+            ("module_id", "TEXT", False, None),
+            ("job", "TEXT", False, None),
+            ("keep_for_s", "INTEGER", False, None),
+            ("updated_at", "TEXT", False, None),
+        ],
+        "primary_key": ["module_id", "job"],
         "indexes": [],
     },
 }
@@ -363,7 +379,7 @@ async def _reflect(engine: AsyncEngine) -> dict[str, Any]:
 def test_metadata_is_the_contracts_data_model() -> None:
     assert set(metadata.tables) == set(TABLES)
     for dialect in DIALECTS:
-        for table in (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots):
+        for table in TABLE_OBJECTS:
             assert _metadata_shape(table, dialect) == EXPECTED[table.name], dialect.name
 
 
@@ -414,7 +430,7 @@ async def test_sqlite_and_postgres_reflect_the_same_shape(
     on_sqlite, on_postgres = shapes
     assert on_sqlite == on_postgres
     for reflected, dialect in zip(shapes, DIALECTS, strict=True):
-        for table in (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots):
+        for table in TABLE_OBJECTS:
             shape = _metadata_shape(table, dialect)
             assert {key: reflected[table.name][key] for key in shape} == shape
 

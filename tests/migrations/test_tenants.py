@@ -213,7 +213,8 @@ GRANTS = """
 GRANT USAGE ON SCHEMA public TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_runs, _substrat_job_steps TO {role};
 GRANT SELECT ON jobrun_alembic_version TO {role};
-GRANT SELECT, INSERT, UPDATE ON _substrat_job_schedules TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_schedules, _substrat_job_retention TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_rate_buckets, _substrat_concurrency_slots TO {role};
 """
 
 
