@@ -1,6 +1,6 @@
 """External walks: deferrals, fair claims' due-order index, rate and concurrency
-limit tables, schedules' crons and each job's retention (each block below is one change of its own, upgraded in this order and
-downgraded in reverse).
+limit tables, schedules' crons and each job's retention. Each block below is one
+change of its own, upgraded in this order and downgraded in reverse.
 
 Revision ID: 0005
 Revises: 0004
