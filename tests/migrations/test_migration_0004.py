@@ -14,7 +14,7 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, revision_of
+from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_of, row_values
 
 RUNS = "_substrat_job_runs"
 NEW_COLUMNS = ("lease_epoch", "passes_committed")
@@ -36,23 +36,13 @@ async def at_0003(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(300):
             row = hand_made_row(number, module_id="@test/jobs", job="fence")
-            values = {name: getattr(row, name) for name in row.__dataclass_fields__}
-            for column in (*NEW_COLUMNS, *LATER_COLUMNS):
-                values.pop(column)
+            values = row_values(row, without=(*NEW_COLUMNS, *LATER_COLUMNS))
             values["status"] = "running" if number % 50 == 0 else "done"
             values["ended_at"] = None if number % 50 == 0 else "2025-12-31T01:00:00.000Z"
             if number == 50:
                 values.update(lease_owner="tok", lease_driver="old", lease_takeovers=1)
             rows.append(values)
-        columns = list(rows[0])
-        async with engine.begin() as connection:
-            await connection.execute(
-                text(
-                    f"INSERT INTO {RUNS} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(':' + column for column in columns)})"
-                ),
-                rows,
-            )
+        await insert_values(engine, RUNS, rows)
         yield engine
     finally:
         await engine.dispose()

@@ -17,7 +17,7 @@ from jobrun._core.records import RunRow
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, revision_of
+from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_of, row_values
 
 RUNS = "_substrat_job_runs"
 LIMIT_TABLES = {"_substrat_rate_buckets", "_substrat_concurrency_slots"}
@@ -34,19 +34,7 @@ async def at_0004(blank_url: str) -> AsyncIterator[AsyncEngine]:
         await jobrun.upgrade(engine, "0004")
         rows = [hand_made_row(number) for number in range(20)]
         # The columns 0004 has (the deferral columns come with 0005).
-        values = [
-            {name: getattr(row, name) for name in row.__dataclass_fields__ if name not in LATER}
-            for row in rows
-        ]
-        columns = list(values[0])
-        async with engine.begin() as connection:
-            await connection.execute(
-                text(
-                    f"INSERT INTO {RUNS} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(':' + column for column in columns)})"
-                ),
-                values,
-            )
+        await insert_values(engine, RUNS, [row_values(row, without=LATER) for row in rows])
         yield engine
     finally:
         await engine.dispose()
