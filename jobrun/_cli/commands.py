@@ -228,12 +228,13 @@ def start(
         return run, store.inserted
 
     run, inserted = run_on_store(url, act, _StartRecorder)
-    if app is None:
-        warn_unchecked(module_id, job)
     if as_json:
         click.echo(dumps({"started": inserted, "run": run_json(run)}))
     else:
         click.echo(f"{'started' if inserted else 'joined'} {run.id}")
+    if app is None:
+        # After the answer, on stderr: a script reading the first line still gets it.
+        warn_unchecked(module_id, job)
 
 
 @cli.command("cancel")
