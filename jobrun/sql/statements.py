@@ -272,6 +272,13 @@ class Statements:
             .where(waiting)
             .group_by(runs.module_id, runs.job)
         )
+        # The running range of the status index; a few rows per job (one per version).
+        version = stored_version()
+        self.versions_by_job = compile_(
+            select(runs.module_id, runs.job, version, func.count())
+            .where(live)
+            .group_by(runs.module_id, runs.job, version)
+        )
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         self.health = compile_(

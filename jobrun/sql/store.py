@@ -598,6 +598,16 @@ class SqlJobRunStore:
             )
         return {(module_id, job): int(count) for module_id, job, count in found}
 
+    async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
+        async with self._operation("versions_by_job"):
+            found = await self._executor.fetch(
+                "versions_by_job", self._statements.versions_by_job, {}
+            )
+        counts: dict[tuple[str, str], dict[int, int]] = {}
+        for module_id, job, version, runs in found:
+            counts.setdefault((module_id, job), {})[int(version)] = int(runs)
+        return counts
+
     def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:
         """The conditional write that applies an operator's ``change``, and its values."""
         columns = tuple(name for name, _ in change.values)
