@@ -294,7 +294,8 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("counters", counters_text(run.counters) or "-")
     record.add_row("attempts", str(run.attempts))
     record.add_row("priority", str(run.priority))
-    record.add_row("passes", f"{run.passes_committed} committed")
+    version = "" if run.job_version == 1 else f", the last by job version {run.job_version}"
+    record.add_row("passes", f"{run.passes_committed} committed{version}")
     record.add_row("last error", run.last_error or "-")
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")

@@ -610,19 +610,15 @@ async def run_job_pass(
         guard=settings.guard,
     )
     try:
-        # Newer code first makes the run its version (versions.py): the cursor
-        # upgraded, the older code's ledger dropped. Written, so the ledger is empty.
-        stored = row
-        row = await upgrade_run(store, clock, row, job.version, job.upgrades, keeper)
-        known_empty = ledger_known_empty or row is not stored
+        # Newer code first makes the run its version (versions.py); its ledger is then empty.
+        fresh = await upgrade_run(store, clock, row, job.version, job.upgrades, keeper)
+        known_empty, row = ledger_known_empty or fresh is not row, fresh
         context = JobPass(
             settings, row, keeper, job_policy, ledger_known_empty=known_empty, probe=probe
         )
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
-        successor_token = settings.mint_id if keep_lease else None
-        return await commit(
-            store, clock, row, lease, result, context.counters, successor_token, job.version
-        )
+        minted = settings.mint_id if keep_lease else None
+        return await commit(store, clock, row, lease, result, context.counters, minted, job.version)
     except LeaseLostError:
         if not keeper.refused:
             # The holder stopped itself (self-fence, lost presence) and may still

@@ -346,6 +346,18 @@ class JobDriveReport:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def _instant(column: str, text: str | None, problems: list[str]) -> datetime | None:
+    """A stored instant, or ``None`` (and the problem noted) when it is not one."""
+    if text is None:
+        return None
+    try:
+        return parse_instant(text)
+    except (ValueError, TypeError, OverflowError):
+        # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
+        problems.append(f"{column} is not a timestamp: {text!r}")
+        return None
+
+
 def job_run_of(row: RunRow) -> JobRun:
     """Decode a row for an operator; never raises for what is stored in it."""
     # Here, not at the top: the rules' module reads this module's records.
@@ -367,14 +379,7 @@ def job_run_of(row: RunRow) -> JobRun:
     counters = attempt("counters", row.counters, {}, decode_counters)
 
     def instant(column: str, text: str | None) -> datetime | None:
-        if text is None:
-            return None
-        try:
-            return parse_instant(text)
-        except (ValueError, TypeError, OverflowError):
-            # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
-            problems.append(f"{column} is not a timestamp: {text!r}")
-            return None
+        return _instant(column, text, problems)
 
     started_at = instant("started_at", row.started_at)
     updated_at = instant("updated_at", row.updated_at)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +53,33 @@ def _check_keep_for(value: object) -> timedelta | None:
     if value <= timedelta(0):
         raise refuse("keep_for", f"must be positive, got {value}")
     return value
+
+
+def _checked_job(given: RegisteredJob, upgrade: object) -> RegisteredJob:
+    """``given`` (as :meth:`JobRegistry.register` was called) once every option is
+    checked, with its upgrade functions in order; refused otherwise."""
+    module_id, name, handler = given.module_id, given.name, given.handler
+    require_name(module_id, "module_id")
+    require_name(name, "name")
+    if not callable(handler):
+        raise refuse_type(
+            "handler",
+            f"must be callable, got {type_name(handler)}",
+            message=f"handler for {module_id}/{name} must be callable",
+        )
+    if given.retry is not None and not isinstance(given.retry, RetryPolicy):
+        raise refuse_type("retry", f"must be a RetryPolicy, got {type_name(given.retry)}")
+    check_lease_ms(given.lease_ms)
+    if checked_int(given.max_takeovers, "max_takeovers") < 0:
+        raise refuse("max_takeovers", f"must not be negative, got {given.max_takeovers}")
+    if checked_int(given.max_deferrals, "max_deferrals") < 0:
+        raise refuse("max_deferrals", f"must not be negative, got {given.max_deferrals}")
+    return replace(
+        given,
+        max_concurrent=_check_max_concurrent(given.max_concurrent),
+        keep_for=_check_keep_for(given.keep_for),
+        upgrades=checked_upgrades(checked_version(given.version), upgrade),
+    )
 
 
 class JobRegistry:
@@ -116,43 +143,26 @@ class JobRegistry:
         older code recorded do not answer the new code's (see
         docs/how-to/change-a-job.md).
         """
-        require_name(module_id, "module_id")
-        require_name(name, "name")
-        if not callable(handler):
-            raise refuse_type(
-                "handler",
-                f"must be callable, got {type_name(handler)}",
-                message=f"handler for {module_id}/{name} must be callable",
-            )
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise refuse_type("retry", f"must be a RetryPolicy, got {type_name(retry)}")
-        check_lease_ms(lease_ms)
-        if checked_int(max_takeovers, "max_takeovers") < 0:
-            raise refuse("max_takeovers", f"must not be negative, got {max_takeovers}")
-        limit = _check_max_concurrent(max_concurrent)
-        kept = _check_keep_for(keep_for)
-        if checked_int(max_deferrals, "max_deferrals") < 0:
-            raise refuse("max_deferrals", f"must not be negative, got {max_deferrals}")
-        upgrades = checked_upgrades(checked_version(version), upgrade)
-        key = (module_id, name)
-        if key in self._jobs:
-            raise JobConflictError(
-                f"job {name!r} of module {module_id!r} is already registered",
-                "job_already_registered",
-            )
-        self._jobs[key] = RegisteredJob(
+        given = RegisteredJob(
             module_id,
             name,
             handler,
             retry,
             lease_ms,
             max_takeovers,
-            limit,
-            kept,
+            max_concurrent,
+            keep_for,
             max_deferrals,
             version,
-            upgrades,
         )
+        job = _checked_job(given, upgrade)
+        key = (module_id, name)
+        if key in self._jobs:
+            raise JobConflictError(
+                f"job {name!r} of module {module_id!r} is already registered",
+                "job_already_registered",
+            )
+        self._jobs[key] = job
 
     def job(
         self,
