@@ -411,6 +411,30 @@ def test_health(database_url: str) -> None:
     assert "oldest due waited" in table
 
 
+def test_health_with_an_app_names_runs_of_a_newer_job_version(database_url: str) -> None:
+    """After a rollback: runs committed by version-2 code of demo/pages, which the app's
+    version-1 code never claims."""
+    newer = start(database_url, instance="a")
+    start(database_url, instance="b")
+    execute(
+        database_url,
+        update(runs_table).where(runs_table.c.id == newer).values(
+            module_id="demo", job="pages", job_version=2
+        ),
+    )  # fmt: skip
+    counts = json.loads(ok("health", "--url", database_url, "--app", APP, "--json").stdout)
+    assert {
+        "module_id": "demo",
+        "job": "pages",
+        "runs_by_version": {"2": 1},
+        "runs_beyond_code": 1,
+        "needs_version": 2,
+    } in counts["versions_by_job"]
+    table = ok("health", "--url", database_url, "--app", APP).stdout
+    assert "beyond code demo/pages" in table
+    assert "versions demo/pages" in table
+
+
 # --- watch --------------------------------------------------------------------------------
 
 
