@@ -337,7 +337,8 @@ def prune(url: str, older_than: timedelta, statuses: tuple[str, ...], as_json: b
 @url_option
 @click.option(
     "--app", "app", metavar="MODULE:REGISTRY", default=None,
-    help="Mark the due runs of jobs this JobRegistry does not register (nothing runs them).",
+    help="Mark the due runs of jobs this JobRegistry does not register (nothing runs them), "
+    "and the runs of a version newer than its code (which it never claims).",
 )  # fmt: skip
 @json_option
 def health(url: str, app: str | None, as_json: bool) -> None:
@@ -345,7 +346,8 @@ def health(url: str, app: str | None, as_json: bool) -> None:
     and the due runs of each job.
 
     A job with due runs that no worker registers never drains: with --app, the
-    jobs that registry lacks are marked.
+    jobs that registry lacks are marked, and so are runs committed by a newer
+    version of a job than the registry's code (after a rollback nothing takes them).
 
     \b
     Example:
@@ -356,7 +358,7 @@ def health(url: str, app: str | None, as_json: bool) -> None:
     if app is not None:
         from jobrun._cli.worker_command import load_registry
 
-        registered = {(job.module_id, job.name) for job in load_registry(app)}
+        registered = {(job.module_id, job.name): job.version for job in load_registry(app)}
     counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
     if as_json:
         click.echo(dumps(health_json(counts, registered)))

@@ -20,7 +20,7 @@ fails when a rule is spelled anywhere else). The words mean one thing each
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from jobrun._core.records import JobRunStatus, RunRow, StepRow
@@ -35,6 +35,18 @@ def due_at(row: RunRow) -> str:
     """When a running run is due: its next attempt (a lease's expiry while leased),
     else its start."""
     return row.next_attempt_at or row.started_at
+
+
+def stored_version(row: RunRow) -> int:
+    """The version of the job's code that last committed the run; NULL (a run from
+    before revision 0006, or not committed yet) is version 1."""
+    return 1 if row.job_version is None else row.job_version
+
+
+def runnable_by(row: RunRow, versions: Mapping[tuple[str, str], int]) -> bool:
+    """Code of ``versions`` (per ``(module_id, job)``; a job not in it: version 1) may
+    run the run: its stored version is not newer than the code's."""
+    return stored_version(row) <= versions.get((row.module_id, row.job), 1)
 
 
 def is_live(row: RunRow) -> bool:

@@ -28,6 +28,7 @@ from jobrun._core.predicates import (
     live_run_of,
     refill_on_resume,
     slot_counts,
+    stored_version,
 )
 from jobrun._core.records import (
     ClaimRequest,
@@ -276,6 +277,15 @@ class MemoryJobRunStore:
             if is_due(row, now_at):
                 key = (row.module_id, row.job)
                 counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
+        counts: dict[tuple[str, str], dict[int, int]] = {}
+        for row in self.runs.values():
+            if is_live(row):
+                versions = counts.setdefault((row.module_id, row.job), {})
+                version = stored_version(row)
+                versions[version] = versions.get(version, 0) + 1
         return counts
 
     def _change(self, run_id: str, change: RunChange) -> bool:

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
     exists,
@@ -83,6 +84,30 @@ def due_at(runs: Any = _RUNS) -> Any:
 def is_live(runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_live`."""
     return runs.status == RUNNING
+
+
+def stored_version(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.stored_version`."""
+    return func.coalesce(runs.job_version, literal_column("1"))
+
+
+def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.runnable_by`, for code whose jobs of a
+    version above 1 are ``versioned_module_{i}``, ``versioned_job_{i}`` of version
+    ``versioned_version_{i}`` (every other job: version 1). A per-row condition of
+    no index: the claim applies it to the rows its index order reads."""
+    arms = [
+        (
+            and_(
+                runs.module_id == bindparam(f"versioned_module_{index}"),
+                runs.job == bindparam(f"versioned_job_{index}"),
+            ),
+            bindparam(f"versioned_version_{index}", type_=Integer),
+        )
+        for index in range(versioned)
+    ]
+    newest: Any = case(*arms, else_=literal_column("1")) if arms else literal_column("1")
+    return stored_version(runs) <= newest
 
 
 def is_due(now_at: Any, runs: Any = _RUNS) -> Any:
@@ -247,6 +272,13 @@ class Statements:
             .where(waiting)
             .group_by(runs.module_id, runs.job)
         )
+        # The running range of the status index; a few rows per job (one per version).
+        version = stored_version()
+        self.versions_by_job = compile_(
+            select(runs.module_id, runs.job, version, func.count())
+            .where(live)
+            .group_by(runs.module_id, runs.job, version)
+        )
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         self.health = compile_(
@@ -299,7 +331,9 @@ def limit_locks(count: int) -> Any:
     return select(*(func.pg_advisory_xact_lock(bindparam(f"lock_{i}")) for i in range(count)))
 
 
-def _due_candidate(pairs: list[Any], skipped: int, limited: int, by_age: bool) -> Any:
+def _due_candidate(
+    pairs: list[Any], skipped: int, limited: int, by_age: bool, versioned: int
+) -> Any:
     """The first due run in claim order, among the requested jobs under their limits.
     The order is an index's key order, so the claim reads it front to back and
     stops at the first fit: priority first (``_substrat_job_runs_claim_order``),
@@ -308,6 +342,7 @@ def _due_candidate(pairs: list[Any], skipped: int, limited: int, by_age: bool) -
     candidate = select(runs.id).where(
         is_due(bindparam("now_at", type_=Text)),
         tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+        runnable_by(versioned),
     )
     if by_age:
         # The due-order index's predicate, spelled as its own: only this claim may use it.
@@ -338,7 +373,7 @@ def _dead(dead: int) -> list[Any]:
     return [bindparam(f"dead_{i}") for i in range(dead)]
 
 
-def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
+def _orphan_candidate(pairs: list[Any], dead: int, skipped: int, versioned: int) -> Any:
     """An orphaned run: leased by a holder proven dead (``dead_{i}``; see
     ``jobrun._core.orphans``), as ``jobrun._core.transitions.is_orphan``. Taking it
     over adds no pass in flight, so per-job limits do not apply."""
@@ -350,6 +385,7 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
             is_leased(bindparam("now_at", type_=Text)),
             runs.lease_owner.in_(_dead(dead)),
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+            runnable_by(versioned),
             *_not_skipped(skipped),
         )
         .limit(1)
@@ -357,17 +393,21 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
     )
 
 
-def claim_read(jobs: int, skipped: int, limited: int, dead: int, by_age: bool = False) -> Any:
+def claim_read(
+    jobs: int, skipped: int, limited: int, dead: int, by_age: bool = False, versioned: int = 0
+) -> Any:
     """The run a claim would get, whole: for ``jobs`` (module_id, job) pairs
     (``module_{i}``, ``job_{i}``), passing over ``skipped`` ids (``skip_{i}``) and
     ``limited`` jobs at their concurrency limit (``limited_*_{i}``,
     ``limited_most_{i}``); a run held by one of ``dead`` proven-dead lease owners
     (``dead_{i}``) comes first; ``by_age``: the due run due longest, whatever its
-    priority. The same rules as ``jobrun._core.transitions.claim_candidate``."""
+    priority; neither of a version newer than the code's (``versioned`` jobs of a
+    version above 1, see :func:`runnable_by`). The same rules as
+    ``jobrun._core.transitions.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
-    chosen: Any = _due_candidate(pairs, skipped, limited, by_age)
+    chosen: Any = _due_candidate(pairs, skipped, limited, by_age, versioned)
     if dead:
-        chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped), chosen)
+        chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped, versioned), chosen)
     return select(job_runs).where(job_runs.c.id == chosen)
 
 

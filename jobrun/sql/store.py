@@ -54,7 +54,7 @@ from jobrun._core.transitions import (
     is_orphan,
 )
 from jobrun._system import system_clock
-from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
+from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
 from jobrun.sql.presence import Presence
@@ -278,13 +278,14 @@ class SqlJobRunStore:
     async def _check_schema(self) -> None:
         # One read per store lifetime, so that a database nobody upgraded fails
         # with the command to run rather than "no such table".
-        from jobrun.sql.migrate import current_revision
+        # And, on a database newer than this code, whether its revisions let this
+        # code run against it (jobrun.sql.compat): never claim under rules it lacks.
+        from jobrun.sql.compat import checked_against
 
         async with self._engine.connect() as connection:
-            found = await connection.run_sync(current_revision, self._schema)
-        # Revision ids are zero-padded numbers, so text order is revision order.
-        if found is None or found < SCHEMA_REVISION:
-            raise SchemaOutdatedError(found, SCHEMA_REVISION)
+            refused = await connection.run_sync(checked_against, self._schema, SCHEMA_REVISION)
+        if refused is not None:
+            raise refused
         self._schema_checked = True
 
     async def _lone_write(self, operation: str, statement: Any, values: Mapping[str, Any]) -> bool:
@@ -401,11 +402,18 @@ class SqlJobRunStore:
         jobs = builtins.list(request.expires_at)
         skipped = sorted(request.skip_ids) + missed
         dead = sorted(request.dead_owners)
-        read = self._shapes.of(
-            claim_read, len(jobs), len(skipped), len(limited), len(dead), request.by_age
+        # Only jobs of a version above 1 are named: every other job's code is version 1.
+        versioned = sorted(
+            (job, version)
+            for job, version in request.versions.items()
+            if version != 1 and job in request.expires_at
         )
+        shape = (len(jobs), len(skipped), len(limited), len(dead), request.by_age, len(versioned))
+        read = self._shapes.of(claim_read, *shape)
         values: dict[str, Any] = {"now_at": request.now_at}
         values |= _pairs("", jobs) | _numbered("skip", skipped) | _numbered("dead", dead)
+        values |= _pairs("versioned_", [job for job, _ in versioned])
+        values |= _numbered("versioned_version", [version for _, version in versioned])
         values |= _pairs("limited_", [key for key, _ in limited])
         values |= _numbered("limited_most", [most for _, most in limited])
         return read, values
@@ -589,6 +597,16 @@ class SqlJobRunStore:
                 "due_by_job", self._statements.due_by_job, {"now_at": now_at}
             )
         return {(module_id, job): int(count) for module_id, job, count in found}
+
+    async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
+        async with self._operation("versions_by_job"):
+            found = await self._executor.fetch(
+                "versions_by_job", self._statements.versions_by_job, {}
+            )
+        counts: dict[tuple[str, str], dict[int, int]] = {}
+        for module_id, job, version, runs in found:
+            counts.setdefault((module_id, job), {})[int(version)] = int(runs)
+        return counts
 
     def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:
         """The conditional write that applies an operator's ``change``, and its values."""

@@ -199,6 +199,7 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "revisions": None,
         "upgrade": upgrade_command(database),
         "limits": None,
+        "versions": {},
     }
     try:
         part["revisions"] = await revisions_of(database)
@@ -206,6 +207,12 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
         part["limits"] = await database.store.limit_usage(format_instant(now))
+        # Versioned jobs only: runs of a version no worker's code has are never claimed.
+        part["versions"] = {
+            job: counts
+            for job, counts in (await database.store.versions_by_job()).items()
+            if set(counts) != {1}
+        }
     except DATABASE_FAILURES as error:
         part["error"] = failure_text(error, database)
         return part

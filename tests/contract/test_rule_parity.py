@@ -54,6 +54,8 @@ def _table() -> list[RunRow]:
                 lease_driver=None if owner is None else "driver",
                 ended_at=ended_at,
                 priority=index % 2,
+                # Versioned jobs: none stored (version 1), 1, 2 and 3.
+                job_version=(None, 1, 2, 3)[index % 4],
             )
         )
     return rows
@@ -91,6 +93,29 @@ async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engin
     async with engine.connect() as connection:
         found = await connection.execute(select(job_runs.c.id, statements.due_at()))
         assert dict(found.all()) == {row.id: predicates.due_at(row) for row in ROWS}
+        found = await connection.execute(select(job_runs.c.id, statements.stored_version()))
+        assert dict(found.all()) == {row.id: predicates.stored_version(row) for row in ROWS}
+    for versions in VERSIONS:
+        versioned = sorted((job, version) for job, version in versions.items() if version != 1)
+        values: dict[str, Any] = {}
+        for i, ((module_id, job), version) in enumerate(versioned):
+            values |= {
+                f"versioned_module_{i}": module_id,
+                f"versioned_job_{i}": job,
+                f"versioned_version_{i}": version,
+            }
+        twin = statements.runnable_by(len(versioned))
+        wanted = {row.id for row in ROWS if predicates.runnable_by(row, versions)}
+        assert await _sql_ids(engine, twin, values) == wanted, versions
+
+
+# The code's version per job, as claims send them (a job left out: version 1).
+VERSIONS: list[dict[tuple[str, str], int]] = [
+    {},
+    {JOBS[0]: 1, JOBS[1]: 1},
+    {JOBS[0]: 2},
+    {JOBS[0]: 3, JOBS[1]: 2},
+]
 
 
 PRUNES: list[tuple[tuple[str, ...], Any, Any]] = [
@@ -133,6 +158,13 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
     )
     by_job = {job: sum(1 for row in due if (row.module_id, row.job) == job) for job in JOBS}
     assert await store.due_by_job(at) == {job: count for job, count in by_job.items() if count}
+    by_version: dict[tuple[str, str], dict[int, int]] = {}
+    for row in ROWS:
+        if predicates.is_live(row):
+            counts = by_version.setdefault((row.module_id, row.job), {})
+            version = predicates.stored_version(row)
+            counts[version] = counts.get(version, 0) + 1
+    assert await store.versions_by_job() == by_version
     held = await store.held_leases(at, None)
     assert {lease.run_id for lease in held} == _ids(ROWS, lambda row: predicates.is_leased(row, at))
     for load in await store.job_loads(at, at):
@@ -173,13 +205,20 @@ async def test_the_console_filter_selects_by_the_rules(store: Any, engine: Any, 
 @pytest.mark.parametrize("at", INSTANTS)
 async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, at: str) -> None:
     await put_rows(store, engine, ROWS)
-    for dead, by_age in itertools.product((frozenset(), frozenset({"TOKEN"})), (False, True)):
+    choices = itertools.product((frozenset(), frozenset({"TOKEN"})), (False, True), VERSIONS)
+    for dead, by_age, versions in choices:
         request = ClaimRequest(
-            at, "NEW", "me", dict.fromkeys(JOBS, AFTER), dead_owners=dead, by_age=by_age
+            at,
+            "NEW",
+            "me",
+            dict.fromkeys(JOBS, AFTER),
+            dead_owners=dead,
+            by_age=by_age,
+            versions=versions,
         )
         wanted = claim_candidate(ROWS, request)
         claimed = await store.claim(request)
-        assert (claimed is None) == (wanted is None), (at, dead, by_age)
+        assert (claimed is None) == (wanted is None), (at, dead, by_age, versions)
         if claimed is None or wanted is None:
             continue
         chosen = next(row for row in ROWS if row.id == claimed.row.id)
@@ -187,7 +226,7 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             # Orphans come first, in no particular order among themselves.
             assert is_orphan(chosen, request), (at, chosen)
         else:
-            assert chosen == wanted, (at, by_age)
+            assert chosen == wanted, (at, by_age, versions)
         await _put_back(store, engine, chosen)
 
 

@@ -19,7 +19,7 @@ from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_o
 RUNS = "_substrat_job_runs"
 NEW_COLUMNS = ("lease_epoch", "passes_committed")
 # Columns of later revisions, which a 0003 table does not have.
-LATER_COLUMNS = ("deferrals", "deferred_reason")
+LATER_COLUMNS = ("deferrals", "deferred_reason", "job_version")
 COLUMNS_0003 = (
     "id, module_id, job, instance, payload, status, cursor, counters, attempts, last_error, "
     "started_at, updated_at, next_attempt_at, ended_at, lease_owner, lease_driver, "
@@ -58,7 +58,7 @@ async def _snapshot(engine: AsyncEngine) -> list[Any]:
 async def test_0004_keeps_every_row_and_its_runs_start_at_epoch_zero(at_0003: AsyncEngine):
     engine = at_0003
     before = await _snapshot(engine)
-    # To the head (the store needs it); 0005 only adds an index.
+    # To the head (the store needs it); 0005 and 0006 only add columns, tables and an index.
     await jobrun.upgrade(engine)
     assert await revision_of(engine) == SCHEMA_REVISION
     assert await _snapshot(engine) == before

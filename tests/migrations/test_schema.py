@@ -30,6 +30,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
 from jobrun.sql.schema import (
+    COMPAT_TABLE,
     VERSION_TABLE,
     concurrency_slots,
     job_retention,
@@ -87,6 +88,8 @@ EXPECTED: dict[str, Any] = {
             # Revision 0005: the passes deferred in a row, and the last one's reason.
             ("deferrals", "INTEGER", False, "0"),
             ("deferred_reason", "TEXT", True, None),
+            # Revision 0006: the version of the code that last committed the run.
+            ("job_version", "INTEGER", True, None),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
@@ -349,7 +352,7 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
 
 def _reflected_tables(connection: Connection) -> dict[str, Any]:
     names = set(inspect(connection).get_table_names())
-    assert names == {*TABLES, VERSION_TABLE}
+    assert names == {*TABLES, VERSION_TABLE, COMPAT_TABLE}
     return {table: _reflected_shape(connection, table) for table in TABLES}
 
 
