@@ -76,7 +76,9 @@ def build_registry(
         objects = await p.map(
             fetch, ids, name=lambda n: f"get-{n}", concurrency=concurrency, rate_limit=LIMIT
         )
-        await p.map(mark, ids, name=lambda n: f"mark-{n}", concurrency=concurrency, rate_limit=LIMIT)
+        await p.map(
+            mark, ids, name=lambda n: f"mark-{n}", concurrency=concurrency, rate_limit=LIMIT
+        )
         # Counters commit with the pass: a replayed pass does not count twice.
         p.count("objects", len(ids))
         p.count("bytes", sum(found["size"] for found in objects))
@@ -101,9 +103,11 @@ async def drive(store: jobrun.SqlJobRunStore, registry: jobrun.JobRegistry, loop
     stop = asyncio.Event()
 
     async def stop_when_walked() -> None:
-        while await jobrun.job_runs(store, module_id=MODULE, job=JOB, status="running", limit=1):
+        while True:
+            if not await jobrun.job_runs(store, module_id=MODULE, job=JOB, status="running"):
+                stop.set()
+                return
             await asyncio.sleep(0.5)
-        stop.set()
 
     async with asyncio.TaskGroup() as group:
         group.create_task(stop_when_walked())
