@@ -97,13 +97,15 @@ def steady_rate(per_second: list[int]) -> dict[str, float]:
     }
 
 
-async def walk(backend: str, args: Any, sizes: dict[str, int], kill: bool) -> dict[str, Any]:
-    engine, url = await empty_database(backend, args)
+def drive_processes(
+    url: str, args: Any, sizes: dict[str, int], kill: bool
+) -> tuple[dict[str, Any], int | None]:
+    """Start the runs, then the driver processes (driver 0 killed half-way if ``kill``);
+    what the server saw once they are done, and how much it had served at the kill."""
     with fake_api(args.rate, args.burst, args.latency_ms) as api:
         shards = ["--objects", str(sizes["objects"]), "--runs", str(sizes["drivers"])]
-        subprocess.run(
-            example(url, api, *shards, "--page", str(args.page)), check=True, env=environment()
-        )
+        start = example(url, api, *shards, "--page", str(args.page))
+        subprocess.run(start, check=True, env=environment(), stdout=subprocess.DEVNULL)
         drive = ["--per-second", str(args.rate), "--burst", str(args.burst)]
         drive += ["--concurrency", str(args.concurrency), "--drive"]
         drivers = [
@@ -115,9 +117,9 @@ async def walk(backend: str, args: Any, sizes: dict[str, int], kill: bool) -> di
         try:
             killed_at = None
             if kill:
-                while (served := stats(api)["served"]) < sizes["objects"]:  # half of 2 per object
-                    # sleep: a poll interval
-                    await asyncio.sleep(0.05)
+                # Half the requests: two per object.
+                while (served := stats(api)["served"]) < sizes["objects"]:
+                    time.sleep(0.05)  # a poll interval
                 drivers[0].send_signal(signal.SIGKILL)
                 killed_at = served
             codes = [driver.wait(timeout=600) for driver in drivers]
@@ -125,10 +127,15 @@ async def walk(backend: str, args: Any, sizes: dict[str, int], kill: bool) -> di
             for driver in drivers:
                 driver.kill()
                 driver.wait()
-        seen = stats(api)
+        assert codes[1:] == [0] * (len(codes) - 1), codes
+        return stats(api), killed_at
+
+
+async def walk(backend: str, args: Any, sizes: dict[str, int], kill: bool) -> dict[str, Any]:
+    engine, url = await empty_database(backend, args)
+    seen, killed_at = await asyncio.to_thread(drive_processes, url, args, sizes, kill)
     runs = await jobrun.job_runs(jobrun.SqlJobRunStore(engine), module_id="objects", job="walk")
     await engine.dispose()
-    assert codes[1:] == [0] * (len(codes) - 1), codes
     assert all(run.status == "done" for run in runs), [run.last_error for run in runs]
     found = {
         "served": seen["served"],
@@ -201,6 +208,47 @@ async def unlimited(backend: str, args: Any, n: int) -> dict[str, float]:
     return found
 
 
+def token_runner(store: jobrun.SqlJobRunStore, n: int, limited: bool) -> Any:
+    """One pass of ``n`` new trivial steps, each taking a token (a bucket that never
+    runs dry) or not; ms per step."""
+    timing: list[float] = []
+    registry = jobrun.JobRegistry()
+    registry.rate_limit("bench-tokens", per_second=1e9, burst=1_000_000)
+    limit = "bench-tokens" if limited else None
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        started = time.perf_counter()
+        for number in range(n):
+            await p.step(f"s{number}", lambda number=number: number, rate_limit=limit)
+        timing.append(timed_ms(started, n))
+        return jobrun.PassResult(done=True)
+
+    job = "with-token" if limited else "without"
+    registry.register("bench", job, handler)
+
+    async def sample() -> float:
+        await jobrun.start_job_run(store, module_id="bench", job=job, instance=uuid.uuid4().hex)
+        report = await jobrun.run_due_jobs(store, registry, limit=1)
+        assert report.completed == 1, report
+        return timing.pop()
+
+    return sample
+
+
+async def token_cost(backend: str, args: Any, n: int) -> dict[str, float]:
+    """What a token adds to a step: the same steps with and without ``rate_limit=``."""
+    engine, _ = await empty_database(backend, args)
+    store = jobrun.SqlJobRunStore(engine)
+    variants = {
+        "step": token_runner(store, n, limited=False),
+        "step + token": token_runner(store, n, limited=True),
+    }
+    found = await interleave(variants, args.rounds or (1 if args.quick else 7))
+    await engine.dispose()
+    found["token"] = round(found["step + token"] - found["step"], 4)
+    return found
+
+
 async def scenario(args: Any) -> None:
     if args.quick:
         args.rate = min(args.rate, 100.0)
@@ -211,12 +259,17 @@ async def scenario(args: Any) -> None:
     )
     unlimited_n = 40 if args.quick else args.unlimited_objects
     results: dict[str, Any] = {"sizes": sizes, "rate": args.rate, "burst": args.burst}
-    rows, kill_rows, speed_rows = [], [], []
+    rows, kill_rows, speed_rows, token_rows = [], [], [], []
     for backend in backends(args):
         polite = await walk(backend, args, sizes, kill=False)
+        print(f"{backend} polite: {polite}", flush=True)
         killed = await walk(backend, args, sizes, kill=True)
+        print(f"{backend} kill: {killed}", flush=True)
         speed = await unlimited(backend, args, unlimited_n)
-        results[backend] = {"polite": polite, "kill": killed, "unlimited": speed}
+        print(f"{backend} unlimited: {speed}", flush=True)
+        token = await token_cost(backend, args, 50 if args.quick else args.token_steps)
+        print(f"{backend} token: {token}", flush=True)
+        results[backend] = {"polite": polite, "kill": killed, "unlimited": speed, "token": token}
         rows.append(
             [
                 backend,
@@ -245,6 +298,14 @@ async def scenario(args: Any) -> None:
                 f"{speed['speed-up']:.1f}x",
             ]
         )
+        token_rows.append(
+            [
+                backend,
+                f"{token['step']:.3f}",
+                f"{token['step + token']:.3f}",
+                f"{token['token']:.3f}",
+            ]
+        )
     walked = f"{sizes['drivers']} drivers, {sizes['objects']} objects (2 requests each)"
     table(
         f"polite: {walked}, {args.rate:g}/s burst {args.burst}, concurrency {args.concurrency}",
@@ -261,6 +322,11 @@ async def scenario(args: Any) -> None:
         ["", "one step at a time", "p.map, concurrency=32", "speed-up"],
         speed_rows,
     )
+    table(
+        "what a token costs a step (one pass of new trivial steps, ms per step, medians)",
+        ["", "step", "step + token", "token"],
+        token_rows,
+    )
     save(args, "external-walk", results)
 
 
@@ -274,5 +340,6 @@ if __name__ == "__main__":
         "page": 100,
         "latency_ms": 20.0,
         "unlimited_objects": 500,
+        "token_steps": 500,
     }
     asyncio.run(scenario(options(__doc__ or "", **defaults)))
