@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -97,11 +98,18 @@ def steady_rate(per_second: list[int]) -> dict[str, float]:
     }
 
 
+def children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def drive_processes(
     url: str, args: Any, sizes: dict[str, int], kill: bool
-) -> tuple[dict[str, Any], int | None]:
+) -> tuple[dict[str, Any], int | None, float]:
     """Start the runs, then the driver processes (driver 0 killed half-way if ``kill``);
-    what the server saw once they are done, and how much it had served at the kill."""
+    what the server saw once they are done, how much it had served at the kill, and
+    the CPU seconds the drivers and the server used (the database's not included)."""
+    cpu_before_s = children_cpu_s()
     with fake_api(args.rate, args.burst, args.latency_ms) as api:
         shards = ["--objects", str(sizes["objects"]), "--runs", str(sizes["drivers"])]
         start = example(url, api, *shards, "--page", str(args.page))
@@ -128,12 +136,13 @@ def drive_processes(
                 driver.kill()
                 driver.wait()
         assert codes[1:] == [0] * (len(codes) - 1), codes
-        return stats(api), killed_at
+        seen = stats(api)
+    return seen, killed_at, children_cpu_s() - cpu_before_s
 
 
 async def walk(backend: str, args: Any, sizes: dict[str, int], kill: bool) -> dict[str, Any]:
     engine, url = await empty_database(backend, args)
-    seen, killed_at = await asyncio.to_thread(drive_processes, url, args, sizes, kill)
+    seen, killed_at, cpu_s = await asyncio.to_thread(drive_processes, url, args, sizes, kill)
     runs = await jobrun.job_runs(jobrun.SqlJobRunStore(engine), module_id="objects", job="walk")
     await engine.dispose()
     assert all(run.status == "done" for run in runs), [run.last_error for run in runs]
@@ -146,6 +155,7 @@ async def walk(backend: str, args: Any, sizes: dict[str, int], kill: bool) -> di
         "written_twice": sum(1 for count in seen["writes"].values() if count > 1),
         "objects_counted": sum(run.counters["objects"] for run in runs),
         "served_per_second": seen["served_per_second"],
+        "cpu_ms_per_request": round(cpu_s * 1000 / seen["served"], 3),
         **steady_rate(seen["served_per_second"]),
     }
     found["steady_share_of_rate"] = round(found["steady_mean_per_s"] / args.rate, 4)
@@ -191,6 +201,23 @@ def unlimited_runner(
     return sample
 
 
+def httpx_floor(client: httpx.AsyncClient, n: int, concurrency: int) -> Any:
+    """The same ``n`` requests, ``concurrency`` at once, with no jobrun at all; ms/object."""
+
+    async def sample() -> float:
+        started = time.perf_counter()
+        gate = asyncio.Semaphore(concurrency)
+
+        async def fetch(number: int) -> None:
+            async with gate:
+                (await client.get(f"/objects/{number}")).raise_for_status()
+
+        await asyncio.gather(*(fetch(number) for number in range(n)))
+        return timed_ms(started, n)
+
+    return sample
+
+
 async def unlimited(backend: str, args: Any, n: int) -> dict[str, float]:
     engine, _ = await empty_database(backend, args)
     store = jobrun.SqlJobRunStore(engine)
@@ -201,9 +228,11 @@ async def unlimited(backend: str, args: Any, n: int) -> dict[str, float]:
             variants = {
                 "one at a time": unlimited_runner(store, client, n, None),
                 "p.map, concurrency=32": unlimited_runner(store, client, n, 32),
+                "httpx alone, 32 at once": httpx_floor(client, n, 32),
             }
             found = await interleave(variants, args.rounds or (1 if args.quick else 3))
     await engine.dispose()
+    # (The floor is the requests with no steps: what p.map could at best come to.)
     found["speed-up"] = round(found["one at a time"] / found["p.map, concurrency=32"], 2)
     return found
 
@@ -278,6 +307,7 @@ async def scenario(args: Any) -> None:
                 polite["refused"],
                 f"{polite['objects_fetched']}/{polite['objects_written']}",
                 f"{polite['fetched_twice']}/{polite['written_twice']}",
+                polite["cpu_ms_per_request"],
             ]
         )
         kill_rows.append(
@@ -296,6 +326,7 @@ async def scenario(args: Any) -> None:
                 f"{speed['one at a time']:.2f}",
                 f"{speed['p.map, concurrency=32']:.2f}",
                 f"{speed['speed-up']:.1f}x",
+                f"{speed['httpx alone, 32 at once']:.2f}",
             ]
         )
         token_rows.append(
@@ -309,7 +340,15 @@ async def scenario(args: Any) -> None:
     walked = f"{sizes['drivers']} drivers, {sizes['objects']} objects (2 requests each)"
     table(
         f"polite: {walked}, {args.rate:g}/s burst {args.burst}, concurrency {args.concurrency}",
-        ["", "steady req/s (of rate)", "steady range", "refused", "fetched/written", "twice f/w"],
+        [
+            "",
+            "steady req/s (of rate)",
+            "steady range",
+            "refused",
+            "fetched/written",
+            "twice f/w",
+            "CPU ms/request",
+        ],
         rows,
     )
     table(
@@ -319,7 +358,7 @@ async def scenario(args: Any) -> None:
     )
     table(
         f"unlimited: one pass of {unlimited_n} objects, {args.latency_ms:g} ms API, ms/object",
-        ["", "one step at a time", "p.map, concurrency=32", "speed-up"],
+        ["", "one step at a time", "p.map, concurrency=32", "speed-up", "httpx alone, 32 at once"],
         speed_rows,
     )
     table(
