@@ -40,7 +40,10 @@ EXAMPLE = REPO / "examples" / "walk_api_politely.py"
 API_RATE, BURST = 100, 5
 # The server's bucket holds burst + a tenth of a second's rate (tests/fake_api.py).
 ALLOWANCE = API_RATE + BURST + API_RATE // 10
-OBJECTS, RUNS, PAGE, CONCURRENCY = 300, 2, 50, 8
+# Two drivers with 6 requests each in flight can never send more than 12 at once,
+# below the API's slack, even when the machine stalls them both: a loaded CI host
+# then cannot make the API refuse (the benchmark shows what stalls do at 32).
+OBJECTS, RUNS, PAGE, CONCURRENCY = 300, 2, 50, 6
 
 
 def environment() -> dict[str, str]:
