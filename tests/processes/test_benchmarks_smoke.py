@@ -65,3 +65,19 @@ def test_bench_map(tmp_path: Path) -> None:
     assert isinstance(sqlite, dict)
     assert {"one at a time", "p.map, concurrency=32", "speed-up"} == set(sqlite)
     assert all(value > 0 for value in sqlite.values())
+
+
+def test_bench_external_walk(tmp_path: Path) -> None:
+    sqlite = run_quick("bench_external_walk.py", tmp_path)["sqlite"]
+    assert isinstance(sqlite, dict)
+    assert set(sqlite) == {"polite", "kill", "unlimited", "token"}
+    for walked in (sqlite["polite"], sqlite["kill"]):
+        # Every object fetched and written, none written twice; the speed and the
+        # refusals depend on the machine's load, so they are the benchmark's to report.
+        assert (walked["objects_fetched"], walked["objects_written"]) == (150, 150)
+        assert walked["objects_counted"] == 150
+        assert walked["written_twice"] == 0
+    assert sqlite["kill"]["fetched_twice"] <= sqlite["kill"]["killed_in_flight_at_most"]
+    assert sqlite["unlimited"]["speed-up"] > 0
+    assert sqlite["unlimited"]["httpx alone, 32 at once"] > 0
+    assert sqlite["token"]["step + token"] > 0
