@@ -57,9 +57,14 @@ def is_stranded(row: RunRow, now_at: str) -> bool:
     return is_due(row, now_at) and row.lease_owner is not None
 
 
+def has_ended_since(row: RunRow, since_at: str) -> bool:
+    """Ended (done or failed) at or after ``since_at``."""
+    return row.ended_at is not None and row.ended_at >= since_at
+
+
 def is_failed_since(row: RunRow, since_at: str) -> bool:
     """Ended ``failed`` at or after ``since_at``."""
-    return row.status == FAILED and row.ended_at is not None and row.ended_at >= since_at
+    return row.status == FAILED and has_ended_since(row, since_at)
 
 
 def live_run_of(rows: Iterable[RunRow], row: RunRow) -> RunRow | None:

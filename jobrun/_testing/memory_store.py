@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import cast
 
+from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
@@ -298,3 +299,6 @@ class MemoryJobRunStore:
                 failed_recently=load.failed_recently + failed,
             )
         return [loads[key] for key in sorted(loads)]
+
+    async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
+        return count_activity(self.runs.values(), query)

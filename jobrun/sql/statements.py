@@ -25,6 +25,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     not_,
     null,
     or_,
@@ -90,9 +91,14 @@ def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
     return and_(is_due(now_at, runs), runs.lease_owner.is_not(None))
 
 
+def has_ended_since(since_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.has_ended_since`."""
+    return runs.ended_at >= since_at
+
+
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
-    return and_(runs.status == FAILED, runs.ended_at >= since_at)
+    return and_(runs.status == FAILED, has_ended_since(since_at, runs))
 
 
 def live_run_of() -> Any:
@@ -562,7 +568,8 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
     ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
     ``query_status_{i}``, ``query_started_since_at`` with ``query_first_id``,
-    ``query_stranded_at``, ``query_before_id``."""
+    ``query_stranded_at``, ``query_before_id``, ``query_leased_at``,
+    ``query_failed_since_at``."""
     runs = job_runs.c
     conditions = [
         runs[name] == bindparam(f"query_{name}")
@@ -587,6 +594,10 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
         conditions.append(is_stranded(bindparam("query_stranded_at")))
     if "query_before_id" in names:
         conditions.append(runs.id < bindparam("query_before_id"))
+    if "query_leased_at" in names:
+        conditions.append(is_leased(bindparam("query_leased_at", type_=Text)))
+    if "query_failed_since_at" in names:
+        conditions.append(is_failed_since(bindparam("query_failed_since_at", type_=Text)))
     return conditions
 
 
@@ -647,4 +658,47 @@ def job_loads_statement() -> Any:
         .where(runs.status.in_([literal(RUNNING), literal(FAILED)]), live | failed)
         .group_by(runs.module_id, runs.job)
         .order_by(runs.module_id, runs.job)
+    )
+
+
+def _bucket(column: Any, chars: int) -> Any:
+    """The first ``chars`` characters of a stored instant: its minute (16) or hour (13).
+    A literal, not a parameter: the GROUP BY must repeat the very expression."""
+    return func.substr(column, 1, literal_column(str(int(chars)))).label("bucket")
+
+
+def _of_job(names: tuple[str, ...]) -> list[Any]:
+    runs = job_runs.c
+    return [
+        runs[name] == bindparam(f"activity_{name}")
+        for name in ("module_id", "job")
+        if f"activity_{name}" in names
+    ]
+
+
+def activity_started_statement(chars: int, names: tuple[str, ...]) -> Any:
+    """Runs started per bucket since ``activity_since_at`` (and id from ``activity_first_id``,
+    the primary key's range, as a console query's "started since")."""
+    runs = job_runs.c
+    bucket = _bucket(runs.started_at, chars)
+    return (
+        select(bucket, func.count())
+        .where(
+            runs.id >= bindparam("activity_first_id"),
+            runs.started_at >= bindparam("activity_since_at"),
+            *_of_job(names),
+        )
+        .group_by(bucket)
+    )
+
+
+def activity_ended_statement(chars: int, names: tuple[str, ...]) -> Any:
+    """Runs finished, and of them failed, per bucket since ``activity_since_at`` (the
+    ``ended_at`` index's range)."""
+    runs = job_runs.c
+    bucket = _bucket(runs.ended_at, chars)
+    return (
+        select(bucket, func.count(), func.count().filter(runs.status == FAILED))
+        .where(has_ended_since(bindparam("activity_since_at", type_=Text)), *_of_job(names))
+        .group_by(bucket)
     )

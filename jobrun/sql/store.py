@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.ids import first_id_at
 from jobrun._core.orphans import OrphanScans, deprecated_scans
@@ -65,6 +66,8 @@ from jobrun.sql.statements import (
     SCHEDULE_COLUMNS,
     Shapes,
     Statements,
+    activity_ended_statement,
+    activity_started_statement,
     add_schedule_statement,
     change_statement,
     claim_read,
@@ -672,6 +675,10 @@ class SqlJobRunStore:
             values["query_stranded_at"] = query.stranded_at
         if query.before_id is not None:
             values["query_before_id"] = query.before_id
+        if query.leased_at is not None:
+            values["query_leased_at"] = query.leased_at
+        if query.failed_since_at is not None:
+            values["query_failed_since_at"] = query.failed_since_at
         return values
 
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
@@ -702,3 +709,22 @@ class SqlJobRunStore:
             JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
             for row in rows
         ]
+
+    async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
+        values: dict[str, Any] = {"activity_since_at": query.since_at}
+        if query.module_id is not None:
+            values["activity_module_id"] = query.module_id
+        if query.job is not None:
+            values["activity_job"] = query.job
+        names = tuple(values)
+        started = self._shapes.of(activity_started_statement, query.chars, names)
+        ended = self._shapes.of(activity_ended_statement, query.chars, names)
+        async with self._operation("activity"):
+            started_rows = await self._executor.fetch(
+                "activity", started, values | {"activity_first_id": first_id_at(query.since_at)}
+            )
+            ended_rows = await self._executor.fetch("activity", ended, values)
+        counted = {bucket: [int(count), 0, 0] for bucket, count in started_rows}
+        for bucket, finished, failed in ended_rows:
+            counted.setdefault(bucket, [0, 0, 0])[1:] = [int(finished), int(failed)]
+        return {bucket: Counts(*counted[bucket]) for bucket in sorted(counted)}

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, select, update
 
 from jobrun._core import predicates
+from jobrun._core.activity import ActivityQuery, count_activity
 from jobrun._core.browse import RunQuery, run_matches
 from jobrun._core.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
@@ -78,6 +79,7 @@ ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
     ("is_leased", predicates.is_leased, statements.is_leased(NOW_AT)),
     ("is_stranded", predicates.is_stranded, statements.is_stranded(NOW_AT)),
     ("is_failed_since", predicates.is_failed_since, statements.is_failed_since(NOW_AT)),
+    ("has_ended_since", predicates.has_ended_since, statements.has_ended_since(NOW_AT)),
 ]
 
 
@@ -158,6 +160,11 @@ def _queries(at: str) -> list[RunQuery]:
         for chosen in statuses
         for stranded_at in (None, at)
         for module_id, job in ((None, None), JOBS[1])
+    ] + [
+        RunQuery(leased_at=leased_at, failed_since_at=failed_since_at, job=job, limit=500)
+        for leased_at in (None, at)
+        for failed_since_at in (None, at)
+        for job in (None, JOBS[1][1])
     ]
 
 
@@ -168,6 +175,14 @@ async def test_the_console_filter_selects_by_the_rules(store: Any, engine: Any, 
         wanted = sorted((row.id for row in ROWS if run_matches(row, query)), reverse=True)
         assert [row.id for row in await store.find(query)] == wanted[: query.limit], query
         assert await store.count(query, 1000) == len(wanted), query
+
+
+@pytest.mark.parametrize("at", INSTANTS)
+async def test_the_activity_chart_counts_by_the_rules(store: Any, engine: Any, at: str) -> None:
+    await put_rows(store, engine, ROWS)
+    for chars, (module_id, job) in itertools.product((13, 16), ((None, None), JOBS[1])):
+        query = ActivityQuery(at, chars, module_id, job)
+        assert await store.activity(query) == count_activity(ROWS, query), query
 
 
 @pytest.mark.parametrize("at", INSTANTS)
