@@ -22,6 +22,7 @@ from jobrun._core.port import OperatorStore
 from jobrun._core.predicates import is_failed_since, is_leased, is_stranded
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
 from jobrun._core.refusals import is_number, refuse
+from jobrun._core.workers import PresenceSeen
 
 COUNT_CAP = 10_000
 """Counts shown by the console stop here (shown as "10,000+")."""
@@ -129,4 +130,8 @@ class BrowsableStore(OperatorStore, Protocol):
         :func:`jobrun._core.activity.count_activity` counts them (buckets with none
         left out). Must stay cheap with millions of runs kept: started by the
         primary key's range, finished by an index on ``ended_at``."""
+        ...
+
+    async def live_presences(self) -> list[PresenceSeen]:
+        """The driver presences held in the database now (Postgres; elsewhere none)."""
         ...

@@ -8,6 +8,7 @@ one such text, so grouping by it gives one line per driver with its host and pid
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ from jobrun._core.predicates import due_at
 from jobrun._core.records import RunRow
 
 _BRACKET_START = " [jobrun "
+PRESENCE_APPLICATION = "jobrun presence"
+"""How a presence session (Postgres) begins its ``application_name``."""
+_APPLICATION_FIELD = re.compile(r"\b(host|pid)=(\S+)")
 
 
 def driver_name(lease_driver: str) -> str:
@@ -67,3 +71,34 @@ def drivers_of(rows: Iterable[RunRow], keep_ids: int = 20) -> list[Driver]:
         expiry = due_at(row)
         driver.expires_at = min(driver.expires_at or expiry, expiry)
     return sorted(found.values(), key=lambda driver: (-driver.runs, driver.lease_driver))
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceSeen:
+    """A driver process's presence as Postgres shows it (see ``jobrun.sql.presence``):
+    its key, the host and pid its session named, its client address, since when."""
+
+    key: int
+    host: str | None
+    pid: int | None
+    client: str | None
+    since_at: str | None
+
+
+def presence_seen(
+    key: int, application: str, client: str | None, since_at: str | None
+) -> PresenceSeen:
+    """Read the host and pid a presence session wrote into its application name."""
+    fields = dict(_APPLICATION_FIELD.findall(application or ""))
+    pid = fields.get("pid", "")
+    return PresenceSeen(
+        key, fields.get("host"), int(pid) if pid.isdigit() else None, client, since_at
+    )
+
+
+def idle_presences(
+    presences: Iterable[PresenceSeen], drivers: Iterable[Driver]
+) -> list[PresenceSeen]:
+    """The presences no holder of a lease names: live drivers that hold nothing now."""
+    holding = {driver.presence for driver in drivers if driver.presence is not None}
+    return [presence for presence in presences if presence.key not in holding]

@@ -38,6 +38,7 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.workers import PresenceSeen
 from jobrun.errors import JobConflictError
 
 __all__ = ["MemoryJobRunStore"]
@@ -302,3 +303,6 @@ class MemoryJobRunStore:
 
     async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
         return count_activity(self.runs.values(), query)
+
+    async def live_presences(self) -> builtins.list[PresenceSeen]:
+        return []

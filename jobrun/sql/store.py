@@ -52,10 +52,11 @@ from jobrun._core.transitions import (
     claim_transition,
     is_orphan,
 )
+from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
-from jobrun.sql.presence import Presence
+from jobrun.sql.presence import Presence, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
 from jobrun.sql.statements import (
@@ -728,3 +729,11 @@ class SqlJobRunStore:
         for bucket, finished, failed in ended_rows:
             counted.setdefault(bucket, [0, 0, 0])[1:] = [int(finished), int(failed)]
         return {bucket: Counts(*counted[bucket]) for bucket in sorted(counted)}
+
+    async def live_presences(self) -> builtins.list[PresenceSeen]:
+        if not self._is_postgres:
+            return []
+        statement = self._shapes.of(live_presences_statement)
+        async with self._operation("live_presences"):
+            rows = await self._executor.fetch("live_presences", statement, {})
+        return [presence_seen(int(row[0]), row[1], row[2], row[3]) for row in rows]
