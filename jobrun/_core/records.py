@@ -178,7 +178,8 @@ class JobRun:
     passes and ``last_error`` holds the latest failure (``Type: message``).
     ``next_attempt_at`` is when a backing-off run is due again, or, while a
     driver holds the run, its lease's expiry (also in ``lease_expires_at``, with
-    the holder in ``lease_driver``). Times are aware UTC datetimes.
+    the holder in ``lease_driver``, since ``lease_began_at``). Times are aware UTC
+    datetimes.
     ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
     lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
     passes it has committed; both read 0 on a run no jobrun of revision 0004 or
@@ -210,6 +211,7 @@ class JobRun:
     priority: int = 0
     lease_epoch: int = 0
     passes_committed: int = 0
+    lease_began_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +333,7 @@ def job_run_of(row: RunRow) -> JobRun:
     updated_at = instant("updated_at", row.updated_at)
     next_attempt_at = instant("next_attempt_at", row.next_attempt_at)
     ended_at = instant("ended_at", row.ended_at)
+    lease_began_at = instant("lease_began_at", row.lease_began_at)
     leased = row.lease_owner is not None
     if row.status not in _STATUSES:
         problems.append(f"status {row.status!r} is not one of running, done, failed")
@@ -357,6 +360,7 @@ def job_run_of(row: RunRow) -> JobRun:
         priority=row.priority,
         lease_epoch=row.lease_epoch,
         passes_committed=row.passes_committed,
+        lease_began_at=lease_began_at if leased else None,
     )
 
 
