@@ -42,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
+from jobrun._core.fair import ClaimTurns
 from jobrun._core.formats import format_instant
 from jobrun._core.observe import (
     LOG_PASSES,
@@ -225,12 +226,16 @@ class _Worker:
         driver = f"{self.driver_name}/{number}" if self.concurrency > 1 else self.driver_name
         # Made once per driver: its name, the observer that wakes its siblings, the clock.
         options = replace(self.options, driver_name=driver, observer=observer, clock=self.clock)
+        # Its own count of claims, kept across rounds: one in FAIR_EVERY goes by age.
+        turns = ClaimTurns()
         await self._repeat(
-            functools.partial(self._drive_round, database, options),
+            functools.partial(self._drive_round, database, options, turns),
             functools.partial(self._drive_failed, database),
         )
 
-    async def _drive_round(self, database: _Database, options: DriveOptions) -> float | None:
+    async def _drive_round(
+        self, database: _Database, options: DriveOptions, turns: ClaimTurns
+    ) -> float | None:
         """One drive of the due runs, then, if it found none, a wait for more."""
         database.pending = False
         try:
@@ -244,6 +249,7 @@ class _Worker:
                     SYSTEM_SOURCES,
                     stop=self.stop,
                     on_user_exit=functools.partial(_log_user_exit, database),
+                    turns=turns,
                 )
         except asyncio.CancelledError as error:
             task = asyncio.current_task()

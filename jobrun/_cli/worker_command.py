@@ -16,11 +16,14 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import click
 
+from jobrun._cli import heartbeat
 from jobrun._cli.app import cli
 from jobrun._cli.connect import (
     URL_ENVVAR,
@@ -123,46 +126,76 @@ def _metrics(port: int, host: str) -> tuple[PassObserver, HealthCallback]:
     return metrics, metrics.record_health
 
 
+@dataclass(frozen=True)
+class _Lifetime:
+    """How the process shows it is alive, and how long it may drain when told to stop."""
+
+    heartbeat: Path | None
+    drain_timeout_s: float | None
+
+
+class _Stopping:
+    """The signals' effect: the first stops claiming (and starts the drain's clock, if
+    any); a second one, or the drain timeout, cancels the passes in flight."""
+
+    def __init__(self, task: asyncio.Task[Any], drain_timeout_s: float | None) -> None:
+        self.stop = asyncio.Event()
+        self.forced = False
+        self._task = task
+        self._drain_timeout_s = drain_timeout_s
+
+    def on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.stop.is_set():
+            self._cancel("%s again: cancelling passes in flight; their leases go back", name)
+            return
+        log.info("%s: stopping; passes in flight finish (send it again to cancel them)", name)
+        self.stop.set()
+        if self._drain_timeout_s is not None:
+            asyncio.get_running_loop().call_later(
+                self._drain_timeout_s,
+                self._cancel,
+                "still draining after %g s: cancelling passes in flight; their leases go back",
+                self._drain_timeout_s,
+            )
+
+    def _cancel(self, message: str, *arguments: object) -> None:
+        if not self.forced:
+            self.forced = True
+            log.info(message, *arguments)
+            self._task.cancel()
+
+
 async def _work(
     urls: tuple[str, ...],
     registry: JobRegistry,
     options: DriveOptions,
     worker_options: dict[str, Any],
+    lifetime: _Lifetime,
 ) -> bool:
     """Run the worker until a signal; ``True`` when it stopped gracefully."""
     engines = [make_engine(parse_url(url)) for url in urls]
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
-    forced = False
-
-    def on_signal(signum: int) -> None:
-        nonlocal forced
-        name = signal.Signals(signum).name
-        if not stop.is_set():
-            log.info(
-                "%s: stopping; passes in flight finish (send it again to cancel them)",
-                name,
-            )
-            stop.set()
-        elif not forced:
-            forced = True
-            log.info("%s again: cancelling passes in flight; their leases go back", name)
-            task.cancel()
-
+    stopping = _Stopping(task, lifetime.drain_timeout_s)
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
+        loop.add_signal_handler(signum, stopping.on_signal, signum)
+    beating = None
+    if lifetime.heartbeat is not None:
+        beating = loop.create_task(heartbeat.beat(lifetime.heartbeat))
     try:
-        await run_worker(engines, registry, options=options, stop=stop, **worker_options)
+        await run_worker(engines, registry, options=options, stop=stopping.stop, **worker_options)
     except asyncio.CancelledError:
-        if not forced:
+        if not stopping.forced:
             raise
         task.uncancel()
         return False
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        if beating is not None:
+            beating.cancel()
         for engine in engines:
             await engine.dispose()
     return True
@@ -257,6 +290,22 @@ async def _work(
     help="json: one object per line with the structured fields (run_id, outcome, ...).",
 )
 @click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="After SIGTERM, wait at most this long for passes in flight, then cancel them "
+    "(their leases go back) and exit with 1. Default: wait for them to finish.",
+)
+@click.option(
+    "--heartbeat-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help=f"Touch this file every {heartbeat.HEARTBEAT_INTERVAL_S:g} s while the worker's event "
+    "loop turns, whatever the databases do (for a liveness probe); removed at exit.",
+)
+@click.option(
     "--watchdog/--no-watchdog",
     default=True,
     show_default=True,
@@ -278,12 +327,15 @@ def worker(
     log_format: str,
     schema: str | None,
     watchdog: bool,
+    drain_timeout: float | None,
+    heartbeat_file: Path | None,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
     The first signal stops gracefully: nothing new is claimed, passes in flight
-    finish, exit status 0. A second signal cancels the passes in flight (each
-    hands its lease back at once) and exits with status 1. On Postgres the worker
+    finish, exit status 0. A second signal, or --drain-timeout running out,
+    cancels the passes in flight (each hands its lease back at once) and exits
+    with status 1. --heartbeat-file is for liveness probes. On Postgres the worker
     LISTENs for new runs and starts them at once; otherwise an idle database is
     polled once per --interval. The app's schedules are started at each slot,
     once per slot however many workers run.
@@ -313,9 +365,27 @@ def worker(
             "prune_after": prune_after,
             "schema": schema,
         }
-        graceful = asyncio.run(_work(urls, registry, options, worker_options))
+        graceful = _run(
+            urls, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)
+        )
     if not graceful:
         sys.exit(1)
+
+
+def _run(
+    urls: tuple[str, ...],
+    registry: JobRegistry,
+    options: DriveOptions,
+    worker_options: dict[str, Any],
+    lifetime: _Lifetime,
+) -> bool:
+    if lifetime.heartbeat is not None:
+        heartbeat.first_beat(lifetime.heartbeat)
+    try:
+        return asyncio.run(_work(urls, registry, options, worker_options, lifetime))
+    finally:
+        if lifetime.heartbeat is not None:
+            heartbeat.remove(lifetime.heartbeat)
 
 
 @contextlib.contextmanager

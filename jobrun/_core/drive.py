@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
+from jobrun._core.fair import ClaimTurns
 from jobrun._core.formats import format_instant
 from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
@@ -56,6 +57,7 @@ async def _claim(
     driver: str,
     skip_ids: frozenset[str],
     sources: Sources,
+    by_age: bool,
 ) -> tuple[Claimed, RegisteredJob, Lease, float] | None:
     jobs = list(registry)
     wanted = frozenset((job.module_id, job.name) for job in jobs)
@@ -71,7 +73,7 @@ async def _claim(
     )
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = sources.mint_id()
-    request = _claim_request(jobs, now_at, token, holder, skip_ids, dead)
+    request = _claim_request(jobs, now_at, token, holder, skip_ids, dead, by_age)
     claimed = await _shielded_claim(store, request)
     if claimed is None:
         return None
@@ -90,8 +92,10 @@ def _claim_request(
     holder: str,
     skip_ids: frozenset[str],
     dead: frozenset[str],
+    by_age: bool,
 ) -> ClaimRequest:
-    """What a claim asks of the store: the jobs, each with its lease's expiry and limit."""
+    """What a claim asks of the store: the jobs, each with its lease's expiry and limit,
+    and whether this claim goes by age (see :mod:`jobrun._core.fair`)."""
     expires_at = {
         (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
         for job in jobs
@@ -102,7 +106,14 @@ def _claim_request(
         if job.max_concurrent is not None
     }
     return ClaimRequest(
-        now_at, token, holder, expires_at, skip_ids, max_concurrent=limits, dead_owners=dead
+        now_at,
+        token,
+        holder,
+        expires_at,
+        skip_ids,
+        max_concurrent=limits,
+        dead_owners=dead,
+        by_age=by_age,
     )
 
 
@@ -150,6 +161,7 @@ async def drive_due_jobs(
     *,
     stop: asyncio.Event | None = None,
     on_user_exit: UserExitHandler | None = None,
+    turns: ClaimTurns | None = None,
 ) -> JobDriveReport:
     """:func:`jobrun.run_due_jobs` with its options judged and its sources chosen.
 
@@ -159,6 +171,9 @@ async def drive_due_jobs(
     :func:`run_due_jobs` expects of ``sys.exit()`` or Ctrl-C; with it, it goes to
     ``on_user_exit(run, exception)`` and the drive goes on with other runs, as a
     worker must when one job's code calls ``sys.exit()``.
+
+    ``turns`` counts this driver's claims, one in ``FAIR_EVERY`` going by age
+    (see :mod:`jobrun._core.fair`); without it, the store's ``claim_turns``.
     """
     drive = _Drive(
         store,
@@ -170,11 +185,13 @@ async def drive_due_jobs(
         on_user_exit=on_user_exit,
     )
     driven: set[str] = set()
+    turns = store.claim_turns if turns is None else turns
     while drive.report.attempted < chosen.limit and not drive.stopping():
         # Releases the store failed earlier go first: their runs are due again now.
         await store.owed_releases.settle(store)
+        by_age = turns.next_by_age()
         claimed = await _claim(
-            store, registry, drive.clock, drive.driver, frozenset(driven), sources
+            store, registry, drive.clock, drive.driver, frozenset(driven), sources, by_age
         )
         if claimed is None:
             break

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.fair import ClaimTurns
 from jobrun._core.orphans import OrphanScans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.records import (
@@ -68,6 +69,12 @@ class JobRunStore(Protocol):
     def owed_releases(self) -> OwedReleases:
         """Lease releases this store failed to write, sent again before the next
         claim (see ``jobrun._core.owed``); the store only keeps them."""
+        ...
+
+    @property
+    def claim_turns(self) -> ClaimTurns:
+        """Which claims of :func:`jobrun.run_due_jobs` calls on this store go by age
+        (see ``jobrun._core.fair``), counted across calls; the store only keeps it."""
         ...
 
     @property

@@ -90,7 +90,9 @@ class ClaimRequest:
     (jobs may have different lease lengths); ``skip_ids`` are runs this drive
     already had, so one call never gives a run more passes than it should.
     ``max_concurrent`` gives, for the jobs that have one, how many of their
-    runs may be leased at once.
+    runs may be leased at once. ``by_age``: the due run that has been due
+    longest, whatever its priority (one claim in ``FAIR_EVERY``, counted by the
+    driver: see :mod:`jobrun._core.fair`); else the highest priority first.
     """
 
     now_at: str
@@ -102,6 +104,7 @@ class ClaimRequest:
     # Lease tokens whose holders were proven dead: such a run is taken over at
     # once, before any due run, whatever its lease's expiry says.
     dead_owners: frozenset[str] = frozenset()
+    by_age: bool = False
 
 
 @dataclass(frozen=True, slots=True)

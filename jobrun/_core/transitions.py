@@ -130,8 +130,8 @@ def in_flight(rows: Iterable[RunRow], now_at: str) -> dict[tuple[str, str], int]
 def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | None:
     """Which of ``rows`` a claim gets, by the rules every store follows: an orphan
     first; else the due run first in order (highest ``priority``, then due
-    instant, then id) among jobs below their ``max_concurrent`` and not in
-    ``skip_ids``."""
+    instant, then id; with ``by_age``, due instant then id, priority ignored)
+    among jobs below their ``max_concurrent`` and not in ``skip_ids``."""
     wanted = [
         row for row in rows if is_live(row) and (row.module_id, row.job) in request.expires_at
     ]
@@ -147,6 +147,8 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
         and (row.module_id, row.job) not in full
         and row.id not in request.skip_ids
     ]
+    if request.by_age:
+        return min(due, key=lambda row: (due_at(row), row.id), default=None)
     return min(due, key=lambda row: (-row.priority, due_at(row), row.id), default=None)
 
 

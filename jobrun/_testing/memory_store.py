@@ -12,6 +12,7 @@ from typing import cast
 
 from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
+from jobrun._core.fair import ClaimTurns
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
@@ -61,6 +62,7 @@ class MemoryJobRunStore:
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self._owed_releases = OwedReleases()
+        self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
 
     # -- JobRunStore: runs, the claim, leases, the pass's writes ------------------------------
@@ -76,6 +78,10 @@ class MemoryJobRunStore:
     @property
     def owed_releases(self) -> OwedReleases:
         return self._owed_releases
+
+    @property
+    def claim_turns(self) -> ClaimTurns:
+        return self._claim_turns
 
     @property
     def orphan_scans(self) -> OrphanScans:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -86,6 +86,25 @@ Index(
     job_runs.c.priority.desc(),
     DUE_AT,
     job_runs.c.id,
+)
+
+# Revision 0005: the order of the claims that go by age (one in FAIR_EVERY, see
+# jobrun._core.fair): when each run became due, then id, priority ignored. Its
+# own index, so those claims too read an index front to back and stop at the
+# first fit instead of sorting the due runs.
+#
+# Partial on a condition every row meets (priority is NOT NULL) that only the
+# by-age claim names: the priority claim cannot use this index. Without that,
+# SQLite (no statistics) prefers it for the priority claim too, for its range on
+# the due instant, and sorts every due run by priority on each claim.
+BY_AGE_ONLY = text("priority IS NOT NULL")
+Index(
+    "_substrat_job_runs_due_order",
+    job_runs.c.status,
+    DUE_AT,
+    job_runs.c.id,
+    sqlite_where=BY_AGE_ONLY,
+    postgresql_where=BY_AGE_ONLY,
 )
 
 # The runs leased now, by job: what a per-job concurrency limit counts. Partial,

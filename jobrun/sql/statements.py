@@ -41,6 +41,7 @@ from jobrun._core.transitions import CLAIM_FIELDS
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import (
+    BY_AGE_ONLY,
     LEASED_ONLY,
     LIVE_ONLY,
     due_at_of,
@@ -289,18 +290,22 @@ def limit_locks(count: int) -> Any:
     return select(*(func.pg_advisory_xact_lock(bindparam(f"lock_{i}")) for i in range(count)))
 
 
-def _due_candidate(pairs: list[Any], skipped: int, limited: int) -> Any:
-    """The first due run in claim order, among the requested jobs under their limits."""
+def _due_candidate(pairs: list[Any], skipped: int, limited: int, by_age: bool) -> Any:
+    """The first due run in claim order, among the requested jobs under their limits.
+    The order is an index's key order, so the claim reads it front to back and
+    stops at the first fit: priority first (``_substrat_job_runs_claim_order``),
+    or, ``by_age``, due instant then id (``_substrat_job_runs_due_order``)."""
     runs = job_runs.c
-    candidate = (
-        select(runs.id)
-        .where(
-            is_due(bindparam("now_at", type_=Text)),
-            tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
-        )
-        .order_by(runs.priority.desc(), due_at(), runs.id)
-        .limit(1)
+    candidate = select(runs.id).where(
+        is_due(bindparam("now_at", type_=Text)),
+        tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
     )
+    if by_age:
+        # The due-order index's predicate, spelled as its own: only this claim may use it.
+        candidate = candidate.where(BY_AGE_ONLY).order_by(due_at(), runs.id)
+    else:
+        candidate = candidate.order_by(runs.priority.desc(), due_at(), runs.id)
+    candidate = candidate.limit(1)
     for index in range(limited):
         # Uncorrelated, so evaluated once per claim, not once per candidate row.
         candidate = candidate.where(
@@ -343,15 +348,15 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
     )
 
 
-def claim_read(jobs: int, skipped: int, limited: int, dead: int) -> Any:
+def claim_read(jobs: int, skipped: int, limited: int, dead: int, by_age: bool = False) -> Any:
     """The run a claim would get, whole: for ``jobs`` (module_id, job) pairs
     (``module_{i}``, ``job_{i}``), passing over ``skipped`` ids (``skip_{i}``) and
     ``limited`` jobs at their concurrency limit (``limited_*_{i}``,
     ``limited_most_{i}``); a run held by one of ``dead`` proven-dead lease owners
-    (``dead_{i}``) comes first. The same rules as
-    ``jobrun._core.transitions.claim_candidate``."""
+    (``dead_{i}``) comes first; ``by_age``: the due run due longest, whatever its
+    priority. The same rules as ``jobrun._core.transitions.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
-    chosen: Any = _due_candidate(pairs, skipped, limited)
+    chosen: Any = _due_candidate(pairs, skipped, limited, by_age)
     if dead:
         chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped), chosen)
     return select(job_runs).where(job_runs.c.id == chosen)

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.browse import JobLoad, RunQuery
+from jobrun._core.fair import ClaimTurns
 from jobrun._core.ids import first_id_at
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
@@ -221,6 +222,7 @@ class SqlJobRunStore:
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
+        self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
@@ -295,6 +297,10 @@ class SqlJobRunStore:
     @property
     def owed_releases(self) -> OwedReleases:
         return self._owed_releases
+
+    @property
+    def claim_turns(self) -> ClaimTurns:
+        return self._claim_turns
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         values = self._start_values(row)
@@ -380,7 +386,9 @@ class SqlJobRunStore:
         jobs = builtins.list(request.expires_at)
         skipped = sorted(request.skip_ids) + missed
         dead = sorted(request.dead_owners)
-        read = self._shapes.of(claim_read, len(jobs), len(skipped), len(limited), len(dead))
+        read = self._shapes.of(
+            claim_read, len(jobs), len(skipped), len(limited), len(dead), request.by_age
+        )
         values: dict[str, Any] = {"now_at": request.now_at}
         values |= _pairs("", jobs) | _numbered("skip", skipped) | _numbered("dead", dead)
         values |= _pairs("limited_", [key for key, _ in limited])

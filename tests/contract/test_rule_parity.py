@@ -188,11 +188,13 @@ async def test_the_activity_chart_counts_by_the_rules(store: Any, engine: Any, a
 @pytest.mark.parametrize("at", INSTANTS)
 async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, at: str) -> None:
     await put_rows(store, engine, ROWS)
-    for dead in (frozenset(), frozenset({"TOKEN"})):
-        request = ClaimRequest(at, "NEW", "me", dict.fromkeys(JOBS, AFTER), dead_owners=dead)
+    for dead, by_age in itertools.product((frozenset(), frozenset({"TOKEN"})), (False, True)):
+        request = ClaimRequest(
+            at, "NEW", "me", dict.fromkeys(JOBS, AFTER), dead_owners=dead, by_age=by_age
+        )
         wanted = claim_candidate(ROWS, request)
         claimed = await store.claim(request)
-        assert (claimed is None) == (wanted is None), (at, dead)
+        assert (claimed is None) == (wanted is None), (at, dead, by_age)
         if claimed is None or wanted is None:
             continue
         chosen = next(row for row in ROWS if row.id == claimed.row.id)
@@ -200,7 +202,7 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             # Orphans come first, in no particular order among themselves.
             assert is_orphan(chosen, request), (at, chosen)
         else:
-            assert chosen == wanted, at
+            assert chosen == wanted, (at, by_age)
         await _put_back(store, engine, chosen)
 
 

@@ -65,7 +65,7 @@ async def _snapshot(engine: AsyncEngine) -> list[Any]:
 async def test_0003_keeps_every_row_and_the_claim_reads_its_index(at_0002: AsyncEngine):
     engine = at_0002
     before = await _snapshot(engine)
-    # To the head (the store needs it); 0004 only adds defaulted columns.
+    # To the head (the store needs it); 0004 only adds defaulted columns, 0005 an index.
     await jobrun.upgrade(engine)
     assert await revision_of(engine) == SCHEMA_REVISION
     assert await _snapshot(engine) == before

@@ -37,6 +37,8 @@ LIVE = "status = 'running'"
 SCHEDULES = "_substrat_job_schedules"
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
+DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
+BY_AGE_ONLY = "priority IS NOT NULL"
 LEASED_INDEX = "_substrat_job_runs_leased"
 LEASED = "lease_owner IS NOT NULL"
 
@@ -73,6 +75,8 @@ EXPECTED: dict[str, Any] = {
         # (name, key columns or expressions, unique, partial predicate)
         "indexes": [
             (DUE_AT_INDEX, ["status", "priority DESC", DUE_AT, "id"], False, None),
+            # Revision 0005: the order of the claims that go by age (fair claims).
+            (DUE_ORDER_INDEX, ["status", DUE_AT, "id"], False, BY_AGE_ONLY),
             # Revision 0003: the console's newest-first ranges, by job and status, by status.
             ("_substrat_job_runs_job_status", ["module_id", "job", "status", "id"], False, None),
             ("_substrat_job_runs_key", ["module_id", "job", "instance", "id"], False, None),
@@ -111,10 +115,11 @@ EXPECTED: dict[str, Any] = {
 DIALECTS = [sqlite.dialect(), postgresql.dialect()]
 
 # SQLAlchemy cannot reflect an expression index from SQLite: its inspector warns
-# and leaves _substrat_job_runs_claim_order out. That one warning is expected on SQLite
-# (Postgres reflects the index); the index is read from SQLite's catalog instead.
+# and leaves the claim's two orders out. Those warnings are expected on SQLite
+# (Postgres reflects the indexes); they are read from SQLite's catalog instead.
 UNREFLECTABLE_ON_SQLITE = pytest.mark.filterwarnings(
-    f"ignore:Skipped unsupported reflection of expression-based index {DUE_AT_INDEX}$"
+    "ignore:Skipped unsupported reflection of expression-based index "
+    f"({DUE_AT_INDEX}|{DUE_ORDER_INDEX})$"
     ":sqlalchemy.exc.SAWarning"
 )
 BACKENDS = [
@@ -345,6 +350,8 @@ def test_both_dialects_compile_the_same_ddl() -> None:
     # The claim's order is an expression index, written the same on both engines.
     claim_order = f"(status, priority DESC, {DUE_AT}, id)"
     assert f"CREATE INDEX {DUE_AT_INDEX} ON _substrat_job_runs {claim_order}" in on_sqlite
+    due_order = f"(status, {DUE_AT}, id) WHERE {BY_AGE_ONLY}"
+    assert f"CREATE INDEX {DUE_ORDER_INDEX} ON _substrat_job_runs {due_order}" in on_sqlite
     # The only unique thing on the key is that partial index.
     assert sum("UNIQUE" in statement for statement in on_sqlite) == 1
 
@@ -415,6 +422,9 @@ async def test_every_index_is_stored_as_the_metadata_writes_it(migrated: AsyncEn
     assert stored == expected
     assert stored[DUE_AT_INDEX] == (
         f"CREATE INDEX {DUE_AT_INDEX} ON {RUNS} (status, priority DESC, {DUE_AT}, id)"
+    )
+    assert stored[DUE_ORDER_INDEX] == (
+        f"CREATE INDEX {DUE_ORDER_INDEX} ON {RUNS} (status, {DUE_AT}, id) WHERE {BY_AGE_ONLY}"
     )
     assert "_substrat_job_runs_due" not in stored, "revision 0002 replaced the 0001 due index"
     assert "_substrat_job_runs_due_at" not in stored, "revision 0003 replaced the 0002 index"

@@ -438,6 +438,45 @@ async def test_a_second_sigterm_cancels_the_pass_and_hands_its_lease_back(
     assert record.lease_driver is None, "the lease was handed back, not left to expire"
 
 
+async def test_past_the_drain_timeout_the_pass_is_cancelled_and_its_lease_handed_back(
+    sqlite_template: Path, tmp_path: Path, engines: Callable[[str], AsyncEngine]
+):
+    url = sqlite_copy(sqlite_template, tmp_path, "slow")
+    engine = engines(url)
+    slow = await jobrun.start_job_run(
+        jobrun.SqlJobRunStore(engine), module_id="demo", job="slow", payload={"sleep_s": 60}
+    )
+    beat = tmp_path / "heartbeat"
+    process = spawn(
+        "--url", url, "--interval", "0.5", "--drain-timeout", "0.5", "--heartbeat-file", str(beat)
+    )  # fmt: skip
+    try:
+        await eventually(lambda: lease_held(engine, slow.id), timeout_s=10)
+        assert beat.exists(), "touched before the first claim"
+        process.send_signal(signal.SIGTERM)
+        # One signal only: the drain timeout does what a second one would.
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, stderr
+    assert "still draining after 0.5 s: cancelling passes in flight" in stderr
+    assert "pass demo/slow[default] interrupted" in stderr
+    record = await jobrun.get_job_run(jobrun.SqlJobRunStore(engine), slow.id)
+    assert record is not None
+    assert record.lease_driver is None, "the lease was handed back, not left to expire"
+    assert not beat.exists(), "the heartbeat file goes with the worker"
+
+
+def test_an_unwritable_heartbeat_file_stops_the_worker_before_it_starts(sqlite_url: str):
+    process = spawn("--url", sqlite_url, "--heartbeat-file", "/nonexistent/jobrun-heartbeat")
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 1
+    assert "cannot write the heartbeat file /nonexistent/jobrun-heartbeat" in stderr
+    assert "worker started" not in stderr
+
+
 @SECOND
 async def test_the_command_survives_steps_that_raise_cancellation_and_exits(
     database_url: str, engine: AsyncEngine
