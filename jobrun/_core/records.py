@@ -55,6 +55,8 @@ class RunRow:
     # on), and the passes committed so far (the idempotency keys' pass number).
     lease_epoch: int = 0
     passes_committed: int = 0
+    # Revision 0006: 1 when an operator cancelled the run (see predicates.is_cancelled).
+    cancelled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +188,8 @@ class JobRun:
     ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
     lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
     passes it has committed; both read 0 on a run no jobrun of revision 0004 or
-    later has touched.
+    later has touched. ``cancelled`` says a ``failed`` run was cancelled by an
+    operator (revision 0006; runs cancelled before it are marked by its migration).
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -215,6 +218,7 @@ class JobRun:
     lease_epoch: int = 0
     passes_committed: int = 0
     lease_began_at: datetime | None = None
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +311,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def job_run_of(row: RunRow) -> JobRun:
     """Decode a row for an operator; never raises for what is stored in it."""
+    # The rules module reads these shapes, so it is imported when first used.
+    from jobrun._core.predicates import is_cancelled
+
     problems: list[str] = []
 
     def attempt(column: str, text: str | None, fallback: Any, decode: Any) -> Any:
@@ -364,6 +371,7 @@ def job_run_of(row: RunRow) -> JobRun:
         lease_epoch=row.lease_epoch,
         passes_committed=row.passes_committed,
         lease_began_at=lease_began_at if leased else None,
+        cancelled=is_cancelled(row),
     )
 
 

@@ -190,6 +190,7 @@ def cancel_transition(reason: str, at: str) -> RunChange:
             ("last_error", reason),
             ("updated_at", at),
             ("ended_at", at),
+            ("cancelled", 1),
             *_UNLEASED,
         ),
     )
@@ -205,6 +206,7 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
         ("lease_takeovers", 0),
         ("updated_at", at),
         ("ended_at", None),
+        ("cancelled", 0),
         *_UNLEASED,
     )
     if counters is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from jobrun._core.records import JobRun, JobRunStatus
+from jobrun._core.records import JobRun
 
 WaitKind = Literal["leased", "stranded", "backoff", "later", "due"]
 
@@ -36,7 +36,7 @@ class Waiting:
 
 def waiting_of(run: JobRun, now: datetime) -> Waiting | None:
     """What ``run`` waits for as of ``now``; ``None`` for a run that ended."""
-    if run.status != JobRunStatus.RUNNING.value:
+    if run.status != "running":  # JobRun, read by people: not the row rule is_live
         return None
     if run.lease_expires_at is not None:
         if run.lease_expires_at > now:
@@ -48,4 +48,5 @@ def waiting_of(run: JobRun, now: datetime) -> Waiting | None:
             reason = f"backoff after failed attempt {run.attempts}"
             return Waiting("backoff", due, reason)
         return Waiting("later", due, "the last pass asked to wait")
-    return Waiting("due", due or run.started_at, "waiting for a free driver")
+    since = due if due is not None else run.started_at
+    return Waiting("due", since, "waiting for a free driver")

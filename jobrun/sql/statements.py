@@ -30,6 +30,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     tuple_,
     union_all,
     update,
@@ -100,6 +101,11 @@ def has_ended_since(since_at: Any, runs: Any = _RUNS) -> Any:
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
     return and_(runs.status == FAILED, has_ended_since(since_at, runs))
+
+
+def is_cancelled(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_cancelled`."""
+    return and_(runs.status == FAILED, runs.cancelled == 1)
 
 
 def live_run_of() -> Any:
@@ -492,6 +498,17 @@ def prune_runs(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
     return delete(job_runs).where(runs.id.in_(doomed), not_(is_live())).returning(runs.id)
 
 
+def collation_statement() -> Any:
+    """Postgres: the database's collation (its text columns' default)."""
+    return text("SELECT datcollate FROM pg_database WHERE datname = current_database()")
+
+
+def is_bytewise_collation(name: str) -> bool:
+    """Whether a Postgres collation orders text by code point (so a range holds every
+    string with a prefix): C, POSIX and C.UTF-8 do; linguistic ones (en_US…) need not."""
+    return name in ("C", "POSIX", "ucs_basic") or name.upper().replace("-", "") in ("C.UTF8",)
+
+
 def clock_statement() -> Any:
     """Postgres: the database's clock, read as the statement runs."""
     return select(func.clock_timestamp())
@@ -603,6 +620,11 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
         conditions.append(is_leased(bindparam("query_leased_at", type_=Text)))
     if "query_failed_since_at" in names:
         conditions.append(is_failed_since(bindparam("query_failed_since_at", type_=Text)))
+    # Markers, not values: the statement's shape says which way (see the store).
+    if "query_cancelled" in names:
+        conditions.append(is_cancelled())
+    if "query_not_cancelled" in names:
+        conditions.append(not_(is_cancelled()))
     return conditions
 
 

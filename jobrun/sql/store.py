@@ -75,9 +75,11 @@ from jobrun.sql.statements import (
     claim_read,
     claim_write,
     clock_statement,
+    collation_statement,
     count_statement,
     find_statement,
     held_leases_statement,
+    is_bytewise_collation,
     job_loads_statement,
     limit_locks,
     list_statement,
@@ -213,6 +215,9 @@ class SqlJobRunStore:
         )
         self._executor = executor_for(engine, statement_hook)
         self._is_postgres = engine.dialect.name == "postgresql"
+        # Whether the database compares text bytewise (SQLite always; Postgres when its
+        # collation is C or C.UTF-8), learned at the first instance prefix filter.
+        self._bytewise_text: bool | None = None if self._is_postgres else True
         if not self._is_postgres:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
         # In a schema, every compiled statement names it (rendered once, here).
@@ -670,8 +675,9 @@ class SqlJobRunStore:
         prefix = query.instance_prefix
         if prefix:
             values |= {"query_prefix_length": len(prefix), "query_prefix": prefix}
-            if not self._is_postgres:
-                # SQLite compares text bytewise: the range lets the key index seek.
+            if self._bytewise_text:
+                # Bytewise comparison: the range is a superset of the prefix, and lets
+                # the key index (within a job) or the instance index (without) seek.
                 values["query_prefix_lower"] = prefix
                 upper = _prefix_successor(prefix)
                 if upper is not None:
@@ -688,9 +694,21 @@ class SqlJobRunStore:
             values["query_leased_at"] = query.leased_at
         if query.failed_since_at is not None:
             values["query_failed_since_at"] = query.failed_since_at
+        if query.cancelled is not None:
+            values["query_cancelled" if query.cancelled else "query_not_cancelled"] = True
         return values
 
+    async def _learn_collation(self, query: RunQuery) -> None:
+        if self._bytewise_text is not None or not query.instance_prefix:
+            return
+        async with self._operation("collation"):
+            found = await self._executor.fetch(
+                "collation", self._shapes.of(collation_statement), {}
+            )
+        self._bytewise_text = is_bytewise_collation(str(found[0][0]))
+
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        await self._learn_collation(query)
         # Newest first down an index ending in id, stopped by the limit: a page costs
         # the same on the first and the thousandth page, however many runs are kept.
         values = self._selection(query)
@@ -703,6 +721,7 @@ class SqlJobRunStore:
         return [RunRow(*row) for row in rows]
 
     async def count(self, query: RunQuery, cap: int) -> int:
+        await self._learn_collation(query)
         values = self._selection(query)
         statement = self._shapes.of(count_statement, tuple(values))
         async with self._operation("count"):

@@ -55,6 +55,7 @@ def _table() -> list[RunRow]:
                 lease_driver=None if owner is None else "driver",
                 ended_at=ended_at,
                 priority=index % 2,
+                cancelled=int(index % 3 == 0),
             )
         )
     return rows
@@ -87,6 +88,9 @@ ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
 async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engine: Any) -> None:
     await put_rows(store, engine, ROWS)
     assert await _sql_ids(engine, statements.is_live(), {}) == _ids(ROWS, predicates.is_live)
+    cancelled = _ids(ROWS, predicates.is_cancelled)
+    assert cancelled
+    assert await _sql_ids(engine, statements.is_cancelled(), {}) == cancelled
     for at, (name, rule, twin) in itertools.product(INSTANTS, ROW_RULES):
         wanted = {row.id for row in ROWS if rule(row, at)}
         assert await _sql_ids(engine, twin, {"now_at": at}) == wanted, (name, at)
@@ -161,9 +165,16 @@ def _queries(at: str) -> list[RunQuery]:
         for stranded_at in (None, at)
         for module_id, job in ((None, None), JOBS[1])
     ] + [
-        RunQuery(leased_at=leased_at, failed_since_at=failed_since_at, job=job, limit=500)
+        RunQuery(
+            leased_at=leased_at,
+            failed_since_at=failed_since_at,
+            cancelled=cancelled,
+            job=job,
+            limit=500,
+        )
         for leased_at in (None, at)
         for failed_since_at in (None, at)
+        for cancelled in (None, True, False)
         for job in (None, JOBS[1][1])
     ]
 

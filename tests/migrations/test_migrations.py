@@ -354,6 +354,8 @@ def _replay(statements: list[str]) -> tuple[dict[str, str], dict[str, str]]:
             indexes[match[1]] = statement
         elif match := re.fullmatch(r"DROP INDEX (\w+)", statement):
             del indexes[match[1]]
+        elif statement.startswith("UPDATE "):
+            continue  # a data migration (0006 marks the runs cancelled before it)
         else:
             raise AssertionError(f"unexpected DDL on jobrun's tables: {statement}")
     return tables, indexes
@@ -412,7 +414,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade 0001 -> 0002" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0002 -> 0003" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0003 -> 0004" in output
-    assert f"INFO  [alembic.runtime.migration] Running upgrade 0004 -> {SCHEMA_REVISION}" in output
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0004 -> 0005" in output
+    assert f"INFO  [alembic.runtime.migration] Running upgrade 0005 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")

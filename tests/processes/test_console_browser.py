@@ -121,7 +121,7 @@ async def test_list_filter_open_and_cancel(
     await expect(page.locator("h1 .status")).to_have_text("running")
     await page.fill('input[name="reason"]', "wrong month")
     await page.click('button:has-text("Cancel")')
-    await expect(page.locator("h1 .status")).to_have_text("failed")
+    await expect(page.locator("h1 .status")).to_have_text("cancelled")
     await expect(page.locator(".notice")).to_contain_text("Cancelled")
     record = await jobrun.get_job_run(store, target.id)
     assert record is not None
@@ -162,7 +162,7 @@ async def test_bulk_resume_of_failed_runs(
         await jobrun.cancel_job_run(store, run.id, "upstream was down")
         failed.append(run.id)
     await jobrun.start_job_run(store, module_id="crm", job="import", instance="healthy")
-    await page.goto(f"{served}/db/0/runs?status=failed")
+    await page.goto(f"{served}/db/0/runs?status=cancelled")
     await expect(page.locator("table.runs tbody tr")).to_have_count(3)
     await page.check("#select-all")
     await page.click('#selected button:has-text("Resume")')
