@@ -9,6 +9,7 @@ import importlib
 import typing
 
 from jobrun._core.actions import release_job_lease
+from jobrun._core.limits import RateLimitBucket
 from jobrun._core.observe import (
     LOG_PASSES,
     LoggingObserver,
@@ -54,6 +55,7 @@ from jobrun.errors import (
     JobValidationError,
     LeaseLostError,
     PassTimeoutError,
+    RetryAfter,
     SchemaOutdatedError,
     StepFailedError,
     StepReusedError,
@@ -129,6 +131,8 @@ __all__ = [
     "PassStart",
     "PassTimeoutError",
     "PassWatch",
+    "RateLimitBucket",
+    "RetryAfter",
     "RetryPolicy",
     "RunKey",
     "ScheduleStore",

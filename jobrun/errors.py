@@ -14,6 +14,8 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
     ├── PassTimeoutError            pass_timeout        (a pass overran its budget)
     ├── LeaseLostError              lease_lost          (another driver or an operator
     │                                                    took the run; the pass stops)
+    ├── RetryAfter                  deferred            (raised BY a handler or step:
+    │                                                    not now, try again in N s)
     ├── JobRunNotFoundError         not_found           (no run has that id)
     ├── SchemaOutdatedError         schema_outdated     (run the migrations first)
     └── StoreError                  store_failed        (the database said no)
@@ -25,11 +27,16 @@ Bad input, whatever the argument, is refused before anything is written with a
 wrong with it. An argument of the wrong *type* (a list where a name belongs) is
 an ``ArgumentTypeError``: a ``JobValidationError`` that is also a ``TypeError``,
 as Python users expect, so ``except TypeError`` still catches it. Every refusal
-is made in one place (``jobrun._core.refusals``).
+is made in one place (``jobrun._core.refusals``), save :class:`RetryAfter`'s own:
+this module is the bottom layer and cannot import the core.
+
+:class:`RetryAfter` is the one error meant to be raised by user code rather than
+by jobrun: it ends the pass as ``deferred`` (see its docstring).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,6 +51,7 @@ __all__ = [
     "JobValidationError",
     "LeaseLostError",
     "PassTimeoutError",
+    "RetryAfter",
     "SchemaOutdatedError",
     "StepFailedError",
     "StepReusedError",
@@ -172,6 +180,72 @@ class LeaseLostError(JobRunError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} is no longer held by this pass; it stops here")
         self.run_id = run_id
+
+
+MAX_RETRY_AFTER_S = 30 * 24 * 3600.0
+"""The longest delay a :class:`RetryAfter` asks for; a longer one is cut to it."""
+
+MAX_DEFERRED_REASON_CHARS = 200
+"""The longest reason a :class:`RetryAfter` keeps; a longer one is cut, ending in ``...``."""
+
+
+class RetryAfter(JobRunError):
+    """Raise it from a handler or a step body to say "not now, come back in ``seconds``".
+
+    It is not a failure. The pass ends ``deferred``: nothing it did is committed
+    (cursor, counters), no attempt is charged (the run's, the step's, the
+    takeovers), the lease is given back, and the run is due again ``seconds``
+    later. Steps that finished earlier in the pass stay in the ledger, so the
+    next pass answers them without running them again. The run counts its
+    deferrals in a row; past its job's ``max_deferrals`` (default 100) it fails.
+
+    ``seconds`` is a finite number of at least 0 (a ``bool`` is refused); more
+    than :data:`MAX_RETRY_AFTER_S` (30 days) is cut to it. ``reason`` (a str,
+    shown by ``jobrun show`` and the console) is kept on one line of at most
+    :data:`MAX_DEFERRED_REASON_CHARS` characters. A bad argument is a mistake in
+    the code raising it: the constructor refuses it with a
+    :class:`JobValidationError` (an :class:`ArgumentTypeError` for a wrong type),
+    which then fails the pass like any other exception.
+    """
+
+    code = "deferred"
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        delay_s = _checked_delay_s(seconds)
+        text = _one_line(reason)
+        super().__init__(f"retry after {delay_s:g} s" + (f": {text}" if text else ""))
+        self.seconds = delay_s
+        self.reason = text
+
+
+def _checked_delay_s(seconds: object) -> float:
+    # Built here, not by jobrun._core.refusals: the bottom layer cannot import it.
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        problem = f"must be a number of seconds, got {type(seconds).__name__}"
+        raise ArgumentTypeError(
+            f"RetryAfter(seconds) {problem}", [{"path": "seconds", "message": problem}]
+        )
+    # An int is always finite (and math.isfinite would overflow on a huge one).
+    if not ((isinstance(seconds, int) or math.isfinite(seconds)) and seconds >= 0):
+        problem = f"must be a finite number of seconds of at least 0, got {seconds!r}"
+        raise JobValidationError(
+            f"RetryAfter(seconds) {problem}", [{"path": "seconds", "message": problem}]
+        )
+    return float(min(seconds, MAX_RETRY_AFTER_S))
+
+
+def _one_line(reason: object) -> str:
+    if not isinstance(reason, str):
+        problem = f"must be a str, got {type(reason).__name__}"
+        raise ArgumentTypeError(
+            f"RetryAfter(reason) {problem}", [{"path": "reason", "message": problem}]
+        )
+    # Shown on one line by the console and the CLI: no newlines, no control
+    # characters, no lone surrogates (which no database can store).
+    text = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
+    if len(text) > MAX_DEFERRED_REASON_CHARS:
+        text = text[: MAX_DEFERRED_REASON_CHARS - 3] + "..."
+    return text
 
 
 class SchemaOutdatedError(JobRunError):

@@ -50,10 +50,10 @@ class WorkerMetrics:
     """The worker's metrics, registered on ``registry`` (the default one unless given).
 
     * ``jobrun_passes_total{module_id, job, outcome}``: passes by outcome
-      (advanced, completed, retrying, failed, superseded, interrupted);
+      (advanced, completed, retrying, failed, superseded, deferred, interrupted);
     * ``jobrun_pass_duration_seconds{module_id, job, outcome}``: histogram;
     * ``jobrun_step_duration_seconds{module_id, job, outcome}``: histogram, outcome
-      ran, memo, failed, lost or error;
+      ran, memo, failed, lost, deferred or error;
     * ``jobrun_lease_takeovers_total{module_id, job}``: passes that began by taking
       a run over from another holder (stranded or orphaned);
     * ``jobrun_due_runs{database}``, ``jobrun_oldest_due_age_seconds{database}``,

@@ -15,7 +15,8 @@ see ``jobrun.sql.presence``) also waits on ``LISTEN jobrun_started``
 Per database, one more task starts the runs of due schedule slots (see
 :meth:`jobrun.JobRegistry.schedule`): it sleeps until the next slot, calls
 :func:`jobrun.start_scheduled_runs` and wakes the drivers. Another, with
-``prune_after`` or a job's ``keep_for``, deletes expired finished runs every
+``prune_after`` or a job's ``keep_for``, deletes expired finished runs of the
+registered jobs (of the others only with ``prune_unregistered_after``) every
 ``PRUNE_INTERVAL_S``, in small transactions, away from the drivers.
 
 ``stop`` ends the worker gracefully: no new claims, passes in flight finish.
@@ -164,6 +165,7 @@ class _Worker:
         stop: asyncio.Event,
         clock: Clock,
         prune_after: timedelta | None,
+        prune_unregistered_after: timedelta | None = None,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -174,7 +176,9 @@ class _Worker:
         self.stop = stop
         self.driver_name = options.driver_name or default_driver_name()
         self.clock = clock
-        self.prune_after = prune_after
+        self.prune_after = check_prune_after(prune_after)
+        unregistered = check_prune_after(prune_unregistered_after, "prune_unregistered_after")
+        self.prune_unregistered_after = unregistered
         self.slots = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -192,7 +196,9 @@ class _Worker:
                 group.create_task(self._watch_unregistered(database))
                 if self.registry.schedules():
                     group.create_task(self._schedule(database))
-                if retains(self.registry, self.prune_after):
+                else:
+                    group.create_task(self._forget_schedules(database))
+                if retains(self.registry, self.prune_after, self.prune_unregistered_after):
                     group.create_task(self._prune(database))
 
     async def _stopper(self) -> None:
@@ -355,10 +361,22 @@ class _Worker:
         message = "starting the scheduled runs of %s failed: %s; trying again in %.1f s"
         await self._repeat(start, _warning(database, message, self.interval_s, self.interval_s))
 
+    async def _forget_schedules(self, database: _Database) -> None:
+        """No schedules here: forget, once, those that this registry's jobs had (a
+        registry that schedules nothing starts nothing, so once at start suffices)."""
+        try:
+            await start_scheduled_runs(database.store, self.registry, clock=self.clock)
+        except Exception as error:
+            _warning(database, "forgetting the removed schedules of %s failed: %s", 0.0)(error)
+
     async def _prune(self, database: _Database) -> None:
         async def prune() -> float:
             deleted = await prune_by_retention(
-                database.store, self.registry, prune_after=self.prune_after, sources=SYSTEM_SOURCES
+                database.store,
+                self.registry,
+                prune_after=self.prune_after,
+                prune_unregistered_after=self.prune_unregistered_after,
+                sources=SYSTEM_SOURCES,
             )
             if deleted:
                 log.info(
@@ -487,6 +505,7 @@ async def run_worker(
     on_health: HealthCallback | None = None,
     stop: asyncio.Event | None = None,
     prune_after: timedelta | None = None,
+    prune_unregistered_after: timedelta | None = None,
     schema: str | None = None,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
@@ -507,10 +526,8 @@ async def run_worker(
     schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
 
-    The registry's schedules are started at each slot (once per slot across any
-    number of workers). ``prune_after`` deletes finished runs that ended longer
-    ago than that (a job's ``keep_for`` wins for its own runs), at start and then
-    every ``PRUNE_INTERVAL_S``.
+    Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
+    registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
     """
     chosen = _worker_options(options, keywords)
     if not databases:
@@ -527,7 +544,8 @@ async def run_worker(
         on_health=on_health,
         stop=stop if stop is not None else asyncio.Event(),
         clock=timing,
-        prune_after=check_prune_after(prune_after),
+        prune_after=prune_after,
+        prune_unregistered_after=prune_unregistered_after,
     )
     async with contextlib.AsyncExitStack() as owned:
         for database in databases:

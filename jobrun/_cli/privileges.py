@@ -2,9 +2,11 @@
 
 The application role (the one workers and operators connect as, after an owner
 ran the migrations) needs USAGE on the schema, SELECT, INSERT, UPDATE and
-DELETE on the runs and the step ledger, SELECT, INSERT and UPDATE on the
-schedules table, and SELECT on jobrun's version table (every store reads it once
-to check the revision). SQLite has no grants.
+DELETE on the runs, the step ledger, the schedules table (a schedule removed
+from a registry loses its row), the retention table and the two limit tables
+(rate buckets, concurrency slots), and SELECT on jobrun's
+version table (every store reads it once to check the revision). SQLite has no
+grants.
 """
 
 from __future__ import annotations
@@ -12,14 +14,25 @@ from __future__ import annotations
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun.sql.schema import VERSION_TABLE, job_runs, job_schedules, job_steps
+from jobrun.sql.schema import (
+    VERSION_TABLE,
+    concurrency_slots,
+    job_retention,
+    job_runs,
+    job_schedules,
+    job_steps,
+    rate_buckets,
+)
 
 _DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
 NEEDED: dict[str, tuple[str, ...]] = {
     job_runs.name: _DML,
     job_steps.name: _DML,
-    # Slots are only ever inserted and moved forward, never deleted.
-    job_schedules.name: ("SELECT", "INSERT", "UPDATE"),
+    # Revision 0005: a schedule removed from its registry loses its row.
+    job_schedules.name: _DML,
+    job_retention.name: _DML,
+    rate_buckets.name: _DML,
+    concurrency_slots.name: _DML,
     VERSION_TABLE: ("SELECT",),
 }
 """Each of jobrun's tables and the privileges an application role needs on it."""

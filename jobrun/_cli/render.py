@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from jobrun._core.limits import RateLimitBucket
 from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
 
@@ -236,6 +237,20 @@ def lease_lines(run: JobRun, at: datetime) -> str:
     return text
 
 
+def waiting_text(run: JobRun) -> str | None:
+    """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
+    delay its last pass asked for (``RetryAfter``); else ``None``."""
+    if run.status != "running" or run.lease_driver is not None:
+        return None
+    if not run.deferrals or run.next_attempt_at is None:
+        return None
+    why = f"Retry-After: {run.deferred_reason}" if run.deferred_reason else "Retry-After"
+    text = f"waiting until {instant(run.next_attempt_at)} ({why})"
+    if run.deferrals > 1:
+        text += f"; deferred {run.deferrals} times in a row"
+    return text
+
+
 def _fields_table() -> Table:
     from rich.table import Table
 
@@ -266,7 +281,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")
     if run.lease_driver is None:
-        record.add_row("next attempt", instant(run.next_attempt_at) or "-")
+        record.add_row("next attempt", waiting_text(run) or instant(run.next_attempt_at) or "-")
     record.add_row("ended", instant(run.ended_at) or "-")
     record.add_row("lease", lease_lines(run, at))
     if run.decode_error:
@@ -308,4 +323,18 @@ def health_table(
         if registered is not None and (module_id, job) not in registered:
             note = "  (not registered by --app: nothing will run these)"
         table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
+    for bucket in health.rate_limits:
+        table.add_row(f"rate limit {bucket.key}", _bucket_text(bucket))
+    for key, held in health.concurrency_slots.items():
+        table.add_row(f"concurrency {key}", f"{held} in flight")
     return table
+
+
+def _bucket_text(bucket: RateLimitBucket) -> str:
+    """``50/s, burst 5: 2.4 tokens``, and who waits for how long when it is empty."""
+    text = f"{bucket.per_second:g}/s, burst {bucket.burst}: {bucket.tokens:.1f} tokens"
+    if bucket.waiting:
+        text += f", {bucket.waiting} waiting"
+    if bucket.empty_for_s > 0:
+        text += f", empty for {bucket.empty_for_s:.2f}s"
+    return text

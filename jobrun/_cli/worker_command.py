@@ -259,8 +259,19 @@ async def _work(
     type=Duration(),
     default=None,
     metavar="DURATION",
-    help="Delete finished runs that ended longer ago than this (30d, 12h, ...); "
-    "a job's keep_for wins for its runs. Checked at start and every 10 minutes.",
+    help="Delete finished runs of the app's jobs that ended longer ago than this "
+    "(30d, 12h, ...); a job's keep_for wins for its runs. Runs of jobs the app does "
+    "not register are kept (see --prune-unregistered-after). Checked at start and "
+    "every 10 minutes.",
+)
+@click.option(
+    "--prune-unregistered-after",
+    type=Duration(),
+    default=None,
+    metavar="DURATION",
+    help="Also delete finished runs of jobs this app does NOT register (other apps' "
+    "jobs, removed jobs) that ended longer ago than this; a job's keep_for recorded "
+    "by its own workers still wins when longer.",
 )
 @click.option(
     "--metrics-port",
@@ -321,6 +332,7 @@ def worker(
     concurrency: int,
     pass_timeout: float | None,
     prune_after: timedelta | None,
+    prune_unregistered_after: timedelta | None,
     metrics_port: int | None,
     metrics_host: str,
     log_level: str,
@@ -363,6 +375,7 @@ def worker(
             "concurrency": concurrency,
             "on_health": on_health,
             "prune_after": prune_after,
+            "prune_unregistered_after": prune_unregistered_after,
             "schema": schema,
         }
         graceful = _run(

@@ -104,6 +104,7 @@ async def job_run_health(
     counts = await store.health(now_at)
     dead = await dead_holders(store, now_at, None, sources.host)
     due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
+    limits = await store.limit_usage(now_at)
     waited_s = 0.0
     if counts.oldest_due_at is not None:
         waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
@@ -115,6 +116,8 @@ async def job_run_health(
         oldest_due_age_s=waited_s,
         due_by_job=due_by_job,
         orphaned=len(dead),
+        rate_limits=limits.buckets,
+        concurrency_slots=dict(limits.slots),
     )
 
 

@@ -43,6 +43,9 @@ def _count(report: JobDriveReport, run_id: str, outcome: PassOutcome) -> None:
         report.retrying += 1
     elif outcome.status == "failed":
         report.failed += 1
+    elif outcome.status == "deferred":
+        # Not a failure: no error, and the lease is already given back.
+        report.deferred += 1
     else:
         # A lost lease is the new holder's business: counted here, nowhere else.
         report.superseded += 1
@@ -234,6 +237,7 @@ class _Drive:
             timeout_s=options.pass_timeout_s,
             # On only when asked: run_worker asks unless told not to (see DriveOptions).
             guard=sources.guard(clock) if options.watchdog is True else None,
+            limits=registry.limits,
         )
         self.report = JobDriveReport()
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
 from jobrun._core.records import RunKey
-from jobrun.errors import LeaseLostError, StepFailedError, safe_message
+from jobrun.errors import LeaseLostError, RetryAfter, StepFailedError, safe_message
 
 PassOutcomeName: TypeAlias = Literal[
-    "advanced", "completed", "retrying", "failed", "superseded", "interrupted"
+    "advanced", "completed", "retrying", "failed", "superseded", "deferred", "interrupted"
 ]
-StepOutcomeName: TypeAlias = Literal["ran", "memo", "failed", "lost", "error"]
+StepOutcomeName: TypeAlias = Literal["ran", "memo", "failed", "lost", "deferred", "error"]
 
 PASS_LOGGER = "jobrun.pass"
 STEP_LOGGER = "jobrun.step"
@@ -54,8 +54,8 @@ class PassStart:
 class StepEnd:
     """One ``step()`` call, finished: ``ran`` (its body ran and its result was stored),
     ``memo`` (answered from the ledger), ``failed`` (body raised or attempts were
-    spent), ``lost`` (the lease was gone), ``error`` (refused: reused name, bad argument,
-    or cancelled)."""
+    spent), ``lost`` (the lease was gone), ``deferred`` (the body raised ``RetryAfter``:
+    no attempt recorded), ``error`` (refused: reused name, bad argument, or cancelled)."""
 
     name: str
     outcome: StepOutcomeName
@@ -159,6 +159,8 @@ class PassProbe:
                 end = StepEnd(name, "failed", error.attempts, elapsed, str(error))
             elif isinstance(error, LeaseLostError):
                 end = StepEnd(name, "lost", 0, elapsed, str(error))
+            elif isinstance(error, RetryAfter):
+                end = StepEnd(name, "deferred", 0, elapsed, str(error))
             else:
                 text = f"{type(error).__name__}: {safe_message(error)}"
                 end = StepEnd(name, "error", 0, elapsed, text)

@@ -8,6 +8,9 @@ token (the rows they write are built in :mod:`jobrun._core.transitions`):
 * :func:`record_failure`: one attempt charged, retried after a backoff or
   failed for good, the lease given up;
 * :func:`fail_run`: the run failed without a pass, for a reason the driver found;
+* :func:`defer`: the handler raised ``RetryAfter``: the lease given up, nothing
+  committed or charged, the run due again after the delay it asked for (or
+  failed, past its job's ``max_deferrals``);
 * :func:`hand_back`: the lease given up and nothing else (a pass interrupted,
   a drive asked to stop between passes).
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Literal
 
 from jobrun._core.clock import Clock
@@ -32,6 +36,8 @@ from jobrun._core.results import KEEP_CURSOR, counters_text, cursor_text, interp
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.transitions import (
     committed_patch,
+    deferrals_exceeded_reason,
+    deferred_patch,
     failed_patch,
     pass_failure_patch,
     patched,
@@ -40,6 +46,7 @@ from jobrun._core.transitions import (
 )
 from jobrun.errors import (
     HandlerMistakeError,
+    RetryAfter,
     StepFailedError,
     StepReusedError,
     describe_exception,
@@ -51,7 +58,7 @@ MAX_ERROR_TEXT_BYTES = 8 * 1024
 
 @dataclass(frozen=True, slots=True)
 class PassOutcome:
-    status: Literal["advanced", "completed", "retrying", "failed", "superseded"]
+    status: Literal["advanced", "completed", "retrying", "failed", "superseded", "deferred"]
     error: str | None = None
     # After an advancing commit that kept the lease: the row as now stored, so
     # the next pass needs no read, and when the commit that wrote its lease was
@@ -192,3 +199,30 @@ async def record_failure(
     if not await _release_write(store, row.id, patch, lease):
         return PassOutcome("superseded", text)
     return PassOutcome("failed" if exhausted else "retrying", text)
+
+
+async def defer(
+    store: JobRunStore,
+    clock: Clock,
+    row: RunRow,
+    lease: Lease,
+    deferral: RetryAfter,
+    max_deferrals: int,
+) -> PassOutcome:
+    """End a pass that raised ``RetryAfter``: due again ``deferral.seconds`` from now.
+
+    Nothing is committed and nothing charged; the ledger stays, so the next pass
+    replays the steps that finished in this one. The deferral past
+    ``max_deferrals`` in a row fails the run instead.
+    """
+    now = clock.now()
+    if row.deferrals >= max_deferrals:
+        reason = deferrals_exceeded_reason(row.deferrals, max_deferrals, deferral.reason)
+        return await fail_run(store, row, cap_error_text(reason), lease, clock)
+    # On the store's clock (the drive's clock is aligned to it), like every due time.
+    due_at = format_instant(now + timedelta(seconds=deferral.seconds))
+    patch = deferred_patch(row, deferral.reason, format_instant(now), due_at)
+    if not await _release_write(store, row.id, patch, lease):
+        return PassOutcome("superseded")
+    # The text is for the pass's observers (its log line); no error is counted.
+    return PassOutcome("deferred", describe_exception(deferral))

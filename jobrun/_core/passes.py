@@ -38,10 +38,19 @@ from jobrun._core.formats import (
     is_count,
 )
 from jobrun._core.lease import BodyGuard, Lease, LeaseKeeper
+from jobrun._core.limit_gate import HeldSlot, LimitGate
+from jobrun._core.limits import LimitDeclarations, StepLimits
 from jobrun._core.mapping import DEFAULT_CONCURRENCY, plan_map, run_map
 from jobrun._core.names import name_problem, shown_name
 from jobrun._core.observe import PassProbe
-from jobrun._core.outcomes import PassOutcome, cap_error_text, commit, hand_back, record_failure
+from jobrun._core.outcomes import (
+    PassOutcome,
+    cap_error_text,
+    commit,
+    defer,
+    hand_back,
+    record_failure,
+)
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunKey, RunRow, StepRow
 from jobrun._core.refusals import is_int, mistake
@@ -58,6 +67,7 @@ from jobrun.errors import (
     JobRunError,
     LeaseLostError,
     PassTimeoutError,
+    RetryAfter,
     StepFailedError,
     StepReusedError,
     describe_exception,
@@ -86,7 +96,8 @@ class PassSettings:
 
     ``random`` draws retry jitter; ``mint_id`` makes the fresh token of a lease
     handed on to the next pass; ``timeout_s`` is the pass budget (``None``: no
-    budget); ``guard`` watches step bodies the lease keeper cannot cancel.
+    budget); ``guard`` watches step bodies the lease keeper cannot cancel;
+    ``limits`` are the registry's rate and concurrency limits (``None``: none).
     """
 
     store: JobRunStore
@@ -96,6 +107,7 @@ class PassSettings:
     open_scope: OpenScope
     timeout_s: float | None = None
     guard: BodyGuard | None = None
+    limits: LimitDeclarations | None = None
 
 
 class _ReadOnlyCounters(Mapping[str, int | float]):
@@ -148,9 +160,10 @@ class JobPass:
 
     Do:
 
-    * ``await p.step(name, fn, retry=None)``: run ``fn`` (sync, or returning an
-      awaitable) once; its result is stored as JSON before ``step`` returns, and
-      a later pass of the same cursor gets the stored result without calling it.
+    * ``await p.step(name, fn, retry=None, *, rate_limit=None, concurrency_limit=None)``:
+      run ``fn`` (sync, or returning an awaitable) once; its result is stored as
+      JSON before ``step`` returns, and a later pass of the same cursor gets the
+      stored result without calling it.
     * ``await p.map(fn, items, name=..., concurrency=8)``: ``fn(item)`` as step
       ``name(item)`` for each item, at most ``concurrency`` at once, results in
       item order (see the method). Steps may also run side by side with
@@ -204,6 +217,9 @@ class JobPass:
         self._scope_task: asyncio.Future[Any] | None = None
         self._lease = keeper.lease
         self._keeper = keeper
+        self._gate = LimitGate(
+            settings.limits or LimitDeclarations(), self._store, self._clock, keeper, self.run.id
+        )
         self._probe = probe
         # Step coroutines handed out but not started yet, by call number.
         self._unstarted: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = {}
@@ -294,6 +310,9 @@ class JobPass:
         name: str,
         fn: Callable[[], Any],
         retry: RetryPolicy | None = None,
+        *,
+        rate_limit: str | None = None,
+        concurrency_limit: str | None = None,
     ) -> Awaitable[Any]:
         """Run ``fn`` once for this pass, or return the result it already committed; await it.
 
@@ -309,6 +328,13 @@ class JobPass:
         inherited). The retried pass replays the steps that completed and calls
         this one again; once its attempts are spent the run ends ``failed``.
         A result JSON cannot store fails the run at once (the body is not rerun).
+
+        ``rate_limit`` names a rate limit declared on the registry: the body waits
+        for one of its tokens. ``concurrency_limit`` is a key (computed by the
+        handler) that a declared prefix covers: the body waits until fewer bodies
+        than the limit run under that key, on every driver. Both are taken only
+        when the body is about to run, never for a step the ledger answers; an
+        undeclared name fails the run at once.
         """
         if not isinstance(name, str):
             raise mistake("step", f"a step name must be a str, got {type(name).__name__}")
@@ -321,9 +347,10 @@ class JobPass:
             raise mistake(
                 "step", f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}"
             )
+        limits = self._gate.resolve(name, rate_limit, concurrency_limit)
         number = self._step_calls
         self._step_calls = number + 1
-        running = self._started_step(number, name, fn, retry)
+        running = self._started_step(number, name, fn, retry, limits)
         self._unstarted[number] = (name, running)
         return running
 
@@ -361,14 +388,19 @@ class JobPass:
         return await run_map(self.step, plan)
 
     async def _started_step(
-        self, number: int, name: str, fn: Callable[[], Any], retry: RetryPolicy | None
+        self,
+        number: int,
+        name: str,
+        fn: Callable[[], Any],
+        retry: RetryPolicy | None,
+        limits: StepLimits,
     ) -> Any:
         del self._unstarted[number]
         probe = self._probe
         if probe is None:
-            return await self._step(name, fn, retry)
+            return await self._step(name, fn, retry, limits)
         return await probe.around_step(
-            name, lambda: self._step(name, fn, retry), lambda: self._attempt_of(name)
+            name, lambda: self._step(name, fn, retry, limits), lambda: self._attempt_of(name)
         )
 
     def _close_unawaited_steps(self) -> HandlerMistakeError | None:
@@ -394,7 +426,9 @@ class JobPass:
             return None
         return (prior.attempts if prior is not None else 0) + 1
 
-    async def _step(self, name: str, fn: Callable[[], Any], retry: RetryPolicy | None) -> Any:
+    async def _step(
+        self, name: str, fn: Callable[[], Any], retry: RetryPolicy | None, limits: StepLimits
+    ) -> Any:
         # The reuse check comes first: it also catches a name whose first call failed.
         if name in self._used:
             raise StepReusedError(name)
@@ -417,8 +451,14 @@ class JobPass:
         if prior is not None and prior.attempts >= policy.max_attempts:
             # Spent: nothing is called and nothing is written.
             raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
+        # The step's slot and token: only now that its body is about to run.
+        held = await self._gate.enter(limits, name)
         try:
-            value = await self._body(fn)
+            value = await self._body(fn, held)
+        except RetryAfter:
+            # Not a failed attempt: nothing is recorded, and the pass is deferred
+            # unless the handler catches it.
+            raise
         except Exception as error:
             cause = cap_error_text(describe_exception(error))
             # Written before raising so the next pass knows how many attempts were spent.
@@ -443,8 +483,9 @@ class JobPass:
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else json.loads(stored)
 
-    async def _body(self, fn: Callable[[], Any]) -> Any:
-        """Run a step body, watched by the guard (if any) until it ends."""
+    async def _body(self, fn: Callable[[], Any], held: HeldSlot | None = None) -> Any:
+        """Run a step body, watched by the guard (if any) until it ends; then let go
+        of its concurrency slot (if ``held``), however it ended."""
         guard = self._keeper.guard
         entered = (
             None if guard is None else guard.enter(self._keeper.kill_at_s, self._keeper.presence_fd)
@@ -457,6 +498,8 @@ class JobPass:
         finally:
             if guard is not None:
                 guard.leave(entered)
+            if held is not None:
+                await held.release()
 
     async def _record(self, row: StepRow) -> None:
         if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
@@ -578,6 +621,8 @@ async def run_job_pass(
             # hold the lease: handed back, so any driver may take the run at once.
             await hand_back(store, row, lease)
         return PassOutcome("superseded")
+    except RetryAfter as deferral:
+        return await defer(store, clock, row, lease, deferral, job.max_deferrals)
     except UserExit as escaped:
         outcome = await _failed(settings, row, lease, job_policy, escaped.failure)
         return replace(outcome, raised=escaped.raised)
@@ -626,6 +671,8 @@ async def _call_handler(
     """
     # On the pass's clock, so a test clock can run out a long budget at once.
     budget = clock.timeout(timeout_s)
+    # A wait for a rate-limit token moves this deadline on (see limit_gate).
+    context._gate.budget = budget if timeout_s is not None else None
     try:
         async with keeper, budget:
             result = handler(context)

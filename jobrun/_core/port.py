@@ -8,11 +8,12 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from jobrun._core.fair import ClaimTurns
+from jobrun._core.limits import LimitUsage
 from jobrun._core.orphans import OrphanScans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.records import (
@@ -194,6 +195,46 @@ class JobRunStore(Protocol):
         its place, and a claimer may be taking this one over)."""
         ...
 
+    async def take_token(self, key: str, per_second: float, burst: int) -> float:
+        """Reserve the next token of rate limit ``key``; the seconds until it is the
+        caller's (``0.0``: now).
+
+        The bucket (created full at the first take) holds ``burst`` tokens at most
+        and refills at ``per_second`` on the DATABASE's clock, read inside the one
+        atomic write that refills and takes (never a caller's clock), so takers on
+        any number of hosts, whatever their clocks, are never issued more than
+        ``burst + per_second * t`` tokens due within any ``t`` seconds. Refill counts
+        whole milli-tokens (:func:`jobrun._core.limits.refilled`). Every take
+        reserves: below zero the bucket queues takers in the order they asked,
+        each told how long until its token refills. ``per_second`` and ``burst``
+        are the caller's declaration, stored with the bucket for health.
+        """
+        ...
+
+    async def give_back_token(self, key: str, burst: int) -> None:
+        """Return a token reserved by :meth:`take_token` that will not be used (a
+        wait too long for the pass): one token more, ``burst`` at most."""
+        ...
+
+    async def acquire_slot(
+        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+    ) -> bool:
+        """Take a slot of concurrency key ``key`` for step ``step`` of run ``run_id``
+        under lease ``token`` if fewer than ``most`` slots of ``key`` count now;
+        whether it was taken.
+
+        A slot counts while its token is still its run's lease and that lease has
+        not expired by ``now_at`` (:func:`jobrun._core.predicates.slot_counts`): a
+        holder that died, lost its lease or ended its pass frees its slots with no
+        write. The count and the insert are one atomic decision across
+        connections, processes and hosts."""
+        ...
+
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
+        """Let go of the slot :meth:`acquire_slot` took; slots of ``key`` that no
+        longer count by ``now_at`` are deleted on the way (nothing else cleans them)."""
+        ...
+
 
 class OperatorStore(JobRunStore, Protocol):
     """What operators do by hand. Every action is conditional on the run's status."""
@@ -203,6 +244,12 @@ class OperatorStore(JobRunStore, Protocol):
         the run that has waited longest. Due means due by ``now_at`` and either
         not leased or leased under an expired lease (whose expiry is then its
         due instant); leased means held by a lease that has not expired."""
+        ...
+
+    async def limit_usage(self, now_at: str) -> LimitUsage:
+        """Every rate-limit bucket as it stands on the database's clock now (rate,
+        burst, tokens, takers waiting), and the slots that count at ``now_at`` per
+        concurrency key."""
         ...
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
@@ -252,6 +299,19 @@ class OperatorStore(JobRunStore, Protocol):
         """
         ...
 
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        """Record each ``(module_id, job)``'s own retention (its ``keep_for``) in whole
+        seconds (``updated_at`` ``at``), replacing what was recorded; ``None`` deletes
+        the job's record. One transaction. Read by workers that do not register the
+        job (see :mod:`jobrun._core.retention`)."""
+        ...
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        """Every recorded retention, in seconds, whichever registry recorded it."""
+        ...
+
 
 class ScheduleStore(JobRunStore, Protocol):
     """Where each schedule's progress is kept, so a slot is started once across hosts."""
@@ -264,16 +324,29 @@ class ScheduleStore(JobRunStore, Protocol):
         """Insert each row whose key has none yet; existing rows are left as they are."""
         ...
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        """Make the stored row of ``schedule``'s key ``schedule`` (a new cron, counted from
+        its ``last_slot_at``) only if its cron is still ``stored_cron`` (``None``
+        matches a NULL cron), in one conditional write; whether it was written. Of
+        callers who read the same row, one at most resets it."""
+        ...
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        """Delete the rows of these ``(module_id, job, schedule)`` keys; a missing one is
+        no error."""
+        ...
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
         """Take a slot and start its run, atomically; ``None`` when the slot was not free.
 
         ``schedule.last_slot_at`` is the slot. When the stored row of the same key
-        has an earlier ``last_slot_at``, it becomes ``schedule`` (its
-        ``last_run_id`` the run's id) and ``row`` is started as by
-        :meth:`start_or_join` (joining a live run of its key: then the live run
+        has the same ``cron`` and an earlier ``last_slot_at``, it becomes
+        ``schedule`` (its ``last_run_id`` the run's id) and ``row`` is started as
+        by :meth:`start_or_join` (joining a live run of its key: then the live run
         is returned, with ``False``, and becomes ``last_run_id``), in one
-        transaction. Otherwise (another caller took this slot or a later one, or
-        the schedule has no row) nothing is written. Of any number of callers
-        on any number of hosts, one at most gets a slot, even after its run ended.
+        transaction. Otherwise (another caller took this slot or a later one, the
+        row counts another cron's slots, or the schedule has no row) nothing is
+        written. Of any number of callers on any number of hosts, one at most
+        gets a slot, even after its run ended.
         """
         ...

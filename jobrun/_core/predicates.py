@@ -52,6 +52,12 @@ def is_leased(row: RunRow, now_at: str) -> bool:
     return is_live(row) and row.lease_owner is not None and due_at(row) > now_at
 
 
+def slot_counts(row: RunRow | None, token: str, now_at: str) -> bool:
+    """A concurrency slot taken under lease ``token`` of run ``row`` counts: the token
+    is still the run's lease and that lease has not expired by ``now_at``."""
+    return row is not None and is_leased(row, now_at) and row.lease_owner == token
+
+
 def is_stranded(row: RunRow, now_at: str) -> bool:
     """Due, yet still carrying the lease that expired (its holder stopped renewing)."""
     return is_due(row, now_at) and row.lease_owner is not None

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobrun._core.formats import MalformedColumnError, decode_counters, decode_json, parse_instant
+from jobrun._core.limits import RateLimitBucket
 from jobrun._core.refusals import checked_int, checked_number, refuse
 
 JOB_RUN_LIST_LIMIT = 50
@@ -55,6 +56,9 @@ class RunRow:
     # on), and the passes committed so far (the idempotency keys' pass number).
     lease_epoch: int = 0
     passes_committed: int = 0
+    # Revision 0005: the passes deferred in a row (RetryAfter) and the last one's reason.
+    deferrals: int = 0
+    deferred_reason: str | None = None
     # Revision 0006: 1 when an operator cancelled the run (see predicates.is_cancelled).
     cancelled: int = 0
 
@@ -65,7 +69,9 @@ class RunPatch:
 
     The lease fields are part of it: an outcome either hands the lease on to the
     next pass of the same driver or clears it. So are ``lease_epoch`` and
-    ``passes_committed``: an outcome writes them back as read, or one higher.
+    ``passes_committed``: an outcome writes them back as read, or one higher;
+    and ``deferrals`` and ``deferred_reason``: one more (and the reason) after a
+    deferred pass, 0 and ``None`` after a commit or a failure.
     """
 
     status: str
@@ -82,6 +88,8 @@ class RunPatch:
     lease_takeovers: int = 0
     lease_epoch: int = 0
     passes_committed: int = 0
+    deferrals: int = 0
+    deferred_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +122,8 @@ class ScheduleRow:
     """One ``_substrat_job_schedules`` row: how far a schedule has got (times as stored text).
 
     ``schedule`` is the instance its runs share, or ``''`` when each slot's run
-    has its own instance.
+    has its own instance. ``cron`` is the expression whose slots ``last_slot_at``
+    counts (``None`` on rows written before revision 0005).
     """
 
     module_id: str
@@ -123,6 +132,7 @@ class ScheduleRow:
     last_slot_at: str
     last_run_id: str | None
     updated_at: str
+    cron: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +198,11 @@ class JobRun:
     ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
     lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
     passes it has committed; both read 0 on a run no jobrun of revision 0004 or
+    later has touched. ``deferrals`` counts the passes in a row that ended
+    ``deferred`` (a handler or step raised ``RetryAfter``) and ``deferred_reason``
+    is the last one's reason; a commit or a failure sets them back to 0 and
+    ``None``. A running run with deferrals and no lease waits until
+    ``next_attempt_at``.
     later has touched. ``cancelled`` says a ``failed`` run was cancelled by an
     operator (revision 0006; runs cancelled before it are marked by its migration).
 
@@ -217,6 +232,8 @@ class JobRun:
     priority: int = 0
     lease_epoch: int = 0
     passes_committed: int = 0
+    deferrals: int = 0
+    deferred_reason: str | None = None
     lease_began_at: datetime | None = None
     cancelled: bool = False
 
@@ -254,6 +271,11 @@ class JobRunHealth:
       (filled when asked for with ``by_job=True``, else empty).
     * ``orphaned``: of the leased runs, those whose holder is provably dead (a
       driver takes them over at its next claim, before their lease expires).
+    * ``rate_limits``: each rate-limit bucket of this database
+      (:class:`jobrun.RateLimitBucket`: key, rate, burst, tokens now, takers
+      waiting, seconds until a token is free), on the database's clock.
+    * ``concurrency_slots``: ``{key: slots held}``, the step bodies in flight now
+      per concurrency key (keys with none left out).
     """
 
     running: int
@@ -263,6 +285,8 @@ class JobRunHealth:
     oldest_due_age_s: float
     due_by_job: dict[tuple[str, str], int] = field(default_factory=dict)
     orphaned: int = 0
+    rate_limits: tuple[RateLimitBucket, ...] = ()
+    concurrency_slots: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -282,7 +306,7 @@ class JobDriveReport:
 
     ``attempted`` counts RUNS; every other number counts PASSES (with
     ``max_passes > 1`` one run can have several), so ``advanced + completed +
-    retrying + failed + superseded`` may exceed ``attempted``.
+    retrying + failed + superseded + deferred`` may exceed ``attempted``.
 
     * ``attempted``: runs claimed (leased) by this call, each counted once.
     * ``advanced``: passes that committed and left the run ``running``.
@@ -293,6 +317,8 @@ class JobDriveReport:
       their leases kept expiring (``max_takeovers``).
     * ``superseded``: passes that stopped because the run was no longer theirs
       (lease taken over, or cancelled or released by an operator).
+    * ``deferred``: passes that ended by raising ``RetryAfter``: nothing
+      committed or charged, the run due again after the delay it asked for.
     * ``errors``: one entry per ``retrying`` or ``failed`` pass: the run id and
       the error text stored as its ``last_error``.
     """
@@ -303,6 +329,7 @@ class JobDriveReport:
     retrying: int = 0
     failed: int = 0
     superseded: int = 0
+    deferred: int = 0
     errors: list[DriveError] = field(default_factory=list)
 
 
@@ -370,6 +397,8 @@ def job_run_of(row: RunRow) -> JobRun:
         priority=row.priority,
         lease_epoch=row.lease_epoch,
         passes_committed=row.passes_committed,
+        deferrals=row.deferrals,
+        deferred_reason=row.deferred_reason,
         lease_began_at=lease_began_at if leased else None,
         cancelled=is_cancelled(row),
     )

@@ -8,11 +8,13 @@ from datetime import timedelta
 from typing import Any
 
 from jobrun._core.lease import DEFAULT_LEASE_MS, DEFAULT_MAX_TAKEOVERS, check_lease_ms
+from jobrun._core.limits import LimitDeclarations, concurrency_limit, rate_limit
 from jobrun._core.names import require_name
 from jobrun._core.passes import Handler
 from jobrun._core.refusals import checked_int, refuse, refuse_type, type_name
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.schedules import Schedule, make_schedule
+from jobrun._core.transitions import DEFAULT_MAX_DEFERRALS
 from jobrun.errors import JobConflictError
 
 
@@ -26,6 +28,7 @@ class RegisteredJob:
     max_takeovers: int = DEFAULT_MAX_TAKEOVERS
     max_concurrent: int | None = None
     keep_for: timedelta | None = None
+    max_deferrals: int = DEFAULT_MAX_DEFERRALS
 
 
 def _check_max_concurrent(value: object) -> int | None:
@@ -66,6 +69,8 @@ class JobRegistry:
     def __init__(self) -> None:
         self._jobs: dict[tuple[str, str], RegisteredJob] = {}
         self._schedules: dict[tuple[str, str, str], Schedule] = {}
+        self.limits = LimitDeclarations()
+        """The rate and concurrency limits declared here, which steps name."""
 
     def register(
         self,
@@ -78,6 +83,7 @@ class JobRegistry:
         max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
         max_concurrent: int | None = None,
         keep_for: timedelta | None = None,
+        max_deferrals: int = DEFAULT_MAX_DEFERRALS,
     ) -> None:
         """Register ``handler`` for a job; registering the same pair twice is an error.
 
@@ -89,6 +95,9 @@ class JobRegistry:
         across every driver of a database (the claim enforces it).
         ``keep_for`` is how long the worker keeps this job's finished runs
         (instead of its ``prune_after``, if any).
+        ``max_deferrals`` is how many passes in a row a run may end by raising
+        :class:`~jobrun.RetryAfter` (an int of at least 0, default 100); the
+        one after that fails the run, saying so in ``last_error``.
         """
         require_name(module_id, "module_id")
         require_name(name, "name")
@@ -105,6 +114,8 @@ class JobRegistry:
             raise refuse("max_takeovers", f"must not be negative, got {max_takeovers}")
         limit = _check_max_concurrent(max_concurrent)
         kept = _check_keep_for(keep_for)
+        if checked_int(max_deferrals, "max_deferrals") < 0:
+            raise refuse("max_deferrals", f"must not be negative, got {max_deferrals}")
         key = (module_id, name)
         if key in self._jobs:
             raise JobConflictError(
@@ -112,7 +123,7 @@ class JobRegistry:
                 "job_already_registered",
             )
         self._jobs[key] = RegisteredJob(
-            module_id, name, handler, retry, lease_ms, max_takeovers, limit, kept
+            module_id, name, handler, retry, lease_ms, max_takeovers, limit, kept, max_deferrals
         )
 
     def job(
@@ -125,6 +136,7 @@ class JobRegistry:
         max_takeovers: int = DEFAULT_MAX_TAKEOVERS,
         max_concurrent: int | None = None,
         keep_for: timedelta | None = None,
+        max_deferrals: int = DEFAULT_MAX_DEFERRALS,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`; returns the function unchanged."""
 
@@ -138,6 +150,7 @@ class JobRegistry:
                 max_takeovers=max_takeovers,
                 max_concurrent=max_concurrent,
                 keep_for=keep_for,
+                max_deferrals=max_deferrals,
             )
             return handler
 
@@ -176,6 +189,29 @@ class JobRegistry:
                 "schedule_already_registered",
             )
         self._schedules[made.key] = made
+
+    def rate_limit(
+        self, key: str, *, per_second: float, burst: int = 1, store: object = None
+    ) -> None:
+        """Declare rate limit ``key``: step bodies that name it (``p.step(...,
+        rate_limit=key)``) start at most ``per_second`` a second, ``burst`` at once
+        after a lull, counted across every driver on every host.
+
+        The bucket is a row in a database, refilled on that database's clock: by
+        default the database of the run being driven; ``store`` (a store, e.g.
+        ``SqlJobRunStore`` on one shared database) names where it lives, for a limit
+        shared by runs kept in many databases (one per scope). Declaring the same
+        key again with the same rate is accepted; with another rate it is refused.
+        """
+        self.limits.declare_rate(rate_limit(key, per_second, burst, store))
+
+    def concurrency_limit(self, prefix: str, most: int) -> None:
+        """Declare that at most ``most`` step bodies run at once under each key that
+        starts with ``prefix`` (``p.step(..., concurrency_limit=f"tenant-{tid}")``),
+        across every driver on every host; the longest declared prefix of a key is
+        the one that applies. The same prefix with another ``most`` is refused.
+        """
+        self.limits.declare_concurrency(concurrency_limit(prefix, most))
 
     def schedules(self) -> list[Schedule]:
         """Every schedule, in the order they were added."""

@@ -4,8 +4,8 @@ Every change to a run is built here, with no I/O: what a claim writes (a fresh
 lease, or the takeover of an expired or dead holder's lease with its accounting
 and the text users see in ``last_error``), what an operator's cancel, resume and
 release write, and the row a pass's holder writes when the pass ends (a commit,
-a failure, a hand-back; :mod:`jobrun._core.outcomes` sends those writes, fenced
-on the holder's lease, and reads their answers).
+a failure, a deferral, a hand-back; :mod:`jobrun._core.outcomes` sends those
+writes, fenced on the holder's lease, and reads their answers).
 
 A claim's new state depends on the row it found, so a store reads the chosen
 row, asks :func:`claim_transition`, and writes the answer fenced on every value
@@ -180,6 +180,10 @@ _UNLEASED: tuple[tuple[str, Value], ...] = (
 )
 
 
+# A run that ends or starts over counts no deferrals (see deferred_patch).
+_NOT_DEFERRED: tuple[tuple[str, Value], ...] = (("deferrals", 0), ("deferred_reason", None))
+
+
 def cancel_transition(reason: str, at: str) -> RunChange:
     """A running run fails now with ``reason``; its lease goes, so the holder's next
     write is refused (its ledger is kept for a resume)."""
@@ -192,12 +196,13 @@ def cancel_transition(reason: str, at: str) -> RunChange:
             ("ended_at", at),
             ("cancelled", 1),
             *_UNLEASED,
+            *_NOT_DEFERRED,
         ),
     )
 
 
 def resume_transition(at: str, counters: str | None = None) -> RunChange:
-    """A failed run runs again, due at once, with no attempts or takeovers counted;
+    """A failed run runs again, due at once, with no attempts, takeovers or deferrals counted;
     ``counters`` (when given) replace the stored ones. The store also gives the
     failed ledger rows their attempts back."""
     values: tuple[tuple[str, Value], ...] = (
@@ -208,6 +213,7 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
         ("ended_at", None),
         ("cancelled", 0),
         *_UNLEASED,
+        *_NOT_DEFERRED,
     )
     if counters is not None:
         values += (("counters", counters),)
@@ -236,6 +242,8 @@ def unleased(row: RunRow) -> RunPatch:
         lease_takeovers=row.lease_takeovers,
         lease_epoch=row.lease_epoch,
         passes_committed=row.passes_committed,
+        deferrals=row.deferrals,
+        deferred_reason=row.deferred_reason,
     )
 
 
@@ -271,6 +279,9 @@ def committed_patch(
         lease_takeovers=0,
         lease_epoch=row.lease_epoch + 1 if kept else row.lease_epoch,
         passes_committed=row.passes_committed + 1,
+        # Defaults of RunPatch, spelled out: a commit ends the deferrals in a row.
+        deferrals=0,
+        deferred_reason=None,
     )
 
 
@@ -284,7 +295,15 @@ def patched(row: RunRow, patch: RunPatch) -> RunRow:
 
 def failed_patch(row: RunRow, reason: str, at: str) -> RunPatch:
     """A held run that ends ``failed`` now, for ``reason``, its lease given up."""
-    return replace(unleased(row), status=FAILED, last_error=reason, updated_at=at, ended_at=at)
+    return replace(
+        unleased(row),
+        status=FAILED,
+        last_error=reason,
+        updated_at=at,
+        ended_at=at,
+        deferrals=0,
+        deferred_reason=None,
+    )
 
 
 def pass_failure_patch(row: RunRow, text: str, at: str, next_attempt_at: str | None) -> RunPatch:
@@ -307,4 +326,34 @@ def pass_failure_patch(row: RunRow, text: str, at: str, next_attempt_at: str | N
         lease_takeovers=row.lease_takeovers,
         lease_epoch=row.lease_epoch,
         passes_committed=row.passes_committed,
+        # A failure, retried or not, ends the deferrals in a row.
+        deferrals=0,
+        deferred_reason=None,
+    )
+
+
+DEFAULT_MAX_DEFERRALS = 100
+"""How many passes in a row a run may defer (``RetryAfter``) before it fails."""
+
+
+def deferred_patch(row: RunRow, reason: str, at: str, due_at: str) -> RunPatch:
+    """The row after a pass that raised ``RetryAfter``: given back as a hand-back
+    gives it (nothing committed, no attempt or takeover charged, the ledger
+    kept), but due again only at ``due_at``, one more deferral counted, and its
+    ``reason`` kept for the console."""
+    return replace(
+        unleased(row),
+        updated_at=at,
+        next_attempt_at=due_at,
+        deferrals=row.deferrals + 1,
+        deferred_reason=reason,
+    )
+
+
+def deferrals_exceeded_reason(deferrals: int, max_deferrals: int, reason: str) -> str:
+    """``last_error`` of a run failed because it would defer once more than its limit."""
+    last = f" (last reason: {reason})" if reason else ""
+    return (
+        f"RetryAfter: the run was deferred {deferrals} times in a row and asked to be "
+        f"deferred again; the limit is {max_deferrals} (the job's max_deferrals){last}"
     )

@@ -15,14 +15,15 @@ from typing import Literal
 
 from jobrun._core.records import JobRun
 
-WaitKind = Literal["leased", "stranded", "backoff", "later", "due"]
+WaitKind = Literal["leased", "stranded", "backoff", "deferred", "later", "due"]
 
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """``kind``: leased (a pass in flight, ``at`` its lease's expiry), stranded (the
     lease expired at ``at`` and nobody took it over yet), backoff (a failed pass is
-    retried at ``at``), later (the run is due again at ``at`` for another reason:
+    retried at ``at``), deferred (a pass raised ``RetryAfter``: due again at ``at``),
+    later (the run is due again at ``at`` for another reason:
     a pass asked to wait), due (``at``: since when it waits for a driver).
     ``reason`` says why, in a few words."""
 
@@ -44,6 +45,9 @@ def waiting_of(run: JobRun, now: datetime) -> Waiting | None:
         return Waiting("stranded", run.lease_expires_at, "its holder stopped renewing")
     due = run.next_attempt_at
     if due is not None and due > now:
+        if run.deferrals:
+            why = f"Retry-After: {run.deferred_reason}" if run.deferred_reason else "Retry-After"
+            return Waiting("deferred", due, why)
         if run.attempts > 0 and run.last_error:
             reason = f"backoff after failed attempt {run.attempts}"
             return Waiting("backoff", due, reason)

@@ -162,10 +162,12 @@ class _FakeDeadline:
         self._seconds = seconds
         self._inner = asyncio.timeout(None)
         self._timer: int | None = None
+        self._target_ns = 0
 
     async def __aenter__(self) -> _FakeDeadline:
         await self._inner.__aenter__()
         if self._seconds is not None:
+            self._target_ns = self._clock._elapsed_ns + _nanoseconds(self._seconds)
             self._timer = self._clock._call_after(self._seconds, self._expire)
         return self
 
@@ -186,3 +188,18 @@ class _FakeDeadline:
 
     def expired(self) -> bool:
         return self._inner.expired()
+
+    def remaining_s(self) -> float | None:
+        """Seconds left on the clock before the deadline (``None``: no deadline)."""
+        if self._seconds is None:
+            return None
+        return self._target_ns / 1e9 - self._clock.monotonic()
+
+    def extend(self, seconds: float) -> None:
+        """Move the deadline ``seconds`` later (a rate-limit wait is not the body's time)."""
+        if self._seconds is None or self._timer is None:
+            return
+        self._clock._cancel(self._timer)
+        self._target_ns += _nanoseconds(seconds)
+        wait_s = self._target_ns / 1e9 - self._clock.monotonic()
+        self._timer = self._clock._call_after(wait_s, self._expire)

@@ -45,7 +45,7 @@ class IdleReport:
 
     def outcomes(self) -> list[str]:
         """Each pass's outcome in order: ``advanced``, ``completed``, ``retrying``,
-        ``failed``, ``superseded`` or ``interrupted`` (a crash)."""
+        ``failed``, ``superseded``, ``deferred`` or ``interrupted`` (a crash)."""
         return [record.end.outcome for record in self.passes]
 
 
@@ -99,14 +99,15 @@ async def drive_until_idle(
 ) -> IdleReport:
     """Call ``run_due_jobs`` until no run of ``registry`` is due, now or later.
 
-    With a :class:`FakeClock` the clock is moved to each retry's backoff or a dead
-    pass's lease expiry, so retries and takeovers run without waiting; without
-    one, only what is due now is driven. ``crash`` kills the first pass that
-    records that many steps (like a killed process: its lease stays held); the
-    run is then taken over when the lease expires, and its replay shows which
-    steps were memo hits. ``options`` go to ``run_due_jobs`` (``max_passes``,
-    ``pass_timeout_s``, ``open_scope``...). Raises ``RuntimeError`` after
-    ``max_drives`` drives, so a job that never settles fails the test.
+    With a :class:`FakeClock` the clock is moved to each retry's backoff, a
+    deferral's delay or a dead pass's lease expiry, so retries, deferrals and
+    takeovers run without waiting; without one, only what is due now is driven.
+    ``crash`` kills the first pass that records that many steps (like a killed
+    process: its lease stays held); the run is then taken over when the lease
+    expires, and its replay shows which steps were memo hits. ``options`` go to
+    ``run_due_jobs`` (``max_passes``, ``pass_timeout_s``, ``open_scope``...).
+    Raises ``RuntimeError`` after ``max_drives`` drives, so a job that never
+    settles fails the test.
     """
     report = IdleReport()
     observer = _Recorder(report)

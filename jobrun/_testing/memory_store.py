@@ -6,13 +6,15 @@ says what it promises). Methods are grouped as the port's protocols are
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
+from jobrun._core.clock import Clock
 from jobrun._core.fair import ClaimTurns
+from jobrun._core.limits import MILLI, LimitUsage, bucket_state, take
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
@@ -26,6 +28,7 @@ from jobrun._core.predicates import (
     is_stranded,
     live_run_of,
     refill_on_resume,
+    slot_counts,
 )
 from jobrun._core.records import (
     ClaimRequest,
@@ -40,6 +43,7 @@ from jobrun._core.records import (
 )
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
 from jobrun._core.workers import PresenceSeen
+from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
 
 __all__ = ["MemoryJobRunStore"]
@@ -52,15 +56,28 @@ class MemoryJobRunStore:
     fenced writes, the ledger dropped with the pass commit). Every operation
     completes without yielding, so each is atomic with respect to other tasks on
     the loop. ``default_scope`` is what ``await p.scope()`` returns in passes
-    driven without an ``open_scope``.
+    driven without an ``open_scope``. ``clock`` is what this "database" refills
+    rate-limit buckets by (default: the system clock; a ``FakeClock`` in tests).
     """
 
-    def __init__(self, limits: StoreLimits | None = None, default_scope: object = None) -> None:
+    def __init__(
+        self,
+        limits: StoreLimits | None = None,
+        default_scope: object = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
         self._limits = limits or StoreLimits()
         self._default_scope = default_scope
+        self._clock = SYSTEM_CLOCK if clock is None else clock
+        # key: [milli-tokens, refilled at, per_second, burst]
+        self.buckets: dict[str, builtins.list[Any]] = {}
+        # (key, run id, step, lease token)
+        self.slots: set[tuple[str, str, str, str]] = set()
         self.runs: dict[str, RunRow] = {}
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
+        self.retention: dict[tuple[str, str], int] = {}
         self._owed_releases = OwedReleases()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
@@ -186,6 +203,62 @@ class MemoryJobRunStore:
         self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
         return True
 
+    # -- limits: rate-limit buckets and concurrency slots ----------------------------------
+
+    def _refill(self, key: str, per_second: float, burst: int) -> builtins.list[Any]:
+        now = self._clock.now()
+        bucket = self.buckets.setdefault(key, [burst * MILLI, now, per_second, burst])
+        bucket[2:] = [per_second, burst]
+        return bucket
+
+    async def take_token(self, key: str, per_second: float, burst: int) -> float:
+        bucket = self._refill(key, per_second, burst)
+        now = self._clock.now()
+        elapsed_ms = (now - bucket[1]).total_seconds() * 1000
+        bucket[0], wait_s = take(bucket[0], elapsed_ms, per_second, burst)
+        bucket[1] = max(bucket[1], now)
+        return wait_s
+
+    async def give_back_token(self, key: str, burst: int) -> None:
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            bucket[0] = min(burst * MILLI, bucket[0] + MILLI)
+
+    def _counting(self, key: str, now_at: str) -> builtins.list[tuple[str, str, str, str]]:
+        return [
+            slot
+            for slot in self.slots
+            if slot[0] == key and slot_counts(self.runs.get(slot[1]), slot[3], now_at)
+        ]
+
+    async def acquire_slot(
+        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+    ) -> bool:
+        if len(self._counting(key, now_at)) >= most:
+            return False
+        self.slots.add((key, run_id, step, token))
+        return True
+
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
+        counting = set(self._counting(key, now_at))
+        self.slots = {
+            slot
+            for slot in self.slots
+            if slot[0] != key or (slot in counting and slot != (key, run_id, step, token))
+        }
+
+    async def limit_usage(self, now_at: str) -> LimitUsage:
+        now = self._clock.now()
+        buckets = tuple(
+            bucket_state(key, rate, burst, tokens, (now - refilled_at).total_seconds() * 1000)
+            for key, (tokens, refilled_at, rate, burst) in sorted(self.buckets.items())
+        )
+        held: dict[str, int] = {}
+        for key in sorted({slot[0] for slot in self.slots}):
+            if counted := len(self._counting(key, now_at)):
+                held[key] = counted
+        return LimitUsage(buckets, held)
+
     # -- OperatorStore: what operators do by hand ---------------------------------------------
 
     async def health(self, now_at: str) -> HealthCounts:
@@ -253,6 +326,20 @@ class MemoryJobRunStore:
             self.ledgers.pop(run_id, None)
         return len(doomed)
 
+    # -- OperatorStore: each job's own keep_for -------------------------------------------
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        for key, seconds in keep_for_s.items():
+            if seconds is None:
+                self.retention.pop(key, None)
+            else:
+                self.retention[key] = seconds
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        return dict(sorted(self.retention.items()))
+
     # -- ScheduleStore: each schedule's progress --------------------------------------------
 
     async def schedule_rows(self) -> builtins.list[ScheduleRow]:
@@ -262,10 +349,26 @@ class MemoryJobRunStore:
         for row in rows:
             self.schedules.setdefault((row.module_id, row.job, row.schedule), row)
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        key = (schedule.module_id, schedule.job, schedule.schedule)
+        stored = self.schedules.get(key)
+        if stored is None or stored.cron != stored_cron:
+            return False
+        self.schedules[key] = schedule
+        return True
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        for key in keys:
+            self.schedules.pop(key, None)
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
         key = (schedule.module_id, schedule.job, schedule.schedule)
         stored = self.schedules.get(key)
-        if stored is None or not stored.last_slot_at < schedule.last_slot_at:
+        if (
+            stored is None
+            or stored.cron != schedule.cron
+            or not stored.last_slot_at < schedule.last_slot_at
+        ):
             return None
         run, inserted = await self.start_or_join(row)
         self.schedules[key] = replace(schedule, last_run_id=run.id)

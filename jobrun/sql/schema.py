@@ -51,6 +51,10 @@ job_runs = Table(
     # idempotency keys'). Defaulted, so a writer that does not know them still inserts.
     Column("lease_epoch", Integer, nullable=False, server_default=text("0")),
     Column("passes_committed", Integer, nullable=False, server_default=text("0")),
+    # Revision 0005: the passes deferred in a row (a handler raised RetryAfter),
+    # set back to 0 by a commit or a failure, and the last deferral's reason.
+    Column("deferrals", Integer, nullable=False, server_default=text("0")),
+    Column("deferred_reason", Text, nullable=True),
     # Revision 0006: 1 when an operator cancelled the run (it ended failed by hand);
     # a resume sets it back to 0. See jobrun._core.predicates.is_cancelled.
     Column("cancelled", Integer, nullable=False, server_default=text("0")),
@@ -157,6 +161,22 @@ job_schedules = Table(
     Column("last_slot_at", Text, nullable=False),
     Column("last_run_id", Text, nullable=True),
     Column("updated_at", Text, nullable=False),
+    # Revision 0005: the cron whose slots last_slot_at counts. A registry with
+    # another cron (or a row from before 0005: NULL) starts again from "now", so
+    # slots of an older cron are never replayed under a newer one.
+    Column("cron", Text, nullable=True),
+)
+
+# Revision 0005: each job's own retention (keep_for), as the workers registering
+# it last said, so that a worker that does not register the job still spares its
+# runs when told to prune unregistered jobs.
+job_retention = Table(
+    "_substrat_job_retention",
+    metadata,
+    Column("module_id", Text, primary_key=True),
+    Column("job", Text, primary_key=True),
+    Column("keep_for_s", Integer, nullable=False),
+    Column("updated_at", Text, nullable=False),
 )
 
 job_steps = Table(
@@ -168,4 +188,33 @@ job_steps = Table(
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("last_error", Text, nullable=True),
     Column("recorded_at", Text, nullable=False),
+)
+
+# -- Revision 0005: rate and concurrency limits (jobrun._core.limits) ----------------------
+
+rate_buckets = Table(
+    "_substrat_rate_buckets",
+    metadata,
+    Column("limit_key", Text, primary_key=True),
+    # The declaration the last take was made under, kept for health: the rate as
+    # decimal text (a float), the burst in whole tokens.
+    Column("per_second", Text, nullable=False),
+    Column("burst", Integer, nullable=False),
+    # Thousandths of a token; below zero, tokens already promised to waiting takers.
+    Column("milli_tokens", Integer, nullable=False),
+    # The database's clock at the last refill, fixed-shape instant text.
+    Column("refilled_at", Text, nullable=False),
+)
+
+concurrency_slots = Table(
+    "_substrat_concurrency_slots",
+    metadata,
+    # One row per step body in flight under a concurrency key. It counts only while
+    # its lease token is still its run's unexpired lease, so a holder that died,
+    # was taken over or ended its pass frees its slot with no write at all.
+    Column("limit_key", Text, primary_key=True),
+    Column("lease_token", Text, primary_key=True),
+    Column("step", Text, primary_key=True),
+    Column("run_id", Text, nullable=False),
+    Column("acquired_at", Text, nullable=False),
 )

@@ -17,12 +17,16 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    TIMESTAMP,
+    Integer,
     String,
     Text,
     and_,
     bindparam,
+    cast,
     delete,
     exists,
+    extract,
     func,
     literal,
     literal_column,
@@ -31,6 +35,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     tuple_,
     union_all,
     update,
@@ -45,10 +50,13 @@ from jobrun.sql.schema import (
     BY_AGE_ONLY,
     LEASED_ONLY,
     LIVE_ONLY,
+    concurrency_slots,
     due_at_of,
+    job_retention,
     job_runs,
     job_schedules,
     job_steps,
+    rate_buckets,
 )
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -106,6 +114,12 @@ def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
 def is_cancelled(runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_cancelled`."""
     return and_(runs.status == FAILED, runs.cancelled == 1)
+
+
+def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.slot_counts`, for the slot row ``slots``
+    and its run ``runs``."""
+    return and_(is_leased(now_at, runs), runs.lease_owner == slots.lease_token)
 
 
 def live_run_of() -> Any:
@@ -545,12 +559,16 @@ def _slot_key() -> Any:
 def take_slot_statement() -> Any:
     """The conditional write that picks the one caller who starts a slot: the schedule
     ``slot_*`` moves to ``new_last_slot_at`` (with ``new_last_run_id``,
-    ``new_updated_at``) only from an earlier slot. On Postgres a second caller waits
-    on the row, then finds the slot taken."""
+    ``new_updated_at``) only from an earlier slot of the same cron ``slot_cron``. On
+    Postgres a second caller waits on the row, then finds the slot taken."""
     slots = job_schedules.c
     return (
         update(job_schedules)
-        .where(_slot_key(), slots.last_slot_at < bindparam("new_last_slot_at"))
+        .where(
+            _slot_key(),
+            slots.cron == bindparam("slot_cron"),
+            slots.last_slot_at < bindparam("new_last_slot_at"),
+        )
         .values(
             last_slot_at=bindparam("new_last_slot_at"),
             last_run_id=bindparam("new_last_run_id"),
@@ -560,9 +578,67 @@ def take_slot_statement() -> Any:
     )
 
 
+def reset_schedule_statement() -> Any:
+    """The schedule ``slot_*`` counts the slots of ``new_cron`` from ``new_last_slot_at``
+    (with ``new_last_run_id``, ``new_updated_at``), only if its cron is still
+    ``old_cron`` (NULL matching NULL): of callers who read the same row, one resets it."""
+    slots = job_schedules.c
+    return (
+        update(job_schedules)
+        .where(_slot_key(), slots.cron.is_not_distinct_from(bindparam("old_cron", type_=Text())))
+        .values(
+            last_slot_at=bindparam("new_last_slot_at"),
+            last_run_id=bindparam("new_last_run_id"),
+            updated_at=bindparam("new_updated_at"),
+            cron=bindparam("new_cron"),
+        )
+        .returning(slots.module_id)
+    )
+
+
+def remove_schedule_statement() -> Any:
+    """Delete the row of the schedule ``slot_*`` (none: nothing)."""
+    return delete(job_schedules).where(_slot_key())
+
+
 def point_slot_statement() -> Any:
     """Point the schedule ``slot_*`` at the live run ``new_last_run_id`` it joined."""
     return update(job_schedules).where(_slot_key()).values(last_run_id=bindparam("new_last_run_id"))
+
+
+# -- each job's own retention (jobrun._core.port.OperatorStore) ------------------------------
+
+
+def record_retention_statement(is_postgres: bool) -> Any:
+    """Record the retention ``keep_for_s`` of the job ``kept_module_id``, ``kept_job``
+    (``updated_at``), replacing what was recorded."""
+    inserted = dialect_insert(is_postgres, job_retention).values(
+        module_id=bindparam("kept_module_id"),
+        job=bindparam("kept_job"),
+        keep_for_s=bindparam("keep_for_s"),
+        updated_at=bindparam("updated_at"),
+    )
+    return inserted.on_conflict_do_update(
+        index_elements=list(job_retention.primary_key.columns),
+        set_={
+            "keep_for_s": inserted.excluded.keep_for_s,
+            "updated_at": inserted.excluded.updated_at,
+        },
+    )
+
+
+def forget_retention_statement() -> Any:
+    """Delete the recorded retention of the job ``kept_module_id``, ``kept_job``."""
+    kept = job_retention.c
+    return delete(job_retention).where(
+        kept.module_id == bindparam("kept_module_id"), kept.job == bindparam("kept_job")
+    )
+
+
+def recorded_retention_statement() -> Any:
+    """Every job's recorded retention: ``(module_id, job, keep_for_s)``."""
+    kept = job_retention.c
+    return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
 
 
 # -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------
@@ -728,4 +804,162 @@ def activity_ended_statement(chars: int, names: tuple[str, ...]) -> Any:
         select(bucket, func.count(), func.count().filter(runs.status == FAILED))
         .where(has_ended_since(bindparam("activity_since_at", type_=Text)), *_of_job(names))
         .group_by(bucket)
+    )
+
+
+# -- rate and concurrency limits (jobrun._core.limits) ---------------------------------------
+# The dialect part: the database's clock as instant text, and time between two
+# instant texts. Everything else is the same SQL on both engines.
+
+
+def database_now(is_postgres: bool) -> Any:
+    """The database's clock now, as ``jobrun._core.formats.format_instant`` writes
+    instants (milliseconds truncated, UTC, ``Z``)."""
+    if is_postgres:
+        utc = func.timezone(literal_column("'UTC'"), func.clock_timestamp())
+        return func.to_char(utc, literal_column('\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\''))
+    return func.strftime(literal_column("'%Y-%m-%dT%H:%M:%fZ'"), literal_column("'now'"))
+
+
+def ms_between(is_postgres: bool, earlier: Any, later: Any) -> Any:
+    """Milliseconds from instant text ``earlier`` to ``later`` (whole, as both are)."""
+    if is_postgres:
+        stamp = TIMESTAMP(timezone=True)
+        return extract("epoch", cast(later, stamp) - cast(earlier, stamp)) * 1000
+    per_day: Any = literal_column("86400000.0")
+    return func.round((func.julianday(later) - func.julianday(earlier)) * per_day)
+
+
+def _whole(is_postgres: bool, amount: Any) -> Any:
+    """``amount`` (never negative here) rounded down to a whole number."""
+    return func.floor(amount) if is_postgres else cast(amount, Integer)
+
+
+def _least(is_postgres: bool, *values: Any) -> Any:
+    return func.least(*values) if is_postgres else func.min(*values)
+
+
+def _greatest(is_postgres: bool, *values: Any) -> Any:
+    return func.greatest(*values) if is_postgres else func.max(*values)
+
+
+def take_token_statement(is_postgres: bool) -> Any:
+    """Refill bucket ``bucket_key`` on the database's clock and reserve one token, in
+    one statement (created full, less the token, at its first take); returns the
+    milli-tokens left. The arithmetic is :func:`jobrun._core.limits.take`'s:
+    whole milli-tokens gained (``bucket_rate`` per ms), capped at
+    ``bucket_burst_milli``, minus 1000. On Postgres the row lock orders concurrent
+    takers; SQLite runs one writer at a time."""
+    buckets = rate_buckets.c
+    columns = ["limit_key", "per_second", "burst", "milli_tokens", "refilled_at"]
+    values = select(
+        bindparam("bucket_key", type_=Text),
+        bindparam("bucket_per_second", type_=Text),
+        bindparam("bucket_burst", type_=Integer),
+        bindparam("bucket_first_milli", type_=Integer),
+        database_now(is_postgres),
+    ).where(true())  # SQLite needs a WHERE before ON CONFLICT in an INSERT ... SELECT
+    insert = dialect_insert(is_postgres, rate_buckets).from_select(columns, values)
+    now_at = insert.excluded.refilled_at
+    # A clock read before another taker's later one counts as no time at all.
+    elapsed_ms = _greatest(is_postgres, ms_between(is_postgres, buckets.refilled_at, now_at), 0)
+    # Untyped: a float bind would need processing (the drivers take the float as is).
+    gained = _whole(is_postgres, elapsed_ms * bindparam("bucket_rate"))
+    full = bindparam("bucket_burst_milli", type_=Integer)
+    return insert.on_conflict_do_update(
+        index_elements=[buckets.limit_key],
+        set_={
+            "milli_tokens": _least(is_postgres, full, buckets.milli_tokens + gained) - 1000,
+            "refilled_at": _greatest(is_postgres, buckets.refilled_at, now_at),
+            "per_second": insert.excluded.per_second,
+            "burst": insert.excluded.burst,
+        },
+    ).returning(buckets.milli_tokens)
+
+
+def give_back_token_statement(is_postgres: bool) -> Any:
+    """One token back to bucket ``bucket_key``, ``bucket_burst_milli`` at most."""
+    buckets = rate_buckets.c
+    full = bindparam("bucket_burst_milli", type_=Integer)
+    return (
+        update(rate_buckets)
+        .where(buckets.limit_key == bindparam("bucket_key"))
+        .values(milli_tokens=_least(is_postgres, full, buckets.milli_tokens + 1000))
+    )
+
+
+def _slots_counting(key: Any) -> Any:
+    """How many slots of concurrency key ``key`` count at ``now_at``."""
+    held = concurrency_slots.alias("held")
+    runs = job_runs.alias("holder")
+    return (
+        select(func.count())
+        .select_from(held.join(runs, runs.c.id == held.c.run_id))
+        .where(
+            held.c.limit_key == key, slot_counts(bindparam("now_at", type_=Text), held.c, runs.c)
+        )
+        .scalar_subquery()
+    )
+
+
+def acquire_slot_statement(is_postgres: bool) -> Any:
+    """Insert slot ``slot_*`` while fewer than ``slot_most`` slots of ``slot_key`` count
+    at ``now_at``; returns a row when it did. On Postgres it runs after the key's
+    advisory lock (``limit_locks``) in the same transaction, so concurrent takers
+    count one after the other; SQLite runs one writer at a time."""
+    slots = concurrency_slots.c
+    names = ["limit_key", "lease_token", "step", "run_id", "acquired_at"]
+    key = bindparam("slot_key", type_=Text)
+    values = select(
+        key,
+        bindparam("slot_token", type_=Text),
+        bindparam("slot_step", type_=Text),
+        bindparam("slot_run_id", type_=Text),
+        bindparam("now_at", type_=Text),
+    ).where(_slots_counting(key) < bindparam("slot_most", type_=Integer))
+    insert = dialect_insert(is_postgres, concurrency_slots).from_select(names, values)
+    # The same holder's row again (a release that failed): taken again, not an error.
+    return insert.on_conflict_do_update(
+        index_elements=[slots.limit_key, slots.lease_token, slots.step],
+        set_={"acquired_at": insert.excluded.acquired_at},
+    ).returning(slots.limit_key)
+
+
+def release_slot_statement() -> Any:
+    """Delete slot ``slot_*``, and every slot of ``slot_key`` that no longer counts at
+    ``now_at`` (stale rows are cleaned here, lazily, and nowhere else)."""
+    slots = concurrency_slots.c
+    runs = job_runs.alias("holder")
+    still_counts = exists(
+        select(literal(1))
+        .select_from(runs)
+        .where(
+            runs.c.id == slots.run_id, slot_counts(bindparam("now_at", type_=Text), slots, runs.c)
+        )
+    )
+    mine = and_(slots.lease_token == bindparam("slot_token"), slots.step == bindparam("slot_step"))
+    return delete(concurrency_slots).where(
+        slots.limit_key == bindparam("slot_key"), or_(mine, not_(still_counts))
+    )
+
+
+def buckets_statement(is_postgres: bool) -> Any:
+    """Every bucket, and the milliseconds since its refill on the database's clock."""
+    buckets = rate_buckets.c
+    since = ms_between(is_postgres, buckets.refilled_at, database_now(is_postgres))
+    return select(
+        buckets.limit_key, buckets.per_second, buckets.burst, buckets.milli_tokens, since
+    ).order_by(buckets.limit_key)
+
+
+def slots_held_statement() -> Any:
+    """Per concurrency key, the slots that count at ``now_at`` (keys with none left out)."""
+    slots = concurrency_slots
+    runs = job_runs.alias("holder")
+    return (
+        select(slots.c.limit_key, func.count())
+        .select_from(slots.join(runs, runs.c.id == slots.c.run_id))
+        .where(slot_counts(bindparam("now_at", type_=Text), slots.c, runs.c))
+        .group_by(slots.c.limit_key)
+        .order_by(slots.c.limit_key)
     )

@@ -26,6 +26,7 @@ from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.fair import ClaimTurns
 from jobrun._core.ids import first_id_at
+from jobrun._core.limits import LimitUsage
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import (
@@ -57,6 +58,7 @@ from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
+from jobrun.sql.limit_store import SqlLimits
 from jobrun.sql.presence import Presence, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
@@ -78,6 +80,7 @@ from jobrun.sql.statements import (
     collation_statement,
     count_statement,
     find_statement,
+    forget_retention_statement,
     held_leases_statement,
     is_bytewise_collation,
     job_loads_statement,
@@ -86,6 +89,10 @@ from jobrun.sql.statements import (
     point_slot_statement,
     prune_ledgers,
     prune_runs,
+    record_retention_statement,
+    recorded_retention_statement,
+    remove_schedule_statement,
+    reset_schedule_statement,
     schedule_rows_statement,
     take_slot_statement,
 )
@@ -160,6 +167,15 @@ def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
 
 
+def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
+    """The key of ``schedule``'s row, named as ``statements._slot_key`` reads it."""
+    return {
+        "slot_module_id": schedule.module_id,
+        "slot_job": schedule.job,
+        "slot_schedule": schedule.schedule,
+    }
+
+
 def _kept_changing(operation: str) -> StoreError:
     return StoreError(operation, RuntimeError("the key's live run kept changing; gave up"))
 
@@ -224,6 +240,9 @@ class SqlJobRunStore:
         compile_ = Compiler(engine.dialect, None if self._schema is None else {None: self._schema})
         self._statements = Statements(compile_, self._is_postgres)
         self._shapes = Shapes(compile_)
+        self._limit_operations = SqlLimits(
+            self._executor, self._shapes, self._is_postgres, self._schema
+        )
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
@@ -539,6 +558,30 @@ class SqlJobRunStore:
         values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
         return await self._lone_write("extend_lease", self._statements.extend_lease, values)
 
+    # -- limits: rate-limit buckets and concurrency slots (jobrun.sql.limit_store) -------------
+
+    async def take_token(self, key: str, per_second: float, burst: int) -> float:
+        async with self._operation("take_token"):
+            return await self._limit_operations.take_token(key, per_second, burst)
+
+    async def give_back_token(self, key: str, burst: int) -> None:
+        async with self._operation("give_back_token"):
+            await self._limit_operations.give_back_token(key, burst)
+
+    async def acquire_slot(
+        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+    ) -> bool:
+        async with self._operation("acquire_slot"):
+            return await self._limit_operations.acquire_slot(key, most, run_id, step, token, now_at)
+
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
+        async with self._operation("release_slot"):
+            await self._limit_operations.release_slot(key, run_id, step, token, now_at)
+
+    async def limit_usage(self, now_at: str) -> LimitUsage:
+        async with self._operation("limit_usage"):
+            return await self._limit_operations.limit_usage(now_at)
+
     # -- OperatorStore: what operators do by hand ---------------------------------------------
 
     async def health(self, now_at: str) -> HealthCounts:
@@ -617,6 +660,33 @@ class SqlJobRunStore:
             if len(ids) < batch_size:
                 return deleted
 
+    # -- OperatorStore: each job's own keep_for -------------------------------------------
+
+    async def record_retention(
+        self, keep_for_s: Mapping[tuple[str, str], int | None], at: str
+    ) -> None:
+        if not keep_for_s:
+            return
+        record = self._shapes.of(record_retention_statement, self._is_postgres)
+        forget = self._shapes.of(forget_retention_statement)
+        async with (
+            self._operation("record_retention"),
+            self._executor.transaction("record_retention") as transaction,
+        ):
+            for (module_id, job), seconds in sorted(keep_for_s.items()):
+                key = {"kept_module_id": module_id, "kept_job": job}
+                if seconds is None:
+                    await transaction.fetch(forget, key)
+                else:
+                    values = key | {"keep_for_s": seconds, "updated_at": at}
+                    await transaction.fetch(record, values)
+
+    async def recorded_retention(self) -> dict[tuple[str, str], int]:
+        statement = self._shapes.of(recorded_retention_statement)
+        async with self._operation("recorded_retention"):
+            rows = await self._executor.fetch("recorded_retention", statement, {})
+        return {(row[0], row[1]): int(row[2]) for row in rows}
+
     # -- ScheduleStore: each schedule's progress --------------------------------------------
 
     async def schedule_rows(self) -> builtins.list[ScheduleRow]:
@@ -636,11 +706,32 @@ class SqlJobRunStore:
             for row in rows:
                 await transaction.fetch(statement, _values("row_", row, SCHEDULE_COLUMNS))
 
+    async def reset_schedule(self, schedule: ScheduleRow, stored_cron: str | None) -> bool:
+        values = _slot_values(schedule) | {
+            "new_last_slot_at": schedule.last_slot_at,
+            "new_last_run_id": schedule.last_run_id,
+            "new_updated_at": schedule.updated_at,
+            "new_cron": schedule.cron,
+            "old_cron": stored_cron,
+        }
+        statement = self._shapes.of(reset_schedule_statement)
+        return await self._lone_write("reset_schedule", statement, values)
+
+    async def remove_schedules(self, keys: Sequence[tuple[str, str, str]]) -> None:
+        if not keys:
+            return
+        statement = self._shapes.of(remove_schedule_statement)
+        async with (
+            self._operation("remove_schedules"),
+            self._executor.transaction("remove_schedules") as transaction,
+        ):
+            for module_id, job, schedule in keys:
+                values = {"slot_module_id": module_id, "slot_job": job, "slot_schedule": schedule}
+                await transaction.fetch(statement, values)
+
     async def start_slot(self, schedule: ScheduleRow, row: RunRow) -> tuple[RunRow, bool] | None:
-        slot = {
-            "slot_module_id": schedule.module_id,
-            "slot_job": schedule.job,
-            "slot_schedule": schedule.schedule,
+        slot = _slot_values(schedule) | {
+            "slot_cron": schedule.cron,
             "new_last_slot_at": schedule.last_slot_at,
             "new_last_run_id": row.id,
             "new_updated_at": schedule.updated_at,

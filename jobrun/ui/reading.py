@@ -23,6 +23,7 @@ from jobrun._core.workers import driver_name
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
 from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
+from jobrun.ui.views import instant
 
 FAILED_RECENTLY = timedelta(hours=1)
 _MAX_ID = 200
@@ -147,6 +148,7 @@ def _live_context(run: JobRun, steps: dict[str, StepRow], given: str | None) -> 
             (run.lease_expires_at - now).total_seconds() if run.lease_expires_at else None
         ),
         "running": run.status == JobRunStatus.RUNNING,
+        "deferred_text": waiting_text(run),
     }
 
 
@@ -158,6 +160,17 @@ def _meaningful_rates(
     if not compared or poll.run.status != JobRunStatus.RUNNING:
         return {}
     return {name: rate for name, rate in poll.rates.items() if name != TOTAL}
+
+
+def waiting_text(run: JobRun) -> str | None:
+    """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
+    delay its last pass asked for (``RetryAfter``); else ``None``."""
+    if run.status != JobRunStatus.RUNNING or run.lease_driver is not None:
+        return None
+    if not run.deferrals or run.next_attempt_at is None:
+        return None
+    why = f"Retry-After: {run.deferred_reason}" if run.deferred_reason else "Retry-After"
+    return f"waiting until {instant(run.next_attempt_at)} ({why})"
 
 
 def _remaining_s(poll: Poll, progress: tuple[str, float, float] | None) -> float | None:
@@ -226,12 +239,14 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "jobs": [],
         "revisions": None,
         "upgrade": upgrade_command(database),
+        "limits": None,
     }
     try:
         part["revisions"] = await revisions_of(database)
         loads = await database.store.job_loads(
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
+        part["limits"] = await database.store.limit_usage(format_instant(now))
     except DATABASE_FAILURES as error:
         part["error"] = failure_text(error, database)
         return part

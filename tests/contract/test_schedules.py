@@ -6,6 +6,7 @@ Every test runs on the memory store, SQLite and Postgres (the ``store`` fixture)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -14,9 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._core.port import StoreLimits
+from jobrun._core.records import ScheduleRow
 from jobrun._core.schedules import MAX_CATCH_UP_SLOTS
 from jobrun.testing import FakeClock, MemoryJobRunStore
-from tests.support import SQL_BACKENDS, done_at_once, drive
+from tests.support import SQL_BACKENDS, done_at_once, drive, hand_made_row
 
 MODULE, JOB = "reports", "tick"
 # First sight at 00:00:10; the every-minute slots are 00:01:00, 00:02:00, ...
@@ -251,3 +253,119 @@ async def test_a_schedule_seen_for_the_first_time_holds_up_no_other() -> None:
         store, after, now=clock.now() + timedelta(minutes=1)
     )
     assert [run.job for run in started] == ["old"]
+
+
+# -- a schedule's row counts its own cron's slots (issue 23, item 6) -------------------------
+
+
+def scheduled(cron: str, catch_up: str = "all", job: str = JOB) -> jobrun.JobRegistry:
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, job, done_at_once)
+    registry.schedule(MODULE, job, cron, catch_up=catch_up)
+    return registry
+
+
+async def test_a_changed_cron_starts_from_its_next_slot_and_replays_nothing(store: Any):
+    daily = scheduled("0 0 * * *")
+    await tick(store, daily, SEEN)
+    assert await tick(store, daily, SEEN + timedelta(days=1)) == ["2026-01-02T00:00:00.000Z"]
+    # Twelve hours later the cron is every minute: 720 minutes since the daily slot,
+    # none of them a slot of this cron's while it was stored.
+    minutely = scheduled("* * * * *")
+    noon = datetime(2026, 1, 2, 12, 0, 30, tzinfo=UTC)
+    assert await tick(store, minutely, noon) == []
+    assert await tick(store, minutely, noon + timedelta(seconds=1)) == []
+    (row,) = await store.schedule_rows()
+    assert (row.cron, row.last_slot_at, row.last_run_id) == (
+        "* * * * *",
+        "2026-01-02T12:00:30.000Z",
+        None,  # the reset instant is no run's slot
+    )
+    assert await tick(store, minutely, noon + timedelta(seconds=30)) == ["2026-01-02T12:01:00.000Z"]
+    # Down three minutes: catch_up="all" starts this cron's missed slots, no more.
+    later = await tick(store, minutely, noon + timedelta(minutes=3, seconds=40))
+    assert [instance[11:16] for instance in later] == ["12:02", "12:03", "12:04"]
+
+
+async def test_a_host_with_the_old_cron_takes_no_slot_of_the_new_one(store: Any):
+    await tick(store, every_minute(), SEEN)
+    await tick(store, scheduled("*/5 * * * *"), at(0, 20))  # changed: reset at 00:00:20
+    # A caller still on the old cron, which read the row before the reset, finds the
+    # slot not its own: the row counts the new cron's slots now.
+    old_slot = ScheduleRow(MODULE, JOB, "", "2026-01-01T00:01:00.000Z", None, "x", "* * * * *")
+    run = dataclasses.replace(hand_made_row(1, module_id=MODULE, job=JOB), id="0" * 25 + "9")
+    assert await store.start_slot(old_slot, run) is None
+    assert await jobrun.job_runs(store) == []
+    # Its next tick resets the row to its own cron again (two versions of an app fight:
+    # see docs/how-to), starting nothing.
+    assert await tick(store, every_minute(), at(1)) == []
+    assert [row.cron for row in await store.schedule_rows()] == ["* * * * *"]
+
+
+async def test_of_callers_resetting_one_row_one_wins(store: Any):
+    await tick(store, every_minute(), SEEN)
+    (row,) = await store.schedule_rows()
+    changed = dataclasses.replace(row, cron="*/5 * * * *", last_slot_at="2026-01-01T00:00:20.000Z")
+    assert await store.reset_schedule(changed, "* * * * *")
+    assert not await store.reset_schedule(dataclasses.replace(changed, cron="0 * * * *"), row.cron)
+    assert [found.cron for found in await store.schedule_rows()] == ["*/5 * * * *"]
+
+
+async def test_a_row_written_before_the_cron_was_stored_starts_from_its_next_slot(store: Any):
+    # Revision 0004 wrote no cron: the slots since its last one may be another cron's.
+    old = ScheduleRow(MODULE, JOB, "", "2026-01-01T00:00:00.000Z", None, "x", None)
+    await store.add_schedules([old])
+    registry = every_minute("all")
+    assert await tick(store, registry, at(30, 5)) == []
+    assert await tick(store, registry, at(31, 1)) == ["2026-01-01T00:31:00.000Z"]
+
+
+async def test_a_removed_schedule_is_forgotten_and_starts_afresh_when_added_again(store: Any):
+    hourly = scheduled("0 * * * *")
+    await tick(store, hourly, SEEN)
+    assert len(await tick(store, hourly, SEEN + timedelta(hours=1))) == 1
+    # The schedule removed (its job still registered): its row goes.
+    without = jobrun.JobRegistry()
+    without.register(MODULE, JOB, done_at_once)
+    assert await tick(store, without, SEEN + timedelta(hours=2)) == []
+    assert await store.schedule_rows() == []
+    # Added again three days later: no replay of the 72 hours it was away.
+    back = SEEN + timedelta(days=3, hours=1, minutes=30)
+    assert await tick(store, hourly, back) == []
+    assert await tick(store, hourly, back + timedelta(minutes=30)) == ["2026-01-04T02:00:00.000Z"]
+
+
+async def test_a_registry_forgets_only_schedules_of_jobs_it_registers(store: Any):
+    theirs = scheduled("* * * * *", job="theirs")
+    ours = jobrun.JobRegistry()
+    ours.register(MODULE, JOB, done_at_once)
+    ours.schedule(MODULE, JOB, "* * * * *", instance="a")
+    ours.schedule(MODULE, JOB, "* * * * *", instance="b")
+    await tick(store, theirs, SEEN)
+    await tick(store, ours, SEEN)
+    # The next version drops schedule "b" and registers nothing of the other app's.
+    smaller = jobrun.JobRegistry()
+    smaller.register(MODULE, JOB, done_at_once)
+    smaller.schedule(MODULE, JOB, "* * * * *", instance="a")
+    assert await tick(store, smaller, at(1)) == ["a"]
+    assert [(row.job, row.schedule) for row in await store.schedule_rows()] == [
+        ("theirs", ""),
+        (JOB, "a"),
+    ]
+    # A registry that schedules a job it does not register forgets nothing either.
+    scheduler_only = jobrun.JobRegistry()
+    scheduler_only.schedule(MODULE, "elsewhere", "* * * * *")
+    await tick(store, scheduler_only, at(1, 30))
+    assert len(await store.schedule_rows()) == 3
+
+
+async def test_each_jobs_retention_is_recorded_and_replaced(store: Any):
+    """The record a worker that does not register a job reads its keep_for from."""
+    assert await store.recorded_retention() == {}
+    at_ = "2026-01-01T00:00:00.000Z"
+    await store.record_retention({("m", "a"): 60, ("m", "b"): 3600, ("m", "c"): None}, at_)
+    assert await store.recorded_retention() == {("m", "a"): 60, ("m", "b"): 3600}
+    await store.record_retention({("m", "a"): None, ("m", "b"): 7200}, at_)
+    assert await store.recorded_retention() == {("m", "b"): 7200}
+    await store.record_retention({}, at_)
+    assert await store.recorded_retention() == {("m", "b"): 7200}

@@ -7,8 +7,10 @@ them, and then moves it through 0002 and back.
 
 from __future__ import annotations
 
-import os
+import asyncio
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +24,7 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, query_plan, revision_of, run_alembic
+from tests.support import SQL_BACKENDS, query_plan, revision_of
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
@@ -316,9 +318,9 @@ async def test_a_store_drives_the_runs_written_under_0001(at_0001: AsyncEngine) 
     assert await _snapshot_0001(engine) == kept
 
 
-def _named_alembic_command(message: str) -> list[str]:
-    """The ``VAR=<url> alembic ...`` command the error tells the operator to run."""
-    commands = [part for part in re.findall(r"`([^`]*)`", message) if "alembic " in part]
+def _named_upgrade_command(message: str) -> list[str]:
+    """The ``jobrun db upgrade ...`` command the error tells the operator to run."""
+    commands = [part for part in re.findall(r"`([^`]*)`", message) if "db upgrade" in part]
     assert len(commands) == 1, message
     return commands[0].split()
 
@@ -345,12 +347,17 @@ async def test_a_store_refuses_a_0001_database_and_names_the_command(
     # Nothing was written by the refused calls.
     assert await _snapshot_0001(at_0001) == _written_0001()
 
-    # The command the message names works as written, from the repository root.
-    assignment, program, *arguments = _named_alembic_command(message)
-    variable, _, placeholder = assignment.partition("=")
-    assert (program, placeholder) == ("alembic", "<url>")
-    code, output = await run_alembic(*arguments, env={**os.environ, variable: blank_url})
-    assert code == 0, output
+    # The command the message names works as written, installed or in a checkout.
+    program, *arguments = _named_upgrade_command(message)
+    assert (program, arguments) == ("jobrun", ["db", "upgrade", "--url", "<url>"])
+    upgraded = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "jobrun", *arguments[:-1], blank_url],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert upgraded.returncode == 0, upgraded.stderr
     assert await revision_of(at_0001) == SCHEMA_REVISION
     # The same store now works.
     report = await jobrun.run_due_jobs(store, registry, clock=FakeClock(LATER))

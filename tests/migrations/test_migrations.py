@@ -41,7 +41,16 @@ from jobrun.sql.migrate import (
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
 from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic
 
-JOBRUN_TABLES = {"_substrat_job_runs", "_substrat_job_steps", "_substrat_job_schedules"}
+JOBRUN_TABLES = {
+    "_substrat_job_runs",
+    "_substrat_job_steps",
+    "_substrat_job_schedules",
+    # Revision 0005: the limits.
+    "_substrat_rate_buckets",
+    "_substrat_concurrency_slots",
+    # Revision 0005: each job's own keep_for.
+    "_substrat_job_retention",
+}
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
 # Either expression index, in a warning filter (the claim's two orders, 0003 and 0005).
@@ -381,7 +390,7 @@ def test_offline_sql_is_the_metadatas_ddl(
     script = config.output_buffer.getvalue()
     statements = "\n".join(line for line in script.splitlines() if not line.startswith("--"))
     rendered = [_one_line(part) for part in statements.split(";")]
-    tables, indexes = _replay([part for part in rendered if "_substrat_job_" in part])
+    tables, indexes = _replay([part for part in rendered if "_substrat_" in part])
     assert tables == {
         table.name: _one_line(CreateTable(table).compile(dialect=dialect))
         for table in metadata.sorted_tables

@@ -29,12 +29,26 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
-from jobrun.sql.schema import VERSION_TABLE, job_runs, job_schedules, job_steps, metadata
+from jobrun.sql.schema import (
+    VERSION_TABLE,
+    concurrency_slots,
+    job_retention,
+    job_runs,
+    job_schedules,
+    job_steps,
+    metadata,
+    rate_buckets,
+)
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
 LIVE = "status = 'running'"
 SCHEDULES = "_substrat_job_schedules"
+BUCKETS = "_substrat_rate_buckets"
+SLOTS = "_substrat_concurrency_slots"
+RETENTION = "_substrat_job_retention"
+TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS, RETENTION)
+TABLE_OBJECTS = (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots, job_retention)
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
@@ -70,6 +84,9 @@ EXPECTED: dict[str, Any] = {
             # Revision 0004: the fencing epoch and the passes committed, from 0.
             ("lease_epoch", "INTEGER", False, "0"),
             ("passes_committed", "INTEGER", False, "0"),
+            # Revision 0005: the passes deferred in a row, and the last one's reason.
+            ("deferrals", "INTEGER", False, "0"),
+            ("deferred_reason", "TEXT", True, None),
             # Revision 0006: the cancelled marker.
             ("cancelled", "INTEGER", False, "0"),
         ],
@@ -111,8 +128,44 @@ EXPECTED: dict[str, Any] = {
             ("last_slot_at", "TEXT", False, None),
             ("last_run_id", "TEXT", True, None),
             ("updated_at", "TEXT", False, None),
+            # Revision 0005: the cron whose slots last_slot_at counts (NULL before).
+            ("cron", "TEXT", True, None),
         ],
         "primary_key": ["module_id", "job", "schedule"],
+        "indexes": [],
+    },
+    # Revision 0005: rate-limit buckets and concurrency slots.
+    BUCKETS: {
+        "columns": [
+            ("limit_key", "TEXT", False, None),
+            ("per_second", "TEXT", False, None),
+            ("burst", "INTEGER", False, None),
+            ("milli_tokens", "INTEGER", False, None),
+            ("refilled_at", "TEXT", False, None),
+        ],
+        "primary_key": ["limit_key"],
+        "indexes": [],
+    },
+    SLOTS: {
+        "columns": [
+            ("limit_key", "TEXT", False, None),
+            ("lease_token", "TEXT", False, None),
+            ("step", "TEXT", False, None),
+            ("run_id", "TEXT", False, None),
+            ("acquired_at", "TEXT", False, None),
+        ],
+        "primary_key": ["limit_key", "lease_token", "step"],
+        "indexes": [],
+    },
+    # Revision 0005: each job's own keep_for, as the workers registering it said.
+    RETENTION: {
+        "columns": [
+            ("module_id", "TEXT", False, None),
+            ("job", "TEXT", False, None),
+            ("keep_for_s", "INTEGER", False, None),
+            ("updated_at", "TEXT", False, None),
+        ],
+        "primary_key": ["module_id", "job"],
         "indexes": [],
     },
 }
@@ -301,8 +354,8 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
 
 def _reflected_tables(connection: Connection) -> dict[str, Any]:
     names = set(inspect(connection).get_table_names())
-    assert names == {RUNS, STEPS, SCHEDULES, VERSION_TABLE}
-    return {table: _reflected_shape(connection, table) for table in (RUNS, STEPS, SCHEDULES)}
+    assert names == {*TABLES, VERSION_TABLE}
+    return {table: _reflected_shape(connection, table) for table in TABLES}
 
 
 def _expected_reflection() -> dict[str, Any]:
@@ -329,9 +382,9 @@ async def _reflect(engine: AsyncEngine) -> dict[str, Any]:
 
 
 def test_metadata_is_the_contracts_data_model() -> None:
-    assert set(metadata.tables) == {RUNS, STEPS, SCHEDULES}
+    assert set(metadata.tables) == set(TABLES)
     for dialect in DIALECTS:
-        for table in (job_runs, job_steps, job_schedules):
+        for table in TABLE_OBJECTS:
             assert _metadata_shape(table, dialect) == EXPECTED[table.name], dialect.name
 
 
@@ -382,7 +435,7 @@ async def test_sqlite_and_postgres_reflect_the_same_shape(
     on_sqlite, on_postgres = shapes
     assert on_sqlite == on_postgres
     for reflected, dialect in zip(shapes, DIALECTS, strict=True):
-        for table in (job_runs, job_steps, job_schedules):
+        for table in TABLE_OBJECTS:
             shape = _metadata_shape(table, dialect)
             assert {key: reflected[table.name][key] for key in shape} == shape
 

@@ -213,7 +213,9 @@ GRANTS = """
 GRANT USAGE ON SCHEMA public TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_runs, _substrat_job_steps TO {role};
 GRANT SELECT ON jobrun_alembic_version TO {role};
-GRANT SELECT, INSERT, UPDATE ON _substrat_job_schedules TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_schedules, _substrat_job_retention TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE
+    ON _substrat_rate_buckets, _substrat_concurrency_slots TO {role};
 """
 
 
@@ -230,7 +232,7 @@ async def app_role_url(empty_postgres_url: str) -> AsyncIterator[str]:
             database = make_url(empty_postgres_url).database
             await connection.exec_driver_sql(f'REVOKE ALL ON DATABASE "{database}" FROM PUBLIC')
             await connection.exec_driver_sql(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
-            for grant in GRANTS.strip().splitlines():
+            for grant in filter(None, (part.strip() for part in GRANTS.split(";"))):
                 await connection.exec_driver_sql(grant.format(role=f'"{role}"'))
         yield make_url(empty_postgres_url).set(username=role).render_as_string(hide_password=False)
     finally:

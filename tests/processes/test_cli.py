@@ -312,6 +312,30 @@ def _lease(url: str, run_id: str) -> None:
     )
 
 
+def test_show_says_how_long_a_deferred_run_waits_and_why(database_url: str) -> None:
+    run_id = start(database_url)
+    execute(
+        database_url,
+        update(runs_table)
+        .where(runs_table.c.id == run_id)
+        .values(
+            next_attempt_at="2999-01-01T00:05:00.000Z",
+            deferrals=3,
+            deferred_reason="rate limited by the API",
+        ),
+    )
+    shown = " ".join(ok("show", "--url", database_url, run_id).stdout.split())
+    assert (
+        "waiting until 2999-01-01 00:05:00 (Retry-After: rate limited by the API); "
+        "deferred 3 times in a row"
+    ) in shown
+    data = json.loads(ok("show", "--url", database_url, run_id, "--json").stdout)
+    assert (data["run"]["deferrals"], data["run"]["deferred_reason"]) == (
+        3,
+        "rate limited by the API",
+    )
+
+
 def test_show_and_release_a_lease(database_url: str) -> None:
     run_id = start(database_url)
     _lease(database_url, run_id)
@@ -582,3 +606,32 @@ def test_program_exit_codes(tmp_path: Path) -> None:
     unknown = program("show", "nope", url=file_url(tmp_path / "none.db"))
     assert unknown.returncode == 1
     assert "jobrun db upgrade" in unknown.stderr
+
+
+# --- worker: retention options -----------------------------------------------------------
+
+
+def test_the_worker_prunes_other_apps_jobs_only_when_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--prune-after`` is for the app's own jobs; the others need their own option."""
+    from jobrun._cli import worker_command
+
+    url = file_url(tmp_path / "retention.db")
+    ok("db", "upgrade", "--url", url)
+    given: list[dict[str, Any]] = []
+
+    async def fake_worker(*args: Any, **options: Any) -> None:
+        given.append(options)
+
+    monkeypatch.setattr(worker_command, "run_worker", fake_worker)
+    app = ("worker", "--app", "tests.processes.test_cli:registry", "--url", url)
+    ok(*app, "--prune-after", "30d")
+    ok(*app, "--prune-after", "30d", "--prune-unregistered-after", "400d")
+    assert [(seen["prune_after"], seen["prune_unregistered_after"]) for seen in given] == [
+        (timedelta(days=30), None),
+        (timedelta(days=30), timedelta(days=400)),
+    ]
+    refused = fails(2, *app, "--prune-unregistered-after", "soon")
+    assert "--prune-unregistered-after" in refused.output
+    assert "--prune-unregistered-after" in ok("worker", "--help").output

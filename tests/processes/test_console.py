@@ -174,6 +174,31 @@ async def test_run_page_shows_record_progress_rates_lease_and_ledger(
     assert "No run has this id" in missing.text
 
 
+async def test_run_page_says_how_long_a_deferred_run_waits_and_why(
+    store: Any, engine: Any, client_for: Any
+) -> None:
+    run = await jobrun.start_job_run(store, module_id="shop", job="sync")
+    await set_columns(
+        store,
+        engine,
+        run.id,
+        next_attempt_at="2026-01-01T00:05:00.000Z",
+        deferrals=1,
+        deferred_reason=f"quota {HOSTILE}",
+    )
+    client = client_for(create_app({"main": store}))
+    for path in (f"/db/0/runs/{run.id}", f"/db/0/runs/{run.id}/live"):
+        text = (await client.get(path)).text
+        assert (
+            "waiting until 2026-01-01 00:05:00 "
+            "(Retry-After: quota &lt;script&gt;alert(1)&lt;/script&gt;)"
+        ) in text, path
+        assert "times in a row" not in text
+    # Once a driver holds the run again, the lease says what is going on.
+    await set_columns(store, engine, run.id, lease_owner="token", lease_driver="host-1:pid-9")
+    assert "waiting until" not in (await client.get(f"/db/0/runs/{run.id}")).text
+
+
 async def test_each_action_through_its_button(store: Any, engine: Any, client_for: Any) -> None:
     run = await jobrun.start_job_run(store, module_id="shop", job="sync", payload={"n": 1})
     client = client_for(create_app({"main": store}, allowed_hosts=HOSTS))

@@ -154,7 +154,8 @@ async def test_retention_deletes_only_what_it_should(store: Any, engine: AsyncEn
         "other job, ten days": (_finished(4, "every2s", "done", ago(days=10)), False),
         "other job, failed ten days": (_finished(5, "every2s", "failed", ago(days=10)), False),
         "other job, three days": (_finished(6, "every2s", "done", ago(days=3)), True),
-        "unregistered, ten days": (_finished(7, "theirs", "done", ago(days=10), "else"), False),
+        # Another app's job: not this worker's to prune (issue 23, item 7).
+        "unregistered, ten days": (_finished(7, "theirs", "done", ago(days=10), "else"), True),
         "running, started long ago": (_finished(8, "every2s", "running", ago(days=30)), True),
         # keep_for (a day) wins over prune_after (a week) for its job, both ways.
         "kept job, eight days": (_finished(9, "kept", "done", ago(days=8)), False),
@@ -190,7 +191,9 @@ async def test_retention_deletes_only_what_it_should(store: Any, engine: AsyncEn
 async def test_the_worker_prunes_at_start(store: jobrun.SqlJobRunStore, engine: AsyncEngine):
     old = _finished(1, "every2s", "done", datetime.now(UTC) - timedelta(days=40))
     recent = _finished(2, "every2s", "done", datetime.now(UTC) - timedelta(days=1))
-    await put_rows(store, engine, [old, recent])
+    # Another app's job, as old: not this worker's to prune (issue 23, item 7).
+    theirs = _finished(3, "invoice", "done", datetime.now(UTC) - timedelta(days=40), "billing")
+    await put_rows(store, engine, [old, recent, theirs])
     stop = asyncio.Event()
     worker = asyncio.create_task(
         jobrun.run_worker(
@@ -205,3 +208,5 @@ async def test_the_worker_prunes_at_start(store: jobrun.SqlJobRunStore, engine: 
     stop.set()
     await asyncio.wait_for(worker, 10)
     assert await store.get(recent.id) is not None
+    # Its own jobs are pruned last in a round: the round was over when `old` went.
+    assert await store.get(theirs.id) is not None

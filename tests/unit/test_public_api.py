@@ -60,6 +60,7 @@ EXPECTED_CODES = {
     "StoreError": "store_failed",
     "LeaseLostError": "lease_lost",
     "JobRunNotFoundError": "not_found",
+    "RetryAfter": "deferred",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from jobrun._core.lease import Lease
 from jobrun._core.records import ClaimRequest, RunRow
 from jobrun._core.transitions import (
     Claimed,
@@ -12,6 +13,11 @@ from jobrun._core.transitions import (
     cancel_transition,
     claim_candidate,
     claim_transition,
+    committed_patch,
+    deferred_patch,
+    failed_patch,
+    pass_failure_patch,
+    patched,
     release_transition,
     resume_transition,
 )
@@ -142,3 +148,33 @@ def test_operator_changes_apply_only_under_their_condition():
     assert not release.applies_to(_row()), "no lease held: nothing to release"
     released = release.applied(held)
     assert (released.lease_owner, released.next_attempt_at, released.attempts) == (None, None, 2)
+
+
+def test_a_deferral_gives_the_run_back_due_later_charging_nothing():
+    held = _row(lease_owner="T", lease_driver="me:1", lease_began_at=NOW, next_attempt_at=LATER,
+                lease_takeovers=1, lease_epoch=4, passes_committed=3, deferrals=2)  # fmt: skip
+    after = patched(held, deferred_patch(held, "quota", NOW, LATER))
+    assert after == replace(
+        held,
+        lease_owner=None,
+        lease_driver=None,
+        lease_began_at=None,
+        updated_at=NOW,
+        next_attempt_at=LATER,
+        deferrals=3,
+        deferred_reason="quota",
+    )
+
+
+def test_a_commit_or_a_failure_ends_the_deferrals_in_a_row():
+    held = _row(lease_owner="T", deferrals=4, deferred_reason="quota")
+    lease = Lease("T", "me:1", 60_000)
+    ends = [
+        committed_patch(held, None, "{}", False, NOW, lease, None),
+        pass_failure_patch(held, "boom", NOW, LATER),
+        pass_failure_patch(held, "boom", NOW, None),
+        failed_patch(held, "too many", NOW),
+    ]
+    assert [(end.deferrals, end.deferred_reason) for end in ends] == [(0, None)] * 4
+    for change in (cancel_transition("stop", NOW), resume_transition(NOW)):
+        assert {"deferrals": 0, "deferred_reason": None}.items() <= dict(change.values).items()

@@ -1,0 +1,103 @@
+"""The SQL store's rate-limit buckets and concurrency slots (``jobrun._core.limits``).
+
+Round trips: a token is one statement on both engines (an upsert that refills on
+the database's clock and takes, returning what is left). A slot is one statement
+on SQLite (one writer at a time makes the count and the insert one decision); on
+Postgres a transaction of four round trips (``BEGIN``, the key's advisory lock,
+the counted insert, ``COMMIT``), so that two takers cannot both count one below
+the limit under READ COMMITTED. Letting go of a slot is one statement on both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from jobrun._core.limits import MILLI, LimitUsage, bucket_state, wait_for_token_s
+from jobrun.sql.executor import Executor
+from jobrun.sql.statements import (
+    Shapes,
+    acquire_slot_statement,
+    buckets_statement,
+    give_back_token_statement,
+    limit_locks,
+    release_slot_statement,
+    slots_held_statement,
+    take_token_statement,
+)
+
+
+def slot_lock_key(schema: str | None, key: str) -> int:
+    """Postgres: the advisory lock (a signed 64-bit key) that orders one concurrency
+    key's takers; per schema, so tenants never wait on each other."""
+    digest = hashlib.blake2b(
+        json.dumps(["jobrun.concurrency_limit", schema, key]).encode("utf-8"), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class SqlLimits:
+    """The limit operations of one ``SqlJobRunStore`` (which translates their errors)."""
+
+    def __init__(
+        self, executor: Executor, shapes: Shapes, is_postgres: bool, schema: str | None
+    ) -> None:
+        self._executor = executor
+        self._shapes = shapes
+        self._is_postgres = is_postgres
+        self._schema = schema
+
+    async def take_token(self, key: str, per_second: float, burst: int) -> float:
+        values = {
+            "bucket_key": key,
+            "bucket_per_second": repr(float(per_second)),
+            "bucket_burst": burst,
+            "bucket_first_milli": (burst - 1) * MILLI,
+            "bucket_rate": float(per_second),
+            "bucket_burst_milli": burst * MILLI,
+        }
+        statement = self._shapes.of(take_token_statement, self._is_postgres)
+        found = await self._executor.fetch("take_token", statement, values)
+        return wait_for_token_s(int(found[0][0]), per_second)
+
+    async def give_back_token(self, key: str, burst: int) -> None:
+        statement = self._shapes.of(give_back_token_statement, self._is_postgres)
+        values = {"bucket_key": key, "bucket_burst_milli": burst * MILLI}
+        await self._executor.fetch("give_back_token", statement, values)
+
+    async def acquire_slot(
+        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+    ) -> bool:
+        values = {
+            "slot_key": key,
+            "slot_most": most,
+            "slot_run_id": run_id,
+            "slot_step": step,
+            "slot_token": token,
+            "now_at": now_at,
+        }
+        statement = self._shapes.of(acquire_slot_statement, self._is_postgres)
+        if not self._is_postgres:
+            return bool(await self._executor.fetch("acquire_slot", statement, values))
+        lock = self._shapes.of(limit_locks, 1)
+        async with self._executor.transaction("acquire_slot") as transaction:
+            await transaction.fetch(lock, {"lock_0": slot_lock_key(self._schema, key)})
+            return bool(await transaction.fetch(statement, values))
+
+    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
+        values = {"slot_key": key, "slot_step": step, "slot_token": token, "now_at": now_at}
+        del run_id  # the token and step name the row; the run is its lease's
+        await self._executor.fetch("release_slot", self._shapes.of(release_slot_statement), values)
+
+    async def limit_usage(self, now_at: str) -> LimitUsage:
+        buckets_read = self._shapes.of(buckets_statement, self._is_postgres)
+        buckets = await self._executor.fetch("limit_usage", buckets_read, {})
+        slots_read = self._shapes.of(slots_held_statement)
+        slots = await self._executor.fetch("limit_usage", slots_read, {"now_at": now_at})
+        return LimitUsage(
+            tuple(
+                bucket_state(key, float(rate), int(burst), int(tokens), float(since_ms))
+                for key, rate, burst, tokens, since_ms in buckets
+            ),
+            {key: int(count) for key, count in slots},
+        )

@@ -1,0 +1,127 @@
+"""Rate and concurrency limit declarations, and the token bucket's arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+import jobrun
+from jobrun._core.limits import (
+    MILLI,
+    bucket_state,
+    refilled,
+    take,
+    too_long_a_wait,
+    wait_for_token_s,
+)
+
+
+def test_the_same_declaration_twice_is_accepted_and_another_refused() -> None:
+    registry = jobrun.JobRegistry()
+    registry.rate_limit("api.example.com", per_second=50, burst=5)
+    registry.rate_limit("api.example.com", per_second=50, burst=5)
+    with pytest.raises(jobrun.JobConflictError, match="already declared"):
+        registry.rate_limit("api.example.com", per_second=40, burst=5)
+    with pytest.raises(jobrun.JobConflictError, match="already declared"):
+        registry.rate_limit("api.example.com", per_second=50, burst=6)
+    with pytest.raises(jobrun.JobConflictError, match="already declared"):
+        registry.rate_limit("api.example.com", per_second=50, burst=5, store=object())
+    registry.concurrency_limit("tenant-", 3)
+    registry.concurrency_limit("tenant-", 3)
+    with pytest.raises(jobrun.JobConflictError, match="already declared"):
+        registry.concurrency_limit("tenant-", 4)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "path"),
+    [
+        ({"key": "k", "per_second": 0, "burst": 1}, "per_second"),
+        ({"key": "k", "per_second": -1.5, "burst": 1}, "per_second"),
+        ({"key": "k", "per_second": float("inf"), "burst": 1}, "per_second"),
+        ({"key": "k", "per_second": float("nan"), "burst": 1}, "per_second"),
+        ({"key": "k", "per_second": True, "burst": 1}, "per_second"),
+        ({"key": "k", "per_second": "50", "burst": 1}, "per_second"),
+        ({"key": "k", "per_second": 1, "burst": 0}, "burst"),
+        ({"key": "k", "per_second": 1, "burst": True}, "burst"),
+        ({"key": "k", "per_second": 1, "burst": 1.5}, "burst"),
+        ({"key": "k", "per_second": 1, "burst": 10**7}, "burst"),
+        ({"key": 7, "per_second": 1, "burst": 1}, "key"),
+        ({"key": "", "per_second": 1, "burst": 1}, "key"),
+        ({"key": "a\x00b", "per_second": 1, "burst": 1}, "key"),
+    ],
+)
+def test_a_bad_rate_limit_is_refused(arguments: dict[str, object], path: str) -> None:
+    registry = jobrun.JobRegistry()
+    key = arguments.pop("key")
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.rate_limit(key, **arguments)  # type: ignore[arg-type]
+    assert refused.value.errors[0]["path"] == path
+    assert registry.limits.rates == {}
+
+
+@pytest.mark.parametrize(
+    ("prefix", "most", "path"),
+    [
+        ("tenant-", 0, "most"),
+        ("tenant-", True, "most"),
+        ("tenant-", 2.0, "most"),
+        ("", 1, "prefix"),
+        (None, 1, "prefix"),
+        (b"tenant-", 1, "prefix"),
+    ],
+)
+def test_a_bad_concurrency_limit_is_refused(prefix: object, most: object, path: str) -> None:
+    registry = jobrun.JobRegistry()
+    with pytest.raises(jobrun.JobValidationError) as refused:
+        registry.concurrency_limit(prefix, most)  # type: ignore[arg-type]
+    assert refused.value.errors[0]["path"] == path
+
+
+def test_the_longest_declared_prefix_wins_and_an_unmatched_key_is_a_mistake() -> None:
+    registry = jobrun.JobRegistry()
+    registry.concurrency_limit("tenant-", 3)
+    registry.concurrency_limit("tenant-vip-", 10)
+    limits = registry.limits
+    assert limits.for_step("s", None, "tenant-7").concurrency == registry.limits.prefixes["tenant-"]
+    vip = limits.for_step("s", None, "tenant-vip-1")
+    assert (vip.concurrency_key, vip.concurrency and vip.concurrency.most) == ("tenant-vip-1", 10)
+    with pytest.raises(jobrun.HandlerMistakeError, match="matches no declared prefix"):
+        limits.for_step("s", None, "customer-7")
+    with pytest.raises(jobrun.HandlerMistakeError, match="must be a str"):
+        limits.for_step("s", None, 7)
+    with pytest.raises(jobrun.HandlerMistakeError, match="is not declared"):
+        limits.for_step("s", "api", None)
+    assert not limits.for_step("s", None, None).any
+
+
+def test_a_bucket_refills_whole_milli_tokens_up_to_its_burst() -> None:
+    # 50/s is 50 milli-tokens a millisecond.
+    assert refilled(0, 20, 50.0, 5) == 1000
+    assert refilled(0, 10_000, 50.0, 5) == 5 * MILLI
+    # A fraction of a milli-token is dropped, never rounded up.
+    assert refilled(0, 1, 0.5, 5) == 0
+    assert refilled(0, 3, 0.5, 5) == 1
+    # A clock that went back adds nothing.
+    assert refilled(-2000, -50, 50.0, 5) == -2000
+
+
+def test_a_take_reserves_and_says_how_long_to_wait() -> None:
+    assert take(5 * MILLI, 0, 50.0, 5) == (4 * MILLI, 0.0)
+    after, wait_s = take(0, 0, 50.0, 5)
+    assert (after, wait_s) == (-MILLI, 0.02)
+    after, wait_s = take(-MILLI, 0, 50.0, 5)
+    assert (after, wait_s) == (-2 * MILLI, 0.04)
+    assert wait_for_token_s(500, 1.0) == 0.0
+
+
+def test_health_reads_waiters_and_how_long_the_bucket_stays_empty() -> None:
+    state = bucket_state("api", 2.0, 3, -2500, 250)  # -2500 + 500 after 250 ms
+    assert (state.tokens, state.waiting, state.empty_for_s) == (-2.0, 2, 1.5)
+    full = bucket_state("api", 2.0, 3, 3 * MILLI, 0)
+    assert (full.tokens, full.waiting, full.empty_for_s) == (3.0, 0, 0.0)
+
+
+def test_a_wait_beyond_the_budget_is_one_named_exception() -> None:
+    error = too_long_a_wait("api", 12.5)
+    assert isinstance(error, jobrun.RetryAfter)
+    assert "12.500 s" in error.reason
+    assert error.seconds == 12.5
