@@ -35,7 +35,7 @@ async def at_0004(blank_url: str) -> AsyncIterator[AsyncEngine]:
         for number in range(200):
             row = hand_made_row(number, module_id="@test/jobs", job="later")
             values = {name: getattr(row, name) for name in row.__dataclass_fields__}
-            for column in NEW_COLUMNS:
+            for column in (*NEW_COLUMNS, "cancelled"):  # cancelled: revision 0006
                 values.pop(column)
             values["status"] = "running" if number % 40 == 0 else "done"
             values["ended_at"] = None if number % 40 == 0 else "2025-12-31T01:00:00.000Z"

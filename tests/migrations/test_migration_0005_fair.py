@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 from jobrun._core.records import ClaimRequest
 from jobrun.sql.migrate import downgrade
+from jobrun.sql.schema import SCHEMA_REVISION
 from tests.support import SQL_BACKENDS, hand_made_row, logged_store, query_plan, revision_of
 
 RUNS = "_substrat_job_runs"
@@ -107,7 +108,7 @@ async def test_each_claim_reads_its_own_index_in_order(populated: AsyncEngine) -
 async def test_0005_adds_the_due_order_index_and_its_downgrade_drops_it(
     populated: AsyncEngine,
 ) -> None:
-    assert await revision_of(populated) == "0005"
+    assert await revision_of(populated) == SCHEMA_REVISION
     assert DUE_ORDER in await _index_names(populated)
     async with populated.connect() as connection:
         before = (await connection.execute(text(f"SELECT {KEPT} FROM {RUNS} ORDER BY id"))).all()
