@@ -32,9 +32,11 @@ from jobrun.ui import create_app
 
 POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/jobrun_bench_console"
 GOAL_MS = 100.0
-STEP_MS = 2_000
-"""Runs start 2 s apart: 1,000,000 runs span 23 days, as a busy history would."""
-FIRST_MS = 1_790_000_000_000  # 2026-09-21, whole seconds
+STEP_MS = 2_592
+"""Runs start 2.592 s apart: 1,000,000 runs span 30 days, as a busy history would."""
+FIRST_MS = int(time.time()) * 1000 - 1_000_000 * STEP_MS
+"""Whole seconds, so that the 1,000,000th run starts now: the activity chart and the
+errors page read the history's last hour and day."""
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 _COLUMNS = (
@@ -60,7 +62,9 @@ SELECT {_ulid_time(ms)} || {pad}, 'shop', 'job-' || ({i} % 20),
        'tenant-' || ({i} % 1000) || '/' || {i}, '{{}}',
        CASE WHEN {i} > :count - 50 THEN 'running' WHEN ({i} / 20) % 100 = 0 THEN 'failed'
             ELSE 'done' END,
-       NULL, '{{}}', 0, NULL, {started_at}, {started_at},
+       NULL, '{{}}', 0,
+       CASE WHEN ({i} / 20) % 100 = 0 THEN 'KeyError: order ' || {i} || ' not found' END,
+       {started_at}, {started_at},
        CASE WHEN {i} > :count - 10 THEN {started_at} END,
        CASE WHEN {i} <= :count - 50 THEN {started_at} END,
        CASE WHEN {i} > :count - 10 THEN 'token' END,
@@ -138,6 +142,11 @@ def _pages(count: int) -> dict[str, str]:
         "started since + status=failed": f"/db/0/runs?since={since}&status=failed",
         "module+job+started since": f"/db/0/runs?{job}&since={since}",
         "health": "/health",
+        "activity, last hour per minute": "/db/0/activity",
+        "activity, last day per hour": "/db/0/activity?per=hour",
+        "activity of one job, last day": f"/db/0/activity?per=hour&{job}",
+        "workers": "/db/0/workers",
+        "errors, last 24 hours": "/db/0/errors",
     }
 
 

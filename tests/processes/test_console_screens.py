@@ -124,7 +124,8 @@ async def test_the_run_page_names_the_holder_and_why_it_waits(
     client = client_for(store)
     page = (await client.get(f"/db/0/runs/{leased.id}")).text
     assert re.search(
-        r"<b>worker-1/2</b> on host <span class=\"mono\">web-7</span>, pid <span class=\"mono\">4121</span>",
+        r"<b>worker-1/2</b> on host <span class=\"mono\">web-7</span>, "
+        r"pid <span class=\"mono\">4121</span>",
         page,
     )
     assert "since 2026-01-01 10:00:00" in page
@@ -194,7 +195,8 @@ async def test_workers_lists_the_lease_holders(store: Any, engine: Any, client_f
     await put_rows(store, engine, rows)
     page = (await client_for(store).get("/db/0/workers")).text
     found = re.findall(
-        r'<td class="mono">(\w+)</td>\s*<td>([\w-]+)</td>\s*<td class="num">(\d+)</td>\s*<td class="num"><a[^>]*>(\d+)</a>',
+        r'<td class="mono">(\w+)</td>\s*<td>([\w-]+)</td>\s*'
+        r'<td class="num">(\d+)</td>\s*<td class="num"><a[^>]*>(\d+)</a>',
         page,
     )
     assert found == [("w1", "web-7", "4121", "2"), ("w2", "web-9", "77", "1")]
