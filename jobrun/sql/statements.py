@@ -681,7 +681,7 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
         for name in names
         if name.startswith("query_status_")
     ]
-    status = runs.status
+    status: Any = runs.status
     if "query_prefix" in names and "query_job" not in names:
         # The instance range is the narrow one: spelled as an expression, the status
         # cannot draw the planner to its index (SQLite would scan every done run).

@@ -68,7 +68,7 @@ async def test_0005_keeps_every_row_and_its_runs_read_no_deferrals(at_0004: Asyn
     engine = at_0004
     before = await _snapshot(engine)
     await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0005"
+    assert await revision_of(engine) == SCHEMA_REVISION  # 0006 on top changes none of this
     assert await _snapshot(engine) == before
     async with engine.connect() as connection:
         found = await connection.execute(

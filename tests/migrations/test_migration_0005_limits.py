@@ -70,7 +70,7 @@ async def test_0005_adds_the_limit_tables_and_takes_them_away_again(at_0004: Asy
     before = await _runs(engine)
     assert not (await _tables(engine)) & LIMIT_TABLES
     await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0005"
+    assert await revision_of(engine) == SCHEMA_REVISION  # 0006 on top changes none of this
     assert await _tables(engine) >= LIMIT_TABLES
     assert await _runs(engine) == before
 
