@@ -80,7 +80,7 @@ INSERT INTO _substrat_job_runs ({_COLUMNS})
 {_fill_select("i", _SQLITE_MS, _SQLITE_STARTED_AT, "printf('%016d', i)")}
 FROM n
 """
-_POSTGRES_MS = f"({FIRST_MS}::bigint + i * {STEP_MS})"
+_POSTGRES_MS = f"({FIRST_MS}::bigint + i::bigint * {STEP_MS})"
 _POSTGRES_STARTED_AT = (
     f"to_char(to_timestamp({_POSTGRES_MS} / 1000) AT TIME ZONE 'UTC', "
     """'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"""
