@@ -188,18 +188,20 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 runs, 5 requests each")
     parser.add_argument("--sqlite-only", action="store_true")
+    parser.add_argument("--postgres-only", action="store_true")
     parser.add_argument("--postgres-url", default=POSTGRES_URL)
     parser.add_argument("--repeat", type=int, default=30)
     options = parser.parse_args()
     count = 10_000 if options.quick else 1_000_000
     repeat = 5 if options.quick else options.repeat
-    with tempfile.TemporaryDirectory() as folder:
-        engine = create_async_engine(f"sqlite+aiosqlite:///{Path(folder) / 'console.db'}")
-        try:
-            fill_s = await _fill(engine, count, postgres=False)
-            _report("SQLite", count, fill_s, await _time_pages(engine, count, repeat))
-        finally:
-            await engine.dispose()
+    if not options.postgres_only:
+        with tempfile.TemporaryDirectory() as folder:
+            engine = create_async_engine(f"sqlite+aiosqlite:///{Path(folder) / 'console.db'}")
+            try:
+                fill_s = await _fill(engine, count, postgres=False)
+                _report("SQLite", count, fill_s, await _time_pages(engine, count, repeat))
+            finally:
+                await engine.dispose()
     if not options.sqlite_only:
         engine = await _postgres_engine(options.postgres_url)
         try:

@@ -665,7 +665,7 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     """Twin of :func:`jobrun._core.browse.run_matches`: the conditions of a console
     query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
     ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
-    ``query_status_{i}``, ``query_started_since_at`` with ``query_first_id``,
+    ``query_status_<status>`` (markers), ``query_started_since_at`` with ``query_first_id``,
     ``query_stranded_at``, ``query_before_id``, ``query_leased_at``,
     ``query_failed_since_at``."""
     runs = job_runs.c
@@ -676,8 +676,11 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     ]
     if "query_prefix" in names:
         conditions.extend(_instance_prefixed(names))
+    # The statuses are part of the statement (markers ``query_status_<status>``, each
+    # a JobRunStatus value), not parameters: Postgres's plan for a reused statement
+    # must know that 'failed' is a narrow range and 'done' is most of the history.
     statuses: list[Any] = [
-        bindparam(name, type_=runs.status.type)
+        literal_column(f"'{JobRunStatus(name.removeprefix('query_status_')).value}'")
         for name in names
         if name.startswith("query_status_")
     ]

@@ -773,7 +773,7 @@ class SqlJobRunStore:
                 upper = _prefix_successor(prefix)
                 if upper is not None:
                     values["query_prefix_upper"] = upper
-        values |= _numbered("query_status", query.statuses)
+        values |= {f"query_status_{status}": True for status in sorted(set(query.statuses))}
         if query.started_since_at is not None:
             values["query_started_since_at"] = query.started_since_at
             values["query_first_id"] = first_id_at(query.started_since_at)
