@@ -75,9 +75,30 @@ def is_stranded(row: RunRow, now_at: str) -> bool:
     return is_due(row, now_at) and row.lease_owner is not None
 
 
+def has_ended_since(row: RunRow, since_at: str) -> bool:
+    """Ended (done or failed) at or after ``since_at``."""
+    return row.ended_at is not None and row.ended_at >= since_at
+
+
 def is_failed_since(row: RunRow, since_at: str) -> bool:
     """Ended ``failed`` at or after ``since_at``."""
-    return row.status == FAILED and row.ended_at is not None and row.ended_at >= since_at
+    return row.status == FAILED and has_ended_since(row, since_at)
+
+
+CANCELLED = "cancelled"
+"""How a run ended by an operator's cancel is shown and filtered: its status stays
+``failed`` (a cancelled run resumes like any failed one); the stored marker
+(``cancelled``, revision 0006) tells the two apart."""
+
+
+def is_cancelled(row: RunRow) -> bool:
+    """Ended ``failed`` because an operator cancelled it."""
+    return row.status == FAILED and row.cancelled == 1
+
+
+def outcome_of(row: RunRow) -> str:
+    """How a run stands, for people: ``running``, ``done``, ``failed`` or ``cancelled``."""
+    return CANCELLED if is_cancelled(row) else row.status
 
 
 def live_run_of(rows: Iterable[RunRow], row: RunRow) -> RunRow | None:

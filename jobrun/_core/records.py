@@ -61,6 +61,8 @@ class RunRow:
     deferred_reason: str | None = None
     # Revision 0006: the version of the code that last committed the run (None: 1).
     job_version: int | None = None
+    # Revision 0006: 1 when an operator cancelled the run (see predicates.is_cancelled).
+    cancelled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +202,8 @@ class JobRun:
     passes and ``last_error`` holds the latest failure (``Type: message``).
     ``next_attempt_at`` is when a backing-off run is due again, or, while a
     driver holds the run, its lease's expiry (also in ``lease_expires_at``, with
-    the holder in ``lease_driver``). Times are aware UTC datetimes.
+    the holder in ``lease_driver``, since ``lease_began_at``). Times are aware UTC
+    datetimes.
     ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
     lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
     passes it has committed; both read 0 on a run no jobrun of revision 0004 or
@@ -211,6 +214,8 @@ class JobRun:
     ``next_attempt_at``. ``job_version`` is the version of the job's code that
     last committed the run (1 until a versioned job's code commits it, see
     ``JobRegistry.register``): only code of that version or newer claims it.
+    ``cancelled`` says a ``failed`` run was cancelled by an
+    operator (revision 0006; runs cancelled before it are marked by its migration).
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -241,6 +246,8 @@ class JobRun:
     deferrals: int = 0
     deferred_reason: str | None = None
     job_version: int = 1
+    lease_began_at: datetime | None = None
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +368,7 @@ def _instant(column: str, text: str | None, problems: list[str]) -> datetime | N
 def job_run_of(row: RunRow) -> JobRun:
     """Decode a row for an operator; never raises for what is stored in it."""
     # Here, not at the top: the rules' module reads this module's records.
-    from jobrun._core.predicates import stored_version
+    from jobrun._core.predicates import is_cancelled, stored_version
 
     problems: list[str] = []
 
@@ -385,6 +392,7 @@ def job_run_of(row: RunRow) -> JobRun:
     updated_at = instant("updated_at", row.updated_at)
     next_attempt_at = instant("next_attempt_at", row.next_attempt_at)
     ended_at = instant("ended_at", row.ended_at)
+    lease_began_at = instant("lease_began_at", row.lease_began_at)
     leased = row.lease_owner is not None
     if row.status not in _STATUSES:
         problems.append(f"status {row.status!r} is not one of running, done, failed")
@@ -414,6 +422,8 @@ def job_run_of(row: RunRow) -> JobRun:
         deferrals=row.deferrals,
         deferred_reason=row.deferred_reason,
         job_version=stored_version(row),
+        lease_began_at=lease_began_at if leased else None,
+        cancelled=is_cancelled(row),
     )
 
 

@@ -199,6 +199,7 @@ def cancel_transition(reason: str, at: str) -> RunChange:
             ("last_error", reason),
             ("updated_at", at),
             ("ended_at", at),
+            ("cancelled", 1),
             *_UNLEASED,
             *_NOT_DEFERRED,
         ),
@@ -215,6 +216,7 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
         ("lease_takeovers", 0),
         ("updated_at", at),
         ("ended_at", None),
+        ("cancelled", 0),
         *_UNLEASED,
         *_NOT_DEFERRED,
     )

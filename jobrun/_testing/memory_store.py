@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
+from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
 from jobrun._core.clock import Clock
 from jobrun._core.fair import ClaimTurns
@@ -42,6 +43,7 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
 
@@ -417,3 +419,9 @@ class MemoryJobRunStore:
                 failed_recently=load.failed_recently + failed,
             )
         return [loads[key] for key in sorted(loads)]
+
+    async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
+        return count_activity(self.runs.values(), query)
+
+    async def live_presences(self) -> builtins.list[PresenceSeen]:
+        return []

@@ -35,6 +35,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     true,
     tuple_,
     union_all,
@@ -125,9 +126,19 @@ def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
     return and_(is_due(now_at, runs), runs.lease_owner.is_not(None))
 
 
+def has_ended_since(since_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.has_ended_since`."""
+    return runs.ended_at >= since_at
+
+
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
-    return and_(runs.status == FAILED, runs.ended_at >= since_at)
+    return and_(runs.status == FAILED, has_ended_since(since_at, runs))
+
+
+def is_cancelled(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_cancelled`."""
+    return and_(runs.status == FAILED, runs.cancelled == 1)
 
 
 def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
@@ -541,6 +552,17 @@ def prune_runs(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
     return delete(job_runs).where(runs.id.in_(doomed), not_(is_live())).returning(runs.id)
 
 
+def collation_statement() -> Any:
+    """Postgres: the database's collation (its text columns' default)."""
+    return text("SELECT datcollate FROM pg_database WHERE datname = current_database()")
+
+
+def is_bytewise_collation(name: str) -> bool:
+    """Whether a Postgres collation orders text by code point (so a range holds every
+    string with a prefix): C, POSIX and C.UTF-8 do; linguistic ones (en_US…) need not."""
+    return name in ("C", "POSIX", "ucs_basic") or name.upper().replace("-", "") in ("C.UTF8",)
+
+
 def clock_statement() -> Any:
     """Postgres: the database's clock, read as the statement runs."""
     return select(func.clock_timestamp())
@@ -683,8 +705,9 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     """Twin of :func:`jobrun._core.browse.run_matches`: the conditions of a console
     query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
     ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
-    ``query_status_{i}``, ``query_started_since_at`` with ``query_first_id``,
-    ``query_stranded_at``, ``query_before_id``."""
+    ``query_status_<status>`` (markers), ``query_started_since_at`` with ``query_first_id``,
+    ``query_stranded_at``, ``query_before_id``, ``query_leased_at``,
+    ``query_failed_since_at``."""
     runs = job_runs.c
     conditions = [
         runs[name] == bindparam(f"query_{name}")
@@ -693,13 +716,21 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     ]
     if "query_prefix" in names:
         conditions.extend(_instance_prefixed(names))
+    # The statuses are part of the statement (markers ``query_status_<status>``, each
+    # a JobRunStatus value), not parameters: Postgres's plan for a reused statement
+    # must know that 'failed' is a narrow range and 'done' is most of the history.
     statuses: list[Any] = [
-        bindparam(name, type_=runs.status.type)
+        literal_column(f"'{JobRunStatus(name.removeprefix('query_status_')).value}'")
         for name in names
         if name.startswith("query_status_")
     ]
+    status: Any = runs.status
+    if "query_prefix" in names and "query_job" not in names:
+        # The instance range is the narrow one: spelled as an expression, the status
+        # cannot draw the planner to its index (SQLite would scan every done run).
+        status = status.concat(literal(""))
     if statuses:
-        conditions.append(runs.status.in_(statuses))
+        conditions.append(status.in_(statuses))
     if "query_started_since_at" in names:
         # The id bound is the index-friendly half (see RunQuery): a range on every
         # index that ends in id, so the pages and counts seek.
@@ -709,6 +740,15 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
         conditions.append(is_stranded(bindparam("query_stranded_at")))
     if "query_before_id" in names:
         conditions.append(runs.id < bindparam("query_before_id"))
+    if "query_leased_at" in names:
+        conditions.append(is_leased(bindparam("query_leased_at", type_=Text)))
+    if "query_failed_since_at" in names:
+        conditions.append(is_failed_since(bindparam("query_failed_since_at", type_=Text)))
+    # Markers, not values: the statement's shape says which way (see the store).
+    if "query_cancelled" in names:
+        conditions.append(is_cancelled())
+    if "query_not_cancelled" in names:
+        conditions.append(not_(is_cancelled()))
     return conditions
 
 
@@ -769,6 +809,49 @@ def job_loads_statement() -> Any:
         .where(runs.status.in_([literal(RUNNING), literal(FAILED)]), live | failed)
         .group_by(runs.module_id, runs.job)
         .order_by(runs.module_id, runs.job)
+    )
+
+
+def _bucket(column: Any, chars: int) -> Any:
+    """The first ``chars`` characters of a stored instant: its minute (16) or hour (13).
+    A literal, not a parameter: the GROUP BY must repeat the very expression."""
+    return func.substr(column, 1, literal_column(str(int(chars)))).label("bucket")
+
+
+def _of_job(names: tuple[str, ...]) -> list[Any]:
+    runs = job_runs.c
+    return [
+        runs[name] == bindparam(f"activity_{name}")
+        for name in ("module_id", "job")
+        if f"activity_{name}" in names
+    ]
+
+
+def activity_started_statement(chars: int, names: tuple[str, ...]) -> Any:
+    """Runs started per bucket since ``activity_since_at`` (and id from ``activity_first_id``,
+    the primary key's range, as a console query's "started since")."""
+    runs = job_runs.c
+    bucket = _bucket(runs.started_at, chars)
+    return (
+        select(bucket, func.count())
+        .where(
+            runs.id >= bindparam("activity_first_id"),
+            runs.started_at >= bindparam("activity_since_at"),
+            *_of_job(names),
+        )
+        .group_by(bucket)
+    )
+
+
+def activity_ended_statement(chars: int, names: tuple[str, ...]) -> Any:
+    """Runs finished, and of them failed, per bucket since ``activity_since_at`` (the
+    ``ended_at`` index's range)."""
+    runs = job_runs.c
+    bucket = _bucket(runs.ended_at, chars)
+    return (
+        select(bucket, func.count(), func.count().filter(runs.status == FAILED))
+        .where(has_ended_since(bindparam("activity_since_at", type_=Text)), *_of_job(names))
+        .group_by(bucket)
     )
 
 

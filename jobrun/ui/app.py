@@ -18,6 +18,7 @@ from jobrun.ui.databases import Databases, databases_of
 from jobrun.ui.hosts import AllowedHosts, HostGuard
 from jobrun.ui.paths import checked_base_path
 from jobrun.ui.reading import health_page, run_live, run_page, runs_page
+from jobrun.ui.screens import activity_page, errors_page, workers_page
 from jobrun.ui.security import Authorize, Guard, Refused
 from jobrun.ui.state import Console, console_of
 from jobrun.ui.views import HERE, Pages
@@ -108,6 +109,9 @@ def create_app(
         Route("/", _home),
         Route("/health", health_page),
         Route("/db/{db:int}/runs", runs_page),
+        Route("/db/{db:int}/activity", activity_page),
+        Route("/db/{db:int}/workers", workers_page),
+        Route("/db/{db:int}/errors", errors_page),
         Route("/db/{db:int}/runs/{run_id}", run_page),
         Route("/db/{db:int}/runs/{run_id}/live", run_live),
         Route("/db/{db:int}/runs/{run_id}/{action}", run_action, methods=["POST"]),

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, select, update
 
 from jobrun._core import predicates
+from jobrun._core.activity import ActivityQuery, count_activity
 from jobrun._core.browse import RunQuery, run_matches
 from jobrun._core.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
@@ -56,6 +57,7 @@ def _table() -> list[RunRow]:
                 priority=index % 2,
                 # Versioned jobs: none stored (version 1), 1, 2 and 3.
                 job_version=(None, 1, 2, 3)[index % 4],
+                cancelled=int(index % 3 == 0),
             )
         )
     return rows
@@ -80,6 +82,7 @@ ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
     ("is_leased", predicates.is_leased, statements.is_leased(NOW_AT)),
     ("is_stranded", predicates.is_stranded, statements.is_stranded(NOW_AT)),
     ("is_failed_since", predicates.is_failed_since, statements.is_failed_since(NOW_AT)),
+    ("has_ended_since", predicates.has_ended_since, statements.has_ended_since(NOW_AT)),
 ]
 
 
@@ -87,6 +90,9 @@ ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
 async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engine: Any) -> None:
     await put_rows(store, engine, ROWS)
     assert await _sql_ids(engine, statements.is_live(), {}) == _ids(ROWS, predicates.is_live)
+    cancelled = _ids(ROWS, predicates.is_cancelled)
+    assert cancelled
+    assert await _sql_ids(engine, statements.is_cancelled(), {}) == cancelled
     for at, (name, rule, twin) in itertools.product(INSTANTS, ROW_RULES):
         wanted = {row.id for row in ROWS if rule(row, at)}
         assert await _sql_ids(engine, twin, {"now_at": at}) == wanted, (name, at)
@@ -190,6 +196,18 @@ def _queries(at: str) -> list[RunQuery]:
         for chosen in statuses
         for stranded_at in (None, at)
         for module_id, job in ((None, None), JOBS[1])
+    ] + [
+        RunQuery(
+            leased_at=leased_at,
+            failed_since_at=failed_since_at,
+            cancelled=cancelled,
+            job=job,
+            limit=500,
+        )
+        for leased_at in (None, at)
+        for failed_since_at in (None, at)
+        for cancelled in (None, True, False)
+        for job in (None, JOBS[1][1])
     ]
 
 
@@ -200,6 +218,14 @@ async def test_the_console_filter_selects_by_the_rules(store: Any, engine: Any, 
         wanted = sorted((row.id for row in ROWS if run_matches(row, query)), reverse=True)
         assert [row.id for row in await store.find(query)] == wanted[: query.limit], query
         assert await store.count(query, 1000) == len(wanted), query
+
+
+@pytest.mark.parametrize("at", INSTANTS)
+async def test_the_activity_chart_counts_by_the_rules(store: Any, engine: Any, at: str) -> None:
+    await put_rows(store, engine, ROWS)
+    for chars, (module_id, job) in itertools.product((13, 16), ((None, None), JOBS[1])):
+        query = ActivityQuery(at, chars, module_id, job)
+        assert await store.activity(query) == count_activity(ROWS, query), query
 
 
 @pytest.mark.parametrize("at", INSTANTS)

@@ -16,10 +16,12 @@ from jobrun.sql.compat import refusal
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, revision_of
+from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_of, row_values
 
 RUNS = "_substrat_job_runs"
-COLUMNS_0005 = ", ".join(name for name in RunRow.__dataclass_fields__ if name != "job_version")
+COLUMNS_0005 = ", ".join(
+    name for name in RunRow.__dataclass_fields__ if name not in ("job_version", "cancelled")
+)
 
 
 @pytest.fixture
@@ -31,20 +33,11 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(50):
             row = hand_made_row(number, module_id="@test/jobs", job="versioned")
-            values = {name: getattr(row, name) for name in row.__dataclass_fields__}
-            values.pop("job_version")  # 0006's column
+            values = row_values(row, without=("job_version", "cancelled"))  # 0006's
             values["status"] = "running" if number % 10 == 0 else "done"
             values["cursor"] = '{"n": 7}' if number == 0 else None
             rows.append(values)
-        columns = list(rows[0])
-        async with engine.begin() as connection:
-            await connection.execute(
-                text(
-                    f"INSERT INTO {RUNS} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(':' + column for column in columns)})"
-                ),
-                rows,
-            )
+        await insert_values(engine, RUNS, rows)
         yield engine
     finally:
         await engine.dispose()

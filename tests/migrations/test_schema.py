@@ -90,6 +90,8 @@ EXPECTED: dict[str, Any] = {
             ("deferred_reason", "TEXT", True, None),
             # Revision 0006: the version of the code that last committed the run.
             ("job_version", "INTEGER", True, None),
+            # Revision 0006: the cancelled marker.
+            ("cancelled", "INTEGER", False, "0"),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
@@ -97,6 +99,9 @@ EXPECTED: dict[str, Any] = {
             (DUE_AT_INDEX, ["status", "priority DESC", DUE_AT, "id"], False, None),
             # Revision 0005: the order of the claims that go by age (fair claims).
             (DUE_ORDER_INDEX, ["status", DUE_AT, "id"], False, BY_AGE_ONLY),
+            # Revision 0006: the activity chart's range, the instance prefix's range.
+            ("_substrat_job_runs_ended", ["ended_at", "status"], False, None),
+            ("_substrat_job_runs_instance", ["instance", "id"], False, None),
             # Revision 0003: the console's newest-first ranges, by job and status, by status.
             ("_substrat_job_runs_job_status", ["module_id", "job", "status", "id"], False, None),
             ("_substrat_job_runs_key", ["module_id", "job", "instance", "id"], False, None),

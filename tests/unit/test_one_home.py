@@ -55,9 +55,9 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
         {PREDICATES: {"stored_version"}, STATEMENTS: {"stored_version"}},
     ),
     (
-        "failed since",
+        "ended since (failed since builds on it)",
         r"ended_at\s*>=",
-        {PREDICATES: {"is_failed_since"}, STATEMENTS: {"is_failed_since"}},
+        {PREDICATES: {"has_ended_since"}, STATEMENTS: {"has_ended_since"}},
     ),
     (
         "prunable",
