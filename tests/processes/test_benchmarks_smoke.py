@@ -65,3 +65,22 @@ def test_bench_map(tmp_path: Path) -> None:
     assert isinstance(sqlite, dict)
     assert {"one at a time", "p.map, concurrency=32", "speed-up"} == set(sqlite)
     assert all(value > 0 for value in sqlite.values())
+
+
+def test_bench_compare(tmp_path: Path) -> None:
+    """jobrun always; DBOS and Celery too where the `bench` extra is installed."""
+    sqlite = run_quick("bench_compare.py", tmp_path)["sqlite"]
+    assert isinstance(sqlite, dict)
+    assert sqlite["units"] == 20
+    assert sqlite["jobrun"] > 0
+    assert all(value > 0 for value in sqlite.values())
+
+
+def test_bench_compare_resume(tmp_path: Path) -> None:
+    results = run_quick("bench_compare_resume.py", tmp_path)
+    jobrun = results["sqlite-jobrun"]
+    assert isinstance(jobrun, dict)
+    assert jobrun["done before the kill"] >= 20
+    # At least once: only the body in flight at the kill may run again.
+    assert jobrun["bodies run twice"] <= 1
+    assert 0 < jobrun["first new body, s"] <= jobrun["done, s"]
