@@ -28,6 +28,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -193,6 +194,7 @@ def celery_runner(backend: str, args: Any, n: int, enqueue_ms: list[float]) -> t
         env={**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}"},
     )
     trivial.delay(-1).get(timeout=120)  # the worker is up and both tables exist
+    worker.send_signal(signal.SIGSTOP)
     counter = sa.create_engine(results.removeprefix("db+"))
     count_done = sa.text("SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'")
 
@@ -201,6 +203,7 @@ def celery_runner(backend: str, args: Any, n: int, enqueue_ms: list[float]) -> t
             return int(connection.execute(count_done).scalar_one())
 
     async def sample() -> float:
+        worker.send_signal(signal.SIGCONT)
         before = done()
         started = time.perf_counter()
         for index in range(n):
@@ -209,9 +212,14 @@ def celery_runner(backend: str, args: Any, n: int, enqueue_ms: list[float]) -> t
         # The results are rows another process writes: nothing to wait on but a poll.
         while done() < before + n:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
-        return timed_ms(started, n)
+        elapsed = timed_ms(started, n)
+        # Between its samples the idle worker would poll the broker every 10 ms,
+        # taking CPU and database time from the other systems' samples: stop it.
+        worker.send_signal(signal.SIGSTOP)
+        return elapsed
 
     def close() -> None:
+        worker.send_signal(signal.SIGCONT)
         worker.terminate()
         worker.wait(timeout=60)
         counter.dispose()
