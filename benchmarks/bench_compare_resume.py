@@ -12,8 +12,9 @@ pending workflows in ``DBOS.launch()``). Reported, from the log:
   database touched yet) to the first body of a step the killed process had not
   finished;
 * ``done, s``: from ready to the run's end (the remaining half included);
-* ``bodies run twice``: steps whose body ran in both processes (at least once:
-  the body in flight at the kill may run again).
+* ``bodies run twice``: steps whose body finished in the killed process and ran
+  again in the new one: the kill fell between a body's end and the record of
+  its result (a body cut short by the kill logged nothing and is not counted).
 
 Procrastinate and Celery are not in it: a task is not resumed part way, and a
 task a killed worker held is left to other mechanisms (see
