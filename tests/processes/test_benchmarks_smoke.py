@@ -81,3 +81,22 @@ def test_bench_external_walk(tmp_path: Path) -> None:
     assert sqlite["unlimited"]["speed-up"] > 0
     assert sqlite["unlimited"]["httpx alone, 32 at once"] > 0
     assert sqlite["token"]["step + token"] > 0
+
+
+def test_bench_compare(tmp_path: Path) -> None:
+    """jobrun always; DBOS and Celery too where the `bench` extra is installed."""
+    sqlite = run_quick("bench_compare.py", tmp_path)["sqlite"]
+    assert isinstance(sqlite, dict)
+    assert sqlite["units"] == 20
+    assert sqlite["jobrun"] > 0
+    assert all(value > 0 for value in sqlite.values())
+
+
+def test_bench_compare_resume(tmp_path: Path) -> None:
+    results = run_quick("bench_compare_resume.py", tmp_path)
+    jobrun = results["sqlite-jobrun"]
+    assert isinstance(jobrun, dict)
+    assert jobrun["done before the kill"] >= 20
+    # At least once: only the body in flight at the kill may run again.
+    assert jobrun["bodies run twice"] <= 1
+    assert 0 < jobrun["first new body, s"] <= jobrun["done, s"]
