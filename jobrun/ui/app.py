@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobrun._core.refusals import is_number, refuse
@@ -105,7 +105,23 @@ def create_app(
         trusted_origins=trusted_origins,
     )
     pages = Pages.build(guard, found, int(poll_interval_s * 1000))
-    routes = [
+    console = Starlette(
+        routes=_routes(guard),
+        exception_handlers={Refused: _refused, HTTPException: _http_error},
+    )
+    console.state.jobrun_console = Console(guard, pages, found)
+    app = console
+    if base:
+        app = Starlette(routes=[Route("/", _to_base), Mount(base, app=console)])
+        app.state.jobrun_base = base
+    if hosts is not None:
+        app.add_middleware(HostGuard, allowed=hosts)
+    return app
+
+
+def _routes(guard: Guard) -> list[BaseRoute]:
+    """Every page and action of the console; static files are guarded too."""
+    return [
         Route("/", _home),
         Route("/health", health_page),
         Route("/db/{db:int}/runs", runs_page),
@@ -119,15 +135,3 @@ def create_app(
         Route("/db/{db:int}/bulk", bulk_act, methods=["POST"]),
         Mount("/static", app=_GuardedFiles(guard)),
     ]
-    console = Starlette(
-        routes=routes,
-        exception_handlers={Refused: _refused, HTTPException: _http_error},
-    )
-    console.state.jobrun_console = Console(guard, pages, found)
-    app = console
-    if base:
-        app = Starlette(routes=[Route("/", _to_base), Mount(base, app=console)])
-        app.state.jobrun_base = base
-    if hosts is not None:
-        app.add_middleware(HostGuard, allowed=hosts)
-    return app
