@@ -79,7 +79,7 @@ def test_bench_external_walk(tmp_path: Path) -> None:
         assert walked["written_twice"] == 0
     assert sqlite["kill"]["fetched_twice"] <= sqlite["kill"]["killed_in_flight_at_most"]
     assert sqlite["unlimited"]["speed-up"] > 0
-    assert sqlite["unlimited"]["httpx alone, 32 at once"] > 0
+    assert sqlite["unlimited"]["requests alone, 32 at once"] > 0
     assert sqlite["token"]["step + token"] > 0
 
 
