@@ -299,6 +299,7 @@ class Statements:
                 func.count().filter(is_leased(now_at)),
                 func.count().filter(runs.status == FAILED),
                 func.min(due_at()).filter(waiting),
+                func.count().filter(is_cancelled()),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
         )
 
@@ -485,9 +486,13 @@ def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
 LIST_FILTERS = ("module_id", "job", "instance", "status")
 
 
-def list_statement(filters: tuple[str, ...]) -> Any:
-    """The operator listing for the named equality filters (``filter_<name>``) and ``limit``."""
+def list_statement(filters: tuple[str, ...], cancelled: bool | None = None) -> Any:
+    """The operator listing for the named equality filters (``filter_<name>``) and
+    ``limit``; ``cancelled`` True or False keeps only the runs that are (are not)
+    cancelled."""
     conditions = [job_runs.c[name] == bindparam(f"filter_{name}") for name in filters]
+    if cancelled is not None:
+        conditions.append(is_cancelled() if cancelled else not_(is_cancelled()))
     return (
         select(job_runs)
         .where(and_(True, *conditions))
