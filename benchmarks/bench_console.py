@@ -154,8 +154,10 @@ def _python_ulid_time(ms: int) -> str:
     return "".join(_CROCKFORD[(ms >> (5 * place)) & 31] for place in range(9, -1, -1))
 
 
-async def _time_pages(engine: AsyncEngine, count: int, repeat: int) -> dict[str, list[float]]:
-    pages = _pages(count)
+async def _time_pages(
+    engine: AsyncEngine, count: int, repeat: int, only: str | None = None
+) -> dict[str, list[float]]:
+    pages = {name: path for name, path in _pages(count).items() if not only or only in name}
     samples: dict[str, list[float]] = {name: [] for name in pages}
     app = create_app({"bench": engine})
     transport = httpx.ASGITransport(app=app)
@@ -191,22 +193,26 @@ async def main() -> None:
     parser.add_argument("--postgres-only", action="store_true")
     parser.add_argument("--postgres-url", default=POSTGRES_URL)
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--only", help="only the pages whose name contains this text")
+    parser.add_argument("--count", type=int, help="runs kept (default 1,000,000)")
     options = parser.parse_args()
-    count = 10_000 if options.quick else 1_000_000
+    count = options.count or (10_000 if options.quick else 1_000_000)
     repeat = 5 if options.quick else options.repeat
     if not options.postgres_only:
         with tempfile.TemporaryDirectory() as folder:
             engine = create_async_engine(f"sqlite+aiosqlite:///{Path(folder) / 'console.db'}")
             try:
                 fill_s = await _fill(engine, count, postgres=False)
-                _report("SQLite", count, fill_s, await _time_pages(engine, count, repeat))
+                samples = await _time_pages(engine, count, repeat, options.only)
+                _report("SQLite", count, fill_s, samples)
             finally:
                 await engine.dispose()
     if not options.sqlite_only:
         engine = await _postgres_engine(options.postgres_url)
         try:
             fill_s = await _fill(engine, count, postgres=True)
-            _report("Postgres", count, fill_s, await _time_pages(engine, count, repeat))
+            samples = await _time_pages(engine, count, repeat, options.only)
+            _report("Postgres", count, fill_s, samples)
         finally:
             await engine.dispose()
 
