@@ -7,6 +7,7 @@ called in process through httpx's ASGI transport, so the time is the server's
 
     .venv/bin/python benchmarks/bench_console.py                # SQLite and Postgres
     .venv/bin/python benchmarks/bench_console.py --sqlite-only --quick
+    .venv/bin/python benchmarks/bench_console.py --sqlite-only --only activity
 
 The history is filled with one INSERT ... SELECT per database: runs of 20 jobs
 started 2 s apart, ids real ULIDs of their start, 1% failed, the newest 50
@@ -194,9 +195,8 @@ async def main() -> None:
     parser.add_argument("--postgres-url", default=POSTGRES_URL)
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--only", help="only the pages whose name contains this text")
-    parser.add_argument("--count", type=int, help="runs kept (default 1,000,000)")
     options = parser.parse_args()
-    count = options.count or (10_000 if options.quick else 1_000_000)
+    count = 10_000 if options.quick else 1_000_000
     repeat = 5 if options.quick else options.repeat
     if not options.postgres_only:
         with tempfile.TemporaryDirectory() as folder:
