@@ -7,6 +7,7 @@ called in process through httpx's ASGI transport, so the time is the server's
 
     .venv/bin/python benchmarks/bench_console.py                # SQLite and Postgres
     .venv/bin/python benchmarks/bench_console.py --sqlite-only --quick
+    .venv/bin/python benchmarks/bench_console.py --sqlite-only --only activity
 
 The history is filled with one INSERT ... SELECT per database: runs of 20 jobs
 started 2 s apart, ids real ULIDs of their start, 1% failed, the newest 50
@@ -154,8 +155,10 @@ def _python_ulid_time(ms: int) -> str:
     return "".join(_CROCKFORD[(ms >> (5 * place)) & 31] for place in range(9, -1, -1))
 
 
-async def _time_pages(engine: AsyncEngine, count: int, repeat: int) -> dict[str, list[float]]:
-    pages = _pages(count)
+async def _time_pages(
+    engine: AsyncEngine, count: int, repeat: int, only: str | None = None
+) -> dict[str, list[float]]:
+    pages = {name: path for name, path in _pages(count).items() if not only or only in name}
     samples: dict[str, list[float]] = {name: [] for name in pages}
     app = create_app({"bench": engine})
     transport = httpx.ASGITransport(app=app)
@@ -191,6 +194,7 @@ async def main() -> None:
     parser.add_argument("--postgres-only", action="store_true")
     parser.add_argument("--postgres-url", default=POSTGRES_URL)
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--only", help="only the pages whose name contains this text")
     options = parser.parse_args()
     count = 10_000 if options.quick else 1_000_000
     repeat = 5 if options.quick else options.repeat
@@ -199,14 +203,16 @@ async def main() -> None:
             engine = create_async_engine(f"sqlite+aiosqlite:///{Path(folder) / 'console.db'}")
             try:
                 fill_s = await _fill(engine, count, postgres=False)
-                _report("SQLite", count, fill_s, await _time_pages(engine, count, repeat))
+                samples = await _time_pages(engine, count, repeat, options.only)
+                _report("SQLite", count, fill_s, samples)
             finally:
                 await engine.dispose()
     if not options.sqlite_only:
         engine = await _postgres_engine(options.postgres_url)
         try:
             fill_s = await _fill(engine, count, postgres=True)
-            _report("Postgres", count, fill_s, await _time_pages(engine, count, repeat))
+            samples = await _time_pages(engine, count, repeat, options.only)
+            _report("Postgres", count, fill_s, samples)
         finally:
             await engine.dispose()
 

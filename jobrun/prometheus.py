@@ -58,9 +58,10 @@ class WorkerMetrics:
       a run over from another holder (stranded or orphaned);
     * ``jobrun_due_runs{database}``, ``jobrun_oldest_due_age_seconds{database}``,
       ``jobrun_running_runs{database}``, ``jobrun_leased_runs{database}``,
-      ``jobrun_orphaned_runs{database}``, ``jobrun_failed_runs{database}``: gauges
-      from :func:`jobrun.job_run_health` (the words as it defines them), refreshed
-      every worker interval.
+      ``jobrun_orphaned_runs{database}``, ``jobrun_failed_runs{database}`` (cancelled
+      runs included), ``jobrun_cancelled_runs{database}`` (the failed runs an
+      operator cancelled): gauges from :func:`jobrun.job_run_health` (the words as
+      it defines them), refreshed every worker interval.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -118,7 +119,16 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.failed = Gauge(
-            "jobrun_failed_runs", "Runs that ended failed.", database, registry=self.registry
+            "jobrun_failed_runs",
+            "Runs that ended failed (cancelled ones included).",
+            database,
+            registry=self.registry,
+        )
+        self.cancelled = Gauge(
+            "jobrun_cancelled_runs",
+            "Failed runs an operator cancelled.",
+            database,
+            registry=self.registry,
         )
 
     def pass_started(self, start: PassStart) -> PassWatch | None:
@@ -136,6 +146,7 @@ class WorkerMetrics:
         self.leased.labels(database).set(health.leased)
         self.orphaned.labels(database).set(health.orphaned)
         self.failed.labels(database).set(health.failed)
+        self.cancelled.labels(database).set(health.cancelled)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` over HTTP on ``address:port`` from a daemon thread."""

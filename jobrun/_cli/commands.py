@@ -63,7 +63,10 @@ async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
 @click.option("--job", "-j", help="Only runs of this job.")
 @click.option("--instance", "-i", help="Only runs of this instance.")
 @click.option(
-    "--status", "-s", type=click.Choice(["running", "done", "failed"]), help="Only this status."
+    "--status",
+    "-s",
+    type=click.Choice(["running", "done", "failed", "cancelled"]),
+    help="Only this status; failed includes the cancelled runs, cancelled only them.",
 )
 @click.option(
     "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True,
@@ -137,7 +140,8 @@ def show(url: str, run_id: str, as_json: bool) -> None:
     metavar="SECONDS", help="Seconds between polls.",
 )  # fmt: skip
 def watch(url: str, run_id: str, interval: float) -> None:
-    """Follow a run live until it ends; exit 0 when it is done, 1 when it failed.
+    """Follow a run live until it ends; exit 0 when it is done, 1 when it failed
+    (or was cancelled).
 
     Shows the counters with their rate per second between polls, the cursor,
     attempts, the last error and who holds the lease. When the counters include
@@ -155,7 +159,7 @@ def watch(url: str, run_id: str, interval: float) -> None:
     if final.status == "done":
         out.print(f"run {final.id} is done")
         return
-    out.print(f"run {final.id} {final.status}: {final.last_error or 'no error recorded'}")
+    out.print(f"run {final.id} {final.outcome}: {final.last_error or 'no error recorded'}")
     raise SystemExit(1)
 
 

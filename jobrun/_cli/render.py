@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red"}
+STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red", "cancelled": "magenta"}
 PIPE_WIDTH = 200
 
 
@@ -162,7 +162,7 @@ class _Column:
 _RUN_COLUMNS = (
     _Column("id", 26, lambda run, _at: run.id),
     _Column("key", 20, lambda run, _at: key_of(run), wraps=True),
-    _Column("status", 7, lambda run, _at: status_text(run.status)),
+    _Column("status", 9, lambda run, _at: status_text(run.outcome)),
     _Column("last error", 14, lambda run, _at: run.last_error or "", wraps=True),
     _Column("age", 6, lambda run, at: span(at - run.started_at), justify="right"),
     _Column("attempts", 8, lambda run, _at: str(run.attempts), justify="right"),
@@ -288,7 +288,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record = _fields_table()
     record.add_row("id", run.id)
     record.add_row("key", key_of(run))
-    record.add_row("status", status_text(run.status))
+    record.add_row("status", status_text(run.outcome))
     record.add_row("payload", compact_json(run.payload))
     record.add_row("cursor", compact_json(run.cursor))
     record.add_row("counters", counters_text(run.counters) or "-")
@@ -336,6 +336,7 @@ def health_table(
     table.add_row("leased", str(health.leased))
     table.add_row("  orphaned", str(health.orphaned))
     table.add_row("failed", str(health.failed))
+    table.add_row("  cancelled", str(health.cancelled))
     table.add_row("oldest due waited", span(health.oldest_due_age_s))
     for (module_id, job), due in health.due_by_job.items():
         note = ""

@@ -39,7 +39,7 @@ from jobrun.errors import JobRunNotFoundError
 
 def _signature(run: JobRun) -> tuple[object, ...]:
     return (
-        run.status,
+        run.outcome,
         tuple(sorted(run.counters.items())),
         compact_json(run.cursor),
         run.attempts,
@@ -71,7 +71,7 @@ def view(poll: Poll) -> RenderableType:
         "  ",
         key_of(run),
         "  ",
-        status_text(run.status),
+        status_text(run.outcome),
         f"  {span(now() - run.started_at)} old",
     )
     parts: list[RenderableType] = [header]
@@ -98,7 +98,7 @@ def line(poll: Poll) -> str:
     """The one-line form printed per change when the output is not a terminal."""
     run = poll.run
     rates = " ".join(f"{name}/s={rate:,.1f}" for name, rate in sorted(poll.rates.items()))
-    text = f"{time.strftime('%H:%M:%S')} {run.status} {counters_text(run.counters) or '-'}"
+    text = f"{time.strftime('%H:%M:%S')} {run.outcome} {counters_text(run.counters) or '-'}"
     if rates:
         text += f" ({rates})"
     text += f" attempts={run.attempts}"

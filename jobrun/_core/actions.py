@@ -120,6 +120,7 @@ async def job_run_health(
         rate_limits=limits.buckets,
         concurrency_slots=dict(limits.slots),
         versions_by_job={job: dict(sorted(counts.items())) for job, counts in versions.items()},
+        cancelled=counts.cancelled,
     )
 
 

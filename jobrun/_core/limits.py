@@ -19,8 +19,10 @@ one key, across every driver.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -322,10 +324,28 @@ def too_long_a_wait(key: str, seconds: float) -> RetryAfter:
     """The one place that says how a pass ends when its token of rate limit ``key``
     is ``seconds`` away, beyond the pass budget: deferred, due again then (nothing
     charged; the steps that finished stay stored)."""
-    return RetryAfter(
-        seconds,
-        reason=f"rate limit {key!r}: a token is {seconds:.3f} s away, beyond the pass budget",
-    )
+    return RetryAfter(seconds, reason=f"{_RATE_LIMIT} {key!r}{_TOO_LONG.format(seconds)}")
+
+
+_RATE_LIMIT = "rate limit"
+_TOO_LONG = ": a token is {:.3f} s away, beyond the pass budget"
+_TOO_LONG_PATTERN = re.compile(
+    rf"{_RATE_LIMIT} (?P<key>'.*'|\".*\"): a token is \d+\.\d{{3}} s away, beyond the pass budget"
+)
+
+
+def rate_limit_of_deferral(reason: str | None) -> str | None:
+    """The rate limit key whose token was too far away, when ``reason`` is the
+    ``deferred_reason`` :func:`too_long_a_wait` stored; else ``None`` (a handler's
+    own ``RetryAfter``, or none)."""
+    found = None if reason is None else _TOO_LONG_PATTERN.fullmatch(reason)
+    if found is None:
+        return None
+    try:
+        key = ast.literal_eval(found["key"])
+    except (ValueError, SyntaxError):
+        return None
+    return key if isinstance(key, str) else None
 
 
 @dataclass(frozen=True, slots=True)

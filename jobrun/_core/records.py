@@ -180,6 +180,8 @@ class RunFilter:
     instance: str | None = None
     status: str | None = None
     limit: int = JOB_RUN_LIST_LIMIT
+    # True: only the runs an operator cancelled (predicates.is_cancelled); None: any.
+    cancelled: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +218,9 @@ class JobRun:
     ``JobRegistry.register``): only code of that version or newer claims it.
     ``cancelled`` says a ``failed`` run was cancelled by an
     operator (revision 0006; runs cancelled before it are marked by its migration).
+    ``outcome`` is how the run stands for people: its status, except ``cancelled``
+    for a cancelled run (the one rule, ``jobrun._core.predicates.outcome_of``, that
+    the console, the command line, the metrics and ``job_runs`` all use).
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -248,6 +253,7 @@ class JobRun:
     job_version: int = 1
     lease_began_at: datetime | None = None
     cancelled: bool = False
+    outcome: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +265,7 @@ class HealthCounts:
     leased: int
     failed: int
     oldest_due_at: str | None
+    cancelled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +282,10 @@ class JobRunHealth:
       one does (``due_by_job`` tells which).
     * ``leased``: running runs held by a lease that has not expired (a pass in
       flight, unless its holder died: see ``orphaned``).
-    * ``failed``: runs that ended ``failed`` and are still kept (until pruned).
+    * ``failed``: runs that ended ``failed`` and are still kept (until pruned),
+      cancelled ones included: their stored status is ``failed``.
+    * ``cancelled``: of the failed runs, those an operator cancelled (so
+      ``failed - cancelled`` ended by an error).
     * ``oldest_due_age_s``: seconds the longest-waiting due run has waited since
       its due instant (0 when none): the number to alert on when drivers fall
       behind or a job is registered nowhere.
@@ -304,6 +314,7 @@ class JobRunHealth:
     rate_limits: tuple[RateLimitBucket, ...] = ()
     concurrency_slots: dict[str, int] = field(default_factory=dict)
     versions_by_job: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
+    cancelled: int = 0
 
 
 @dataclass(slots=True)
@@ -368,7 +379,7 @@ def _instant(column: str, text: str | None, problems: list[str]) -> datetime | N
 def job_run_of(row: RunRow) -> JobRun:
     """Decode a row for an operator; never raises for what is stored in it."""
     # Here, not at the top: the rules' module reads this module's records.
-    from jobrun._core.predicates import is_cancelled, stored_version
+    from jobrun._core.predicates import is_cancelled, outcome_of, stored_version
 
     problems: list[str] = []
 
@@ -424,6 +435,7 @@ def job_run_of(row: RunRow) -> JobRun:
         job_version=stored_version(row),
         lease_began_at=lease_began_at if leased else None,
         cancelled=is_cancelled(row),
+        outcome=outcome_of(row),
     )
 
 
@@ -454,11 +466,12 @@ def priority_value(priority: object) -> int:
 
 
 def status_filter(status: str | None) -> str | None:
-    """Validate an operator read's status filter."""
+    """Validate an operator read's status filter: a run status, or ``cancelled``
+    (the failed runs an operator cancelled)."""
     if status is None:
         return None
-    if status not in _STATUSES:
-        allowed = ", ".join(member.value for member in JobRunStatus)
+    if status not in _STATUSES and status != "cancelled":
+        allowed = ", ".join((*(member.value for member in JobRunStatus), "cancelled"))
         raise refuse(
             "status",
             f"{status!r} is not a run status",

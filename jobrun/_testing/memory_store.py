@@ -20,6 +20,7 @@ from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
 from jobrun._core.predicates import (
     due_at,
+    is_cancelled,
     is_due,
     is_failed_since,
     is_leased,
@@ -162,10 +163,12 @@ class MemoryJobRunStore:
             for name in ("module_id", "job", "instance", "status")
             if (value := getattr(run_filter, name)) is not None
         }
+        cancelled = run_filter.cancelled
         rows = [
             row
             for row in self.runs.values()
             if all(getattr(row, name) == value for name, value in wanted.items())
+            and (cancelled is None or is_cancelled(row) == cancelled)
         ]
         rows.sort(key=lambda row: row.id, reverse=True)
         return rows[: run_filter.limit]
@@ -271,6 +274,7 @@ class MemoryJobRunStore:
             leased=sum(1 for row in rows if is_leased(row, now_at)),
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
+            cancelled=sum(1 for row in self.runs.values() if is_cancelled(row)),
         )
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:

@@ -299,6 +299,7 @@ class Statements:
                 func.count().filter(is_leased(now_at)),
                 func.count().filter(runs.status == FAILED),
                 func.min(due_at()).filter(waiting),
+                func.count().filter(is_cancelled()),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
         )
 
@@ -485,9 +486,13 @@ def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
 LIST_FILTERS = ("module_id", "job", "instance", "status")
 
 
-def list_statement(filters: tuple[str, ...]) -> Any:
-    """The operator listing for the named equality filters (``filter_<name>``) and ``limit``."""
+def list_statement(filters: tuple[str, ...], cancelled: bool | None = None) -> Any:
+    """The operator listing for the named equality filters (``filter_<name>``) and
+    ``limit``; ``cancelled`` True or False keeps only the runs that are (are not)
+    cancelled."""
     conditions = [job_runs.c[name] == bindparam(f"filter_{name}") for name in filters]
+    if cancelled is not None:
+        conditions.append(is_cancelled() if cancelled else not_(is_cancelled()))
     return (
         select(job_runs)
         .where(and_(True, *conditions))
@@ -818,10 +823,16 @@ def _bucket(column: Any, chars: int) -> Any:
     return func.substr(column, 1, literal_column(str(int(chars)))).label("bucket")
 
 
-def _of_job(names: tuple[str, ...]) -> list[Any]:
+def _of_job(names: tuple[str, ...], *, from_ended_index: bool = False) -> list[Any]:
+    """The chart's job filter. ``from_ended_index``: compared as ``column || ''``, which
+    keeps SQLite's planner (no statistics) off the job's index: that one would read a
+    table row per run the job ever had, where the ended_at range of the finished-runs
+    index, which holds the job too, is read alone (about 20 times faster for one job's
+    day at 1,000,000 runs)."""
     runs = job_runs.c
     return [
-        runs[name] == bindparam(f"activity_{name}")
+        (runs[name].concat(literal_column("''")) if from_ended_index else runs[name])
+        == bindparam(f"activity_{name}")
         for name in ("module_id", "job")
         if f"activity_{name}" in names
     ]
@@ -850,7 +861,10 @@ def activity_ended_statement(chars: int, names: tuple[str, ...]) -> Any:
     bucket = _bucket(runs.ended_at, chars)
     return (
         select(bucket, func.count(), func.count().filter(runs.status == FAILED))
-        .where(has_ended_since(bindparam("activity_since_at", type_=Text)), *_of_job(names))
+        .where(
+            has_ended_since(bindparam("activity_since_at", type_=Text)),
+            *_of_job(names, from_ended_index=True),
+        )
         .group_by(bucket)
     )
 

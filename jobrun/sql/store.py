@@ -520,7 +520,7 @@ class SqlJobRunStore:
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         given = tuple(name for name in LIST_FILTERS if getattr(run_filter, name) is not None)
-        statement = self._shapes.of(list_statement, given)
+        statement = self._shapes.of(list_statement, given, run_filter.cancelled)
         values: dict[str, Any] = {f"filter_{name}": getattr(run_filter, name) for name in given}
         values["limit"] = run_filter.limit
         async with self._operation("list"):
@@ -598,7 +598,9 @@ class SqlJobRunStore:
                 "health", self._statements.health, {"now_at": now_at}
             )
         row = found[0]
-        return HealthCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+        return HealthCounts(
+            int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4], cancelled=int(row[5])
+        )
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
         async with self._operation("due_by_job"):

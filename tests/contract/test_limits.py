@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 from jobrun._core.formats import format_instant
 from jobrun._core.records import ClaimRequest
+from jobrun._core.waiting import waiting_of
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import JOB, drive, registry_for, row_of, start_id
 from tests.support import MODULE_ID as MODULE
@@ -284,6 +285,13 @@ async def test_a_wait_beyond_the_pass_budget_ends_the_pass_and_gives_the_token_b
     assert row.deferred_reason is not None
     assert "'api'" in row.deferred_reason
     assert "beyond the pass budget" in row.deferred_reason
+    # What the run page says it waits for: the limit, by name, until its token.
+    run = await jobrun.get_job_run(store, run_id)
+    assert run is not None
+    waiting = waiting_of(run, clock.now())
+    assert waiting is not None
+    assert (waiting.kind, waiting.at) == ("limit", run.next_attempt_at)
+    assert waiting.reason == "rate limit 'api': no token within the pass budget"
     assert (await store.steps(run_id))["first"].result == "1"
     [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
     assert bucket.waiting == 0

@@ -465,9 +465,15 @@ async def test_prometheus_counts_passes_steps_and_health():
     assert value("jobrun_due_runs", {"database": "db-1"}) == 1
     assert value("jobrun_oldest_due_age_seconds", {"database": "db-1"}) == 90
     assert value("jobrun_running_runs", {"database": "db-1"}) == 1
+    assert value("jobrun_cancelled_runs", {"database": "db-1"}) == 0
+    waiting = (await jobrun.job_runs(store, instance="waiting"))[0]
+    await jobrun.cancel_job_run(store, waiting.id, "not wanted", clock=clock)
+    metrics.record_health("db-1", await jobrun.job_run_health(store, clock=clock))
+    assert value("jobrun_failed_runs", {"database": "db-1"}) == 1
+    assert value("jobrun_cancelled_runs", {"database": "db-1"}) == 1
     text = generate_latest(metrics.registry).decode()
     assert 'jobrun_passes_total{job="j",module_id="m",outcome="completed"} 1.0' in text
-    assert 'jobrun_due_runs{database="db-1"} 1.0' in text
+    assert 'jobrun_cancelled_runs{database="db-1"} 1.0' in text
 
 
 async def two_passes_on(store: MemoryJobRunStore, observer: jobrun.PassObserver) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun.testing import FakeClock, MemoryJobRunStore
-from tests.support import hand_made_row, put_rows, set_columns, start
+from tests.support import hand_made_row, put_rows, registry_for, set_columns, start
 
 # --- helpers -----------------------------------------------------------------------------
 
@@ -72,6 +72,33 @@ async def test_equality_filters_narrow_and_combine(store, clock):
     # Equality, not prefix or pattern matching.
     assert await ids(module_id="cr") == []
     assert await ids(instance="X") == []
+
+
+async def test_cancelled_runs_are_listed_and_counted_by_the_one_rule(store, clock):
+    def fail(_: Any) -> jobrun.PassResult:
+        raise ValueError("broken")
+
+    cancelled = await start(store, clock, instance="cancelled")
+    await jobrun.cancel_job_run(store, cancelled.id, "not wanted", clock=clock)
+    failed = await start(store, clock, instance="failed")
+    await jobrun.run_due_jobs(store, registry_for(fail, jobrun.RetryPolicy(1)), clock=clock)
+    running = await start(store, clock, instance="running")
+
+    async def ids(status: str) -> list[str]:
+        return [run.id for run in await jobrun.job_runs(store, status=status)]
+
+    # failed is the stored status (cancelled ones included); cancelled only them.
+    assert await ids("cancelled") == [cancelled.id]
+    assert await ids("failed") == [failed.id, cancelled.id]
+    assert await ids("running") == [running.id]
+    outcomes = {run.id: run.outcome for run in await jobrun.job_runs(store)}
+    assert outcomes == {cancelled.id: "cancelled", failed.id: "failed", running.id: "running"}
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.failed, health.cancelled, health.running) == (2, 1, 1)
+    # A resume clears the marker: the run is running again, and counted so.
+    await jobrun.resume_job_run(store, cancelled.id, clock=clock)
+    assert await ids("cancelled") == []
+    assert (await jobrun.job_run_health(store, clock=clock)).cancelled == 0
 
 
 @pytest.mark.parametrize("status", ["paused", "RUNNING", "", "done "])
@@ -400,7 +427,9 @@ async def test_a_run_id_that_is_no_str_is_named_by_its_type() -> None:
 async def test_an_unknown_status_filter_lists_the_statuses() -> None:
     with pytest.raises(jobrun.JobValidationError) as caught:
         await jobrun.job_runs(MemoryJobRunStore(), status="paused")
-    assert str(caught.value) == "status filter 'paused' is not one of running, done, failed"
+    assert str(caught.value) == (
+        "status filter 'paused' is not one of running, done, failed, cancelled"
+    )
     assert caught.value.errors == [{"path": "status", "message": "'paused' is not a run status"}]
 
 

@@ -161,6 +161,7 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
         leased=len(_ids(ROWS, lambda row: predicates.is_leased(row, at))),
         failed=sum(1 for row in ROWS if row.status == "failed"),
         oldest_due_at=min(map(predicates.due_at, due), default=None),
+        cancelled=len(_ids(ROWS, predicates.is_cancelled)),
     )
     by_job = {job: sum(1 for row in due if (row.module_id, row.job) == job) for job in JOBS}
     assert await store.due_by_job(at) == {job: count for job, count in by_job.items() if count}

@@ -100,7 +100,12 @@ EXPECTED: dict[str, Any] = {
             # Revision 0005: the order of the claims that go by age (fair claims).
             (DUE_ORDER_INDEX, ["status", DUE_AT, "id"], False, BY_AGE_ONLY),
             # Revision 0006: the activity chart's range, the instance prefix's range.
-            ("_substrat_job_runs_ended", ["ended_at", "status"], False, None),
+            (
+                "_substrat_job_runs_ended",
+                ["ended_at", "status", "module_id", "job"],
+                False,
+                None,
+            ),
             ("_substrat_job_runs_instance", ["instance", "id"], False, None),
             # Revision 0003: the console's newest-first ranges, by job and status, by status.
             ("_substrat_job_runs_job_status", ["module_id", "job", "status", "id"], False, None),

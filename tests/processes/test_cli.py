@@ -472,6 +472,43 @@ def test_watch_exits_1_for_a_failed_run(database_url: str) -> None:
     assert f"run {run_id} failed" in result.stdout
 
 
+def test_watch_ends_cancelled_for_a_cancelled_run(database_url: str) -> None:
+    run_id = start(database_url)
+    ok("cancel", "--url", database_url, run_id, "--reason", "wrong shop")
+    result = fails(1, "watch", "--url", database_url, run_id, "--interval", "0.05")
+    assert f"run {run_id} cancelled: cancelled: wrong shop" in result.stdout
+    assert " cancelled " in result.stdout.splitlines()[0]  # the line per change
+
+
+def test_runs_status_cancelled_and_health_count_the_cancelled_apart(database_url: str) -> None:
+    cancelled_id = start(database_url, instance="a")
+    ok("cancel", "--url", database_url, cancelled_id, "--reason", "x")
+    failed_id = start(database_url, job="flaky")
+    finish(database_url, failed_id)
+    live_id = start(database_url, instance="b")
+
+    def listed(status: str) -> list[str]:
+        found = ok("runs", "--url", database_url, "--status", status, "--json").stdout
+        return [record["id"] for record in json.loads(found)]
+
+    assert listed("cancelled") == [cancelled_id]
+    assert listed("failed") == [failed_id, cancelled_id]  # the stored status
+    assert listed("running") == [live_id]
+    records = json.loads(ok("runs", "--url", database_url, "--json").stdout)
+    assert {record["id"]: record["outcome"] for record in records} == {
+        cancelled_id: "cancelled",
+        failed_id: "failed",
+        live_id: "running",
+    }
+    table = ok("runs", "--url", database_url, "--status", "cancelled").stdout
+    assert "cancelled" in table
+    assert failed_id not in table
+    assert "cancelled" in ok("show", "--url", database_url, cancelled_id).stdout
+    counts = json.loads(ok("health", "--url", database_url, "--json").stdout)
+    assert (counts["failed"], counts["cancelled"]) == (2, 1)
+    assert "cancelled" in ok("health", "--url", database_url).stdout
+
+
 def test_watch_of_an_unknown_run(database_url: str) -> None:
     result = fails(1, "watch", "--url", database_url, "no-such-run")
     assert "no job run has the id 'no-such-run'" in result.stderr

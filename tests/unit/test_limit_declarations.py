@@ -9,6 +9,7 @@ from jobrun._core.limits import (
     MILLI,
     Pacer,
     bucket_state,
+    rate_limit_of_deferral,
     refilled,
     take,
     too_long_a_wait,
@@ -126,6 +127,18 @@ def test_a_wait_beyond_the_budget_is_one_named_exception() -> None:
     assert isinstance(error, jobrun.RetryAfter)
     assert "12.500 s" in error.reason
     assert error.seconds == 12.5
+
+
+@pytest.mark.parametrize("key", ["api", "it's", 'say "hi"', "x: a token is 1.000 s away"])
+def test_a_deferral_for_a_token_names_its_rate_limit(key: str) -> None:
+    assert rate_limit_of_deferral(too_long_a_wait(key, 3).reason) == key
+
+
+@pytest.mark.parametrize(
+    "reason", [None, "", "the API said later", "rate limit 'api'", "rate limit api: a token"]
+)
+def test_another_deferral_names_no_rate_limit(reason: str | None) -> None:
+    assert rate_limit_of_deferral(reason) is None
 
 
 def test_the_pacer_lets_burst_go_at_once_then_spaces_the_rest() -> None:

@@ -70,6 +70,11 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
         {PREDICATES: {"refill_on_resume"}, STATEMENTS: {"refill_on_resume"}},
     ),
     (
+        "cancelled: the stored marker read (outcome_of and the filters build on it)",
+        r"cancelled\s*==\s*1",
+        {PREDICATES: {"is_cancelled"}, STATEMENTS: {"is_cancelled"}},
+    ),
+    (
         "the presence field of lease_driver",
         r"presence=\(|presence=\[",
         {"_core/holders.py": None},
