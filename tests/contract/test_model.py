@@ -195,6 +195,7 @@ class Model:
             next_attempt_at=None,
             ended_at=now if done else None,
             passes_committed=row.passes_committed + 1,
+            job_version=1,  # a commit writes its code's version (unversioned: 1)
         )
         run.ledger = {}
         return "completed" if done else "advanced"
@@ -210,6 +211,7 @@ class Model:
             updated_at=now,
             ended_at=now,
             next_attempt_at=None,
+            cancelled=1,
         )
         return True
 
@@ -226,6 +228,7 @@ class Model:
             updated_at=now,
             ended_at=None,
             next_attempt_at=None,
+            cancelled=0,
         )
         run.ledger = {
             name: step if step.result is not None else replace(step, attempts=0)
