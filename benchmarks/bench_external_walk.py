@@ -378,7 +378,13 @@ async def scenario(args: Any) -> None:
     )
     table(
         f"unlimited: one pass of {unlimited_n} objects, {args.latency_ms:g} ms API, ms/object",
-        ["", "one step at a time", "p.map, concurrency=32", "speed-up", "requests alone, 32 at once"],
+        [
+            "",
+            "one step at a time",
+            "p.map, concurrency=32",
+            "speed-up",
+            "requests alone, 32 at once",
+        ],
         speed_rows,
     )
     table(

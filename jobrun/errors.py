@@ -332,6 +332,37 @@ def safe_message(error: BaseException) -> str:
     return printable_text(_message_of(error))
 
 
+MAX_ORIGIN_CHARS = 300
+"""An error origin longer than this keeps its end (the file name and the line)."""
+
+
+def exception_origin(error: BaseException) -> str | None:
+    """Where ``error`` was raised: ``"path:line in function"`` of the innermost frame
+    of its traceback, or ``None`` without one.
+
+    jobrun's own wrappers (a ``JobRunError`` raised ``from`` the user's exception,
+    as a step failure is) are looked through to the exception they carry, so the
+    origin is the user's raising frame, not jobrun's; jobrun's own errors have none.
+    Never raises; printable, and
+    at most ``MAX_ORIGIN_CHARS`` long (a long path loses its start).
+    """
+    try:
+        seen = 0
+        while isinstance(error, JobRunError) and error.__cause__ is not None and seen < 10:
+            error, seen = error.__cause__, seen + 1
+        frame = error.__traceback__
+        # jobrun's own errors (a mistake, a budget spent) were raised in jobrun's code.
+        if frame is None or isinstance(error, JobRunError):
+            return None
+        while frame.tb_next is not None:
+            frame = frame.tb_next
+        code = frame.tb_frame.f_code
+        text = printable_text(f"{code.co_filename}:{frame.tb_lineno} in {code.co_name}")
+    except Exception:
+        return None
+    return text if len(text) <= MAX_ORIGIN_CHARS else "..." + text[-(MAX_ORIGIN_CHARS - 3) :]
+
+
 def describe_exception(error: BaseException) -> str:
     """The text stored for a failure: ``Type: message`` for foreign errors.
 

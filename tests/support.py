@@ -156,6 +156,10 @@ def hand_made_row(
     )
 
 
+COLUMNS_0006 = ("job_version", "cancelled", "error_origin")
+"""The run columns revision 0006 adds (a test writing rows at 0005 leaves them out)."""
+
+
 def row_values(row: RunRow, *, without: Sequence[str] = ()) -> dict[str, Any]:
     """``row`` as column values, less the columns ``without`` (those an older revision
     under test does not have yet)."""

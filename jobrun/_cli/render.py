@@ -297,6 +297,8 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     version = "" if run.job_version == 1 else f", the last by job version {run.job_version}"
     record.add_row("passes", f"{run.passes_committed} committed{version}")
     record.add_row("last error", run.last_error or "-")
+    if run.error_origin:
+        record.add_row("raised at", run.error_origin)
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")
     if run.lease_driver is None:

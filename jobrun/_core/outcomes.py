@@ -50,6 +50,7 @@ from jobrun.errors import (
     StepFailedError,
     StepReusedError,
     describe_exception,
+    exception_origin,
     printable_text,
 )
 
@@ -197,7 +198,7 @@ async def record_failure(
     text = cap_error_text(describe_exception(error))
     at = format_instant(clock.now())
     next_attempt_at = None if exhausted else policy.next_attempt_at(against, at, random)
-    patch = pass_failure_patch(row, text, at, next_attempt_at)
+    patch = pass_failure_patch(row, text, at, next_attempt_at, exception_origin(error))
     if not await _release_write(store, row.id, patch, lease):
         return PassOutcome("superseded", text)
     return PassOutcome("failed" if exhausted else "retrying", text)

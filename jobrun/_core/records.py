@@ -63,6 +63,9 @@ class RunRow:
     job_version: int | None = None
     # Revision 0006: 1 when an operator cancelled the run (see predicates.is_cancelled).
     cancelled: int = 0
+    # Revision 0006: where the last failure was raised ("file:line in function"),
+    # beside last_error, whose "Type: message" text it leaves as it was.
+    error_origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ class RunPatch:
     deferrals: int = 0
     deferred_reason: str | None = None
     job_version: int | None = None
+    error_origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +222,9 @@ class JobRun:
     ``JobRegistry.register``): only code of that version or newer claims it.
     ``cancelled`` says a ``failed`` run was cancelled by an
     operator (revision 0006; runs cancelled before it are marked by its migration).
+    ``error_origin`` says where the last failure was raised (``"file:line in
+    function"``, the innermost frame of the user's exception; revision 0006),
+    ``None`` when no traceback said, and after a commit or a resume.
     ``outcome`` is how the run stands for people: its status, except ``cancelled``
     for a cancelled run (the one rule, ``jobrun._core.predicates.outcome_of``, that
     the console, the command line, the metrics and ``job_runs`` all use).
@@ -254,6 +261,7 @@ class JobRun:
     lease_began_at: datetime | None = None
     cancelled: bool = False
     outcome: str = ""
+    error_origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +444,7 @@ def job_run_of(row: RunRow) -> JobRun:
         lease_began_at=lease_began_at if leased else None,
         cancelled=is_cancelled(row),
         outcome=outcome_of(row),
+        error_origin=row.error_origin,
     )
 
 

@@ -200,6 +200,7 @@ def cancel_transition(reason: str, at: str) -> RunChange:
             ("updated_at", at),
             ("ended_at", at),
             ("cancelled", 1),
+            ("error_origin", None),
             *_UNLEASED,
             *_NOT_DEFERRED,
         ),
@@ -217,6 +218,7 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
         ("updated_at", at),
         ("ended_at", None),
         ("cancelled", 0),
+        ("error_origin", None),
         *_UNLEASED,
         *_NOT_DEFERRED,
     )
@@ -250,6 +252,7 @@ def unleased(row: RunRow) -> RunPatch:
         deferrals=row.deferrals,
         deferred_reason=row.deferred_reason,
         job_version=row.job_version,
+        error_origin=row.error_origin,
     )
 
 
@@ -320,10 +323,13 @@ def failed_patch(row: RunRow, reason: str, at: str) -> RunPatch:
         ended_at=at,
         deferrals=0,
         deferred_reason=None,
+        error_origin=None,
     )
 
 
-def pass_failure_patch(row: RunRow, text: str, at: str, next_attempt_at: str | None) -> RunPatch:
+def pass_failure_patch(
+    row: RunRow, text: str, at: str, next_attempt_at: str | None, origin: str | None = None
+) -> RunPatch:
     """The row after a failed pass: one more attempt charged, retried at
     ``next_attempt_at``, or failed for good when that is ``None``.
 
@@ -347,6 +353,7 @@ def pass_failure_patch(row: RunRow, text: str, at: str, next_attempt_at: str | N
         deferrals=0,
         deferred_reason=None,
         job_version=row.job_version,
+        error_origin=origin,
     )
 
 

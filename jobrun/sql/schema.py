@@ -67,6 +67,9 @@ job_runs = Table(
     # Revision 0006: 1 when an operator cancelled the run (it ended failed by hand);
     # a resume sets it back to 0. See jobrun._core.predicates.is_cancelled.
     Column("cancelled", Integer, nullable=False, server_default=text("0")),
+    # Revision 0006: where the last failure was raised ("file:line in function"),
+    # kept apart so last_error's "Type: message" text stays as it was.
+    Column("error_origin", Text, nullable=True),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,

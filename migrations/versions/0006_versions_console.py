@@ -85,6 +85,8 @@ def _upgrade_console() -> None:
             f"AND substr(last_error, 1, {len(CANCELLED_PREFIX)}) = :prefix"
         ).bindparams(prefix=CANCELLED_PREFIX)
     )
+    # Where the last failure was raised, beside last_error (whose text is unchanged).
+    op.add_column(RUNS, sa.Column("error_origin", sa.Text(), nullable=True))
     # The activity chart: runs finished per minute and hour, a range of ended_at
     # (status and the job in the key, so the failed ones and one job's chart are
     # counted from the index alone).
@@ -94,6 +96,7 @@ def _upgrade_console() -> None:
 
 
 def _downgrade_console() -> None:
+    op.drop_column(RUNS, "error_origin")
     op.drop_index(INSTANCE_INDEX, table_name=RUNS)
     op.drop_index(ENDED_INDEX, table_name=RUNS)
     op.drop_column(RUNS, "cancelled")

@@ -15,7 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
-from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_of, row_values
+from tests.support import (
+    COLUMNS_0006,
+    SQL_BACKENDS,
+    hand_made_row,
+    insert_values,
+    revision_of,
+    row_values,
+)
 
 RUNS = "_substrat_job_runs"
 NEW_INDEXES = {"_substrat_job_runs_ended", "_substrat_job_runs_instance"}
@@ -39,7 +46,7 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number, (status, error, _) in enumerate(CASES):
             row = hand_made_row(number, module_id="@test/jobs", job="old")
-            values = row_values(row, without=("job_version", "cancelled"))  # 0006's
+            values = row_values(row, without=COLUMNS_0006)
             values.update(status=status, last_error=error)
             values["ended_at"] = None if status == "running" else "2025-12-31T01:00:00.000Z"
             rows.append(values)

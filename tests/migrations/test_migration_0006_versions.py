@@ -16,12 +16,17 @@ from jobrun.sql.compat import refusal
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_of, row_values
+from tests.support import (
+    COLUMNS_0006,
+    SQL_BACKENDS,
+    hand_made_row,
+    insert_values,
+    revision_of,
+    row_values,
+)
 
 RUNS = "_substrat_job_runs"
-COLUMNS_0005 = ", ".join(
-    name for name in RunRow.__dataclass_fields__ if name not in ("job_version", "cancelled")
-)
+COLUMNS_0005 = ", ".join(name for name in RunRow.__dataclass_fields__ if name not in COLUMNS_0006)
 
 
 @pytest.fixture
@@ -33,7 +38,7 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(50):
             row = hand_made_row(number, module_id="@test/jobs", job="versioned")
-            values = row_values(row, without=("job_version", "cancelled"))  # 0006's
+            values = row_values(row, without=COLUMNS_0006)
             values["status"] = "running" if number % 10 == 0 else "done"
             values["cursor"] = '{"n": 7}' if number == 0 else None
             rows.append(values)

@@ -92,6 +92,7 @@ EXPECTED: dict[str, Any] = {
             ("job_version", "INTEGER", True, None),
             # Revision 0006: the cancelled marker.
             ("cancelled", "INTEGER", False, "0"),
+            ("error_origin", "TEXT", True, None),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
