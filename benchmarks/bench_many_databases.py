@@ -19,7 +19,7 @@ that run's pass ("first drive"); over ``--idle-s`` of idleness, the worker's CPU
 open descriptors, threads, and its Postgres connections (``pg_stat_activity`` on
 the benchmark's databases; the benchmark holds none meanwhile); then
 ``--starts`` runs started by this process, one every ``--gap-s`` seconds, each in
-a database picked at random: the pickup latency (wall clock from just before
+a database picked at random (SQLite and Postgres in turn): the pickup latency (wall clock from just before
 ``start_job_run`` to the start of the run's pass, written by the job itself,
 ``many_app.py``), median, p99 and max per dialect. The load average is recorded
 before and after.
@@ -257,8 +257,10 @@ async def measure(
         results["postgres_connections_idle"] = await postgres_connections(args.postgres_url)
     chosen = random.Random(args.seed)
     labels: dict[str, str] = {}
+    sqlite = [url for url in urls if not url.startswith("postgresql")]
     for number in range(starts):
-        url = chosen.choice(urls)
+        # Alternately a SQLite file and a Postgres database, each picked at random.
+        url = chosen.choice(postgres if number % 2 and postgres else sqlite or postgres)
         label = f"start-{number}"
         labels[label] = "postgres" if url.startswith("postgresql") else "sqlite"
         await start_pickup(url, pickups, label)
