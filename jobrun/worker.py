@@ -27,24 +27,28 @@ each hands its lease back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
 import logging
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
 from jobrun._core.fair import ClaimTurns
-from jobrun._core.formats import format_instant
+from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
@@ -60,8 +64,11 @@ from jobrun._core.retention import check_prune_after, prune_by_retention, retain
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun.errors import describe_exception
+from jobrun.sql.kept_connections import keep_at_most
+from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
+from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch, sqlite_path
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -74,6 +81,9 @@ DEFAULT_INTERVAL_S = 5.0
 # register (never less than the interval): a read of its own, so the claim,
 # and an idle database's one claim per interval, stay as they are.
 UNREGISTERED_CHECK_S = 60.0
+DEFAULT_MAX_CONNECTIONS_PER_DATABASE = 2
+"""Pool connections at once per Postgres database the worker made from a URL."""
+CONNECT_TIMEOUT_S = 10
 FAILED_DRIVE_RETRY_S = 1.0
 """How soon a driver whose drive failed tries again (never later than the interval)."""
 PRUNE_INTERVAL_S = 600.0
@@ -92,10 +102,21 @@ def database_label(engine: AsyncEngine) -> str:
 class _Database:
     """One database's drivers: who is idle, who polls, and how long the poller waits."""
 
-    def __init__(self, store: SqlJobRunStore, clock: Clock) -> None:
+    def __init__(self, store: SqlJobRunStore, clock: Clock, *, owned: bool = False) -> None:
         self.store = store
         self.engine = store.engine
         self.clock = clock
+        # Made here from a URL: disposed of when it is no longer served.
+        self.owned = owned
+        # Set when the worker stops or the database is dropped from its set.
+        self.stop = asyncio.Event()
+        self.path = sqlite_path(store.engine)
+        # Woken by writes (SQLite, inotify) or NOTIFY (Postgres, once listening): an
+        # idle database is probed for its next due instant instead of polled.
+        self.watched = False
+        self.listening = False
+        self.unregistered_checked_at: float | None = None
+        self.schedules_forgotten = False
         label = database_label(store.engine)
         self.label = label if store.schema is None else f"{label} schema {store.schema}"
         # One tenant's starts wake only that tenant's drivers.
@@ -124,21 +145,26 @@ class _Database:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def idle(self, timeout_s: float | None) -> None:
-        """Wait to be woken, or ``timeout_s`` (``None``: only when woken)."""
+    async def idle(self, timeout_s: float | None) -> bool:
+        """Wait to be woken (``True``), or ``timeout_s`` (``False``; ``None``: only when woken)."""
         if self.pending:
             self.pending = False
-            return
+            return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle.append(waiter)
         try:
             async with self.clock.timeout(timeout_s):
                 await waiter
+            return True
         except TimeoutError:
-            pass
+            return False
         finally:
             with contextlib.suppress(ValueError):
                 self._idle.remove(waiter)
+
+    @property
+    def woken(self) -> bool:
+        return self.watched or self.listening
 
 
 class _WakeSiblings:
@@ -166,6 +192,7 @@ class _Worker:
         clock: Clock,
         prune_after: timedelta | None,
         prune_unregistered_after: timedelta | None = None,
+        max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -180,53 +207,141 @@ class _Worker:
         unregistered = check_prune_after(prune_unregistered_after, "prune_unregistered_after")
         self.prune_unregistered_after = unregistered
         self.slots = asyncio.Semaphore(concurrency)
+        self.open_stores = OpenStores(max_open_sqlite)
+        # What woke idle databases, by cause (for logs, metrics and tests).
+        self.wakeups: collections.Counter[str] = collections.Counter()
+        self._by_path: dict[Path, _Database] = {}
+        self._writes: WriteWatch | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self.schema: str | None = None
+        self.make_database: Callable[[Database], _Database] = _cannot_make
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._stopper())
-            for database in self.databases:
-                base = LOG_PASSES if self.options.observer is None else self.options.observer
-                observer = observe_all(base, _WakeSiblings(database))
-                for number in range(self.concurrency):
-                    group.create_task(self._drive(database, observer, number))
-                if self.on_health is not None:
-                    group.create_task(self._health(database, self.on_health))
-                if _listens(database.engine):
-                    group.create_task(self._listen(database))
-                group.create_task(self._watch_unregistered(database))
-                if self.registry.schedules():
-                    group.create_task(self._schedule(database))
-                else:
-                    group.create_task(self._forget_schedules(database))
-                if retains(self.registry, self.prune_after, self.prune_unregistered_after):
-                    group.create_task(self._prune(database))
+    async def run(self, reloads: asyncio.Queue[Sequence[Database]] | None = None) -> None:
+        self._writes = WriteWatch(self._written, self._wake_every_file)
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._stopper())
+                if reloads is not None:
+                    group.create_task(self._reload(reloads))
+                for database in self.databases:
+                    group.create_task(self._serve(database))
+        finally:
+            self._writes.close()
+
+    async def _serve(self, database: _Database) -> None:
+        """Every task of one database, until the worker stops or the database is dropped."""
+        if database.path is not None and self._writes is not None:
+            database.watched = self._writes.add(database.path)
+            self._by_path[database.path] = database
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._database_tasks(database, group)
+        finally:
+            if self._by_path.get(database.path) is database:  # type: ignore[arg-type]
+                del self._by_path[database.path]  # type: ignore[arg-type]
+            if database.owned:
+                await self.open_stores.forget(database.engine)
+                await database.engine.dispose()
+
+    def _database_tasks(self, database: _Database, group: asyncio.TaskGroup) -> None:
+        base = LOG_PASSES if self.options.observer is None else self.options.observer
+        observer = observe_all(base, _WakeSiblings(database))
+        for number in range(self.concurrency):
+            group.create_task(self._drive(database, observer, number))
+        if self.on_health is not None:
+            group.create_task(self._health(database, self.on_health))
+        if _listens(database.engine):
+            group.create_task(self._listen(database))
+        if not database.watched:
+            # (A watched database is checked when a drive of it takes nothing.)
+            group.create_task(self._watch_unregistered(database))
+        if self.registry.schedules():
+            group.create_task(self._schedule(database))
+        elif not database.watched:
+            # (A watched database forgets them at its first drive: no start-up storm.)
+            group.create_task(self._forget_schedules(database))
+        if retains(self.registry, self.prune_after, self.prune_unregistered_after):
+            group.create_task(self._prune(database))
+
+    async def _reload(self, reloads: asyncio.Queue[Sequence[Database]]) -> None:
+        """Serve each new set of databases: the new ones start, the dropped ones stop
+        (their passes in flight finish first)."""
+        while not self.stop.is_set():
+            getting = asyncio.ensure_future(reloads.get())
+            stopping = asyncio.ensure_future(self.stop.wait())
+            await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not getting.done():
+                getting.cancel()
+                return
+            try:
+                self._replace(getting.result())
+            except Exception as error:
+                log.error("cannot serve the new set of databases: %s; kept the old one", error)
+
+    def _replace(self, wanted: Sequence[Database]) -> None:
+        served = {database.label: database for database in self.databases}
+        chosen: dict[str, _Database] = {}
+        for item in wanted:
+            label = _label_of_url(item, self.schema) if isinstance(item, str) else None
+            found = served.get(label) if label is not None else None
+            made = found if found is not None else self.make_database(item)
+            chosen.setdefault(made.label, served.get(made.label, made))
+        for label, database in served.items():
+            if label not in chosen:
+                log.info("no longer serving %s", label, extra={"database": label})
+                database.stop.set()
+                database.wake_all()
+        kept = [served[label] for label in chosen if label in served]
+        added = [database for label, database in chosen.items() if label not in served]
+        self.databases = kept + added
+        assert self._group is not None
+        for database in added:
+            log.info("now serving %s", database.label, extra={"database": database.label})
+            self._group.create_task(self._serve(database))
+        log.info("serving %d databases (%d added)", len(self.databases), len(added))
+
+    def _written(self, path: Path) -> None:
+        database = self._by_path.get(path)
+        if database is not None:
+            self.wakeups["write"] += 1
+            log.debug("woken by a write to %s", database.label, extra={"database": database.label})
+            database.wake_all()
+
+    def _wake_every_file(self) -> None:
+        self.wakeups["sweep"] += 1
+        for database in list(self._by_path.values()):
+            database.wake_all()
 
     async def _stopper(self) -> None:
         await self.stop.wait()
         for database in self.databases:
+            database.stop.set()
             database.wake_all()
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _sleep(self, seconds: float, stop: asyncio.Event) -> None:
         with contextlib.suppress(TimeoutError):
             async with self.clock.timeout(seconds):
-                await self.stop.wait()
+                await stop.wait()
 
     async def _repeat(
         self,
+        database: _Database,
         round_: Callable[[], Awaitable[float | None]],
         failed: Callable[[Exception], float],
     ) -> None:
-        """Run ``round_`` until the worker stops, sleeping after each round (on the
+        """Run ``round_`` until the database's stop, sleeping after each round (on the
         worker's clock; a stop ends the sleep) the seconds it returned (``None``: no
         sleep). A round that raises is logged by ``failed``, which says how long to
         sleep before the next."""
-        while not self.stop.is_set():
+        while not database.stop.is_set():
             try:
                 wait_s = await round_()
             except Exception as error:
                 wait_s = failed(error)
             if wait_s is not None:
-                await self._sleep(wait_s)
+                await self._sleep(wait_s, database.stop)
 
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
         driver = f"{self.driver_name}/{number}" if self.concurrency > 1 else self.driver_name
@@ -235,6 +350,7 @@ class _Worker:
         # Its own count of claims, kept across rounds: one in FAIR_EVERY goes by age.
         turns = ClaimTurns()
         await self._repeat(
+            database,
             functools.partial(self._drive_round, database, options, turns),
             functools.partial(self._drive_failed, database),
         )
@@ -242,21 +358,16 @@ class _Worker:
     async def _drive_round(
         self, database: _Database, options: DriveOptions, turns: ClaimTurns
     ) -> float | None:
-        """One drive of the due runs, then, if it found none, a wait for more."""
+        """One drive of the due runs, then, if it found none, a wait for more. A
+        woken database is driven only when its probe finds something due."""
         database.pending = False
+        if database.woken and not await self._due_now(database):
+            return None
         try:
-            async with self.slots:
-                if self.stop.is_set():
+            async with self.slots, self.open_stores.use(database.engine):
+                if database.stop.is_set():
                     return None
-                report = await drive_due_jobs(
-                    database.store,
-                    self.registry,
-                    options,
-                    SYSTEM_SOURCES,
-                    stop=self.stop,
-                    on_user_exit=functools.partial(_log_user_exit, database),
-                    turns=turns,
-                )
+                report = await self._drive_once(database, options, turns)
         except asyncio.CancelledError as error:
             task = asyncio.current_task()
             if task is None or task.cancelling() > 0:
@@ -273,11 +384,65 @@ class _Worker:
         database.failing_since = None
         if report.attempted:
             database.delay_s = FIRST_IDLE_DELAY_S
-        elif not self.stop.is_set():
+        elif not database.stop.is_set():
             # (Stopped while driving: the stopper's wake-up may have come and gone
             # already, so waiting now could wait forever.)
             await self._wait_for_work(database)
         return None
+
+    async def _drive_once(
+        self, database: _Database, options: DriveOptions, turns: ClaimTurns
+    ) -> Any:
+        if database.watched and not database.schedules_forgotten:
+            database.schedules_forgotten = True
+            await self._forget_schedules(database)
+        report = await drive_due_jobs(
+            database.store,
+            self.registry,
+            options,
+            SYSTEM_SOURCES,
+            stop=database.stop,
+            on_user_exit=functools.partial(_log_user_exit, database),
+            turns=turns,
+        )
+        checked_at = database.unregistered_checked_at
+        looked_lately = (
+            checked_at is not None and self.clock.monotonic() - checked_at < UNREGISTERED_CHECK_S
+        )
+        if database.watched and not report.attempted and not looked_lately:
+            await self.look_for_unregistered(database)
+        return report
+
+    async def _due_now(self, database: _Database) -> bool:
+        """A woken database: whether a run is due now; if none is, wait (until the
+        next due instant, a wake-up or the sweep) and say no."""
+        try:
+            if database.path is not None:
+                due_at = sqlite_next_due_at(database.path)
+            else:
+                due_at = await postgres_next_due_at(database.store)
+        except Exception as error:
+            # Drive it: the drive says what is wrong, in the usual way.
+            log.debug("reading when %s is next due failed: %s", database.label, error)
+            return True
+        now = self.clock.now()
+        due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
+        if due_in_s is not None and due_in_s <= 0:
+            return True
+        database.delay_s = FIRST_IDLE_DELAY_S
+        if database.polling:
+            await database.idle(None)
+            return False
+        database.polling = True
+        try:
+            timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
+            if orphans.leases_held(database.store):
+                timeout_s = min(timeout_s, orphans.SCAN_INTERVAL_S)
+            if not await database.idle(timeout_s):
+                self.wakeups["timer"] += 1
+        finally:
+            database.polling = False
+        return False
 
     async def _wait_for_work(self, database: _Database) -> None:
         if database.polling:
@@ -324,60 +489,71 @@ class _Worker:
 
     async def _health(self, database: _Database, record: HealthCallback) -> None:
         async def read() -> float:
-            record(database.label, await job_run_health(database.store))
+            async with self.open_stores.use(database.engine):
+                record(database.label, await job_run_health(database.store))
             return self.interval_s
 
         failed = _warning(database, "reading the health of %s failed: %s", self.interval_s)
-        await self._repeat(read, failed)
+        await self._repeat(database, read, failed)
 
     async def _watch_unregistered(self, database: _Database) -> None:
         """Warn, once per job per check, about due runs no driver here can take."""
         wait_s = max(self.interval_s, UNREGISTERED_CHECK_S)
 
         async def look() -> float:
-            due = await database.store.due_by_job(format_instant(self.clock.now()))
-            for (module_id, job), count in sorted(due.items()):
-                if (module_id, job) not in self.registry:
-                    _warn_unregistered(database, module_id, job, count)
+            await self.look_for_unregistered(database)
             return wait_s
 
         def failed(error: Exception) -> float:
             log.debug("reading due runs per job on %s failed: %s", database.label, error)
             return wait_s
 
-        await self._repeat(look, failed)
+        await self._repeat(database, look, failed)
+
+    async def look_for_unregistered(self, database: _Database) -> None:
+        database.unregistered_checked_at = self.clock.monotonic()
+        due = await database.store.due_by_job(format_instant(self.clock.now()))
+        for (module_id, job), count in sorted(due.items()):
+            if (module_id, job) not in self.registry:
+                _warn_unregistered(database, module_id, job, count)
 
     async def _schedule(self, database: _Database) -> None:
         """Start each due slot's run, then sleep until the next slot."""
         schedules = self.registry.schedules()
 
         async def start() -> float:
-            if await start_scheduled_runs(database.store, self.registry, clock=self.clock):
+            async with self.open_stores.use(database.engine):
+                started = await start_scheduled_runs(
+                    database.store, self.registry, clock=self.clock
+                )
+            if started:
                 database.wake_all()
             now = self.clock.now()
             upcoming = min(schedule.next_slot(now) for schedule in schedules)
             return min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds())
 
         message = "starting the scheduled runs of %s failed: %s; trying again in %.1f s"
-        await self._repeat(start, _warning(database, message, self.interval_s, self.interval_s))
+        await self._repeat(
+            database, start, _warning(database, message, self.interval_s, self.interval_s)
+        )
 
     async def _forget_schedules(self, database: _Database) -> None:
         """No schedules here: forget, once, those that this registry's jobs had (a
         registry that schedules nothing starts nothing, so once at start suffices)."""
         try:
-            await start_scheduled_runs(database.store, self.registry, clock=self.clock)
+            async with self.open_stores.use(database.engine):
+                await start_scheduled_runs(database.store, self.registry, clock=self.clock)
         except Exception as error:
             _warning(database, "forgetting the removed schedules of %s failed: %s", 0.0)(error)
 
     async def _prune(self, database: _Database) -> None:
         async def prune() -> float:
-            deleted = await prune_by_retention(
-                database.store,
-                self.registry,
-                prune_after=self.prune_after,
-                prune_unregistered_after=self.prune_unregistered_after,
-                sources=SYSTEM_SOURCES,
-            )
+            if database.watched and not pruned_once:
+                # Many databases: each one's first pruning at its own moment, not all at start.
+                pruned_once.append(True)
+                return PRUNE_INTERVAL_S * random.random()
+            async with self.open_stores.use(database.engine):
+                deleted = await self._prune_once(database)
             if deleted:
                 log.info(
                     "pruned %d finished runs of %s",
@@ -387,7 +563,18 @@ class _Worker:
                 )
             return PRUNE_INTERVAL_S
 
-        await self._repeat(prune, _warning(database, "pruning %s failed: %s", PRUNE_INTERVAL_S))
+        pruned_once: list[bool] = []
+        message = "pruning %s failed: %s"
+        await self._repeat(database, prune, _warning(database, message, PRUNE_INTERVAL_S))
+
+    async def _prune_once(self, database: _Database) -> int:
+        return await prune_by_retention(
+            database.store,
+            self.registry,
+            prune_after=self.prune_after,
+            prune_unregistered_after=self.prune_unregistered_after,
+            sources=SYSTEM_SOURCES,
+        )
 
     def _wanted(self, payload: str) -> bool:
         try:
@@ -404,7 +591,12 @@ class _Worker:
             return self.interval_s
 
         message = "listening on %s failed: %s; polling every %.1f s meanwhile"
-        await self._repeat(listen, _warning(database, message, self.interval_s, self.interval_s))
+        try:
+            await self._repeat(
+                database, listen, _warning(database, message, self.interval_s, self.interval_s)
+            )
+        finally:
+            database.listening = False
 
     async def _listen_once(self, database: _Database) -> None:
         """Listen until the worker stops (returns) or the connection is lost (returns too)."""
@@ -412,6 +604,8 @@ class _Worker:
 
         def notified(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
             if self._wanted(payload):
+                self.wakeups["notify"] += 1
+                log.debug("woken by NOTIFY on %s", database.label)
                 database.wake_all()
 
         # The store's presence connection (see ``jobrun.sql.presence``): a connection
@@ -426,9 +620,11 @@ class _Worker:
         store = database.store
         await store.on_presence_connection(lambda raw: raw.add_listener(database.channel, notified))
         log.debug("listening for new runs on %s", database.label)
+        # From now on a NOTIFY wakes it: idle, it is probed, not polled.
+        database.listening = True
         # Anything started before the LISTEN took effect: look now.
         database.wake_all()
-        stopping = asyncio.ensure_future(self.stop.wait())
+        stopping = asyncio.ensure_future(database.stop.wait())
         losing = asyncio.ensure_future(lost.wait())
         try:
             await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
@@ -436,6 +632,7 @@ class _Worker:
             stopping.cancel()
             losing.cancel()
             raw.remove_termination_listener(on_lost)
+        database.listening = False
         if lost.is_set():
             log.warning("lost the listening connection to %s", database.label)
             return
@@ -443,6 +640,15 @@ class _Worker:
             await store.on_presence_connection(
                 lambda raw: raw.remove_listener(database.channel, notified)
             )
+
+
+def _cannot_make(database: Any) -> _Database:
+    raise RuntimeError("this worker makes no databases")
+
+
+def _label_of_url(url: str, schema: str | None) -> str:
+    label = make_url(url).render_as_string(hide_password=True)
+    return label if schema is None else f"{label} schema {schema}"
 
 
 def _warning(
@@ -507,6 +713,9 @@ async def run_worker(
     prune_after: timedelta | None = None,
     prune_unregistered_after: timedelta | None = None,
     schema: str | None = None,
+    max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
+    max_connections_per_database: int = DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
+    reloads: asyncio.Queue[Sequence[Database]] | None = None,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
@@ -528,6 +737,15 @@ async def run_worker(
 
     Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
     registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
+
+    Many databases (see ``jobrun.wakeups``): an idle SQLite file or listening
+    Postgres database is not polled; writes (inotify), NOTIFY, its next due
+    instant and a sweep every ``SWEEP_S`` wake it. At most ``max_open_sqlite``
+    SQLite databases are open at once; an engine made here from a Postgres URL
+    has no pool and keeps at most ``max_connections_per_database`` connections,
+    beside its presence connection. Each list put on ``reloads`` becomes the set of
+    databases served (new ones start, dropped ones stop after their passes); with
+    ``reloads`` the schemas are checked at first use, not all at start.
     """
     chosen = _worker_options(options, keywords)
     if not databases:
@@ -546,15 +764,23 @@ async def run_worker(
         clock=timing,
         prune_after=prune_after,
         prune_unregistered_after=prune_unregistered_after,
+        max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),
     )
+    keep = checked_count(max_connections_per_database, "max_connections_per_database")
     async with contextlib.AsyncExitStack() as owned:
-        for database in databases:
-            store = _store_of(database, schema, owned)
-            worker.databases.append(_Database(store, timing))
-        for state in worker.databases:
-            # The schema check (and a first connection) before any driver starts.
-            await job_run_health(state.store)
-        await _run_logged(worker)
+
+        def make(database: Database) -> _Database:
+            store = _store_of(database, schema, owned, keep)
+            return _Database(store, timing, owned=isinstance(database, str))
+
+        worker.make_database = make
+        worker.schema = schema
+        worker.databases.extend(make(database) for database in databases)
+        if reloads is None:
+            for state in worker.databases:
+                # The schema check (and a first connection) before any driver starts.
+                await job_run_health(state.store)
+        await _run_logged(worker, reloads)
 
 
 def _worker_options(options: DriveOptions | None, keywords: DriveKeywords) -> DriveOptions:
@@ -566,7 +792,7 @@ def _worker_options(options: DriveOptions | None, keywords: DriveKeywords) -> Dr
 
 
 def _store_of(
-    database: Database, schema: str | None, owned: contextlib.AsyncExitStack
+    database: Database, schema: str | None, owned: contextlib.AsyncExitStack, keep: int
 ) -> SqlJobRunStore:
     """The store for one of ``databases``; an engine made from a URL is disposed of on exit."""
     if isinstance(database, SqlJobRunStore):
@@ -578,7 +804,13 @@ def _store_of(
             )
         return database
     if isinstance(database, str):
-        engine = create_async_engine(make_url(database))
+        url = make_url(database)
+        postgres = url.get_backend_name() == "postgresql"
+        # No pool: an idle database holds no connection (Postgres: its presence only).
+        connect_args = {"timeout": CONNECT_TIMEOUT_S} if postgres else {}
+        engine = create_async_engine(url, poolclass=NullPool, connect_args=connect_args)
+        if postgres:
+            keep_at_most(engine, keep)
         owned.push_async_callback(engine.dispose)
         return SqlJobRunStore(engine, schema=schema)
     if isinstance(database, AsyncEngine):
@@ -591,19 +823,20 @@ def _store_of(
     )
 
 
-async def _run_logged(worker: _Worker) -> None:
+async def _run_logged(worker: _Worker, reloads: Any) -> None:
     labels = [state.label for state in worker.databases]
     began = worker.clock.monotonic()
+    shown = ", ".join(labels) if len(labels) <= 5 else f"{len(labels)} databases"
     log.info(
         "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
-        ", ".join(labels),
+        shown,
         len(worker.registry),
         worker.concurrency,
         worker.interval_s,
         extra={"databases": labels},
     )
     try:
-        await worker.run()
+        await worker.run(reloads)
     finally:
         log.info(
             "worker stopped after %.1f s",

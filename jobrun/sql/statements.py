@@ -501,6 +501,13 @@ def prune_runs(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
     return delete(job_runs).where(runs.id.in_(doomed), not_(is_live())).returning(runs.id)
 
 
+def next_due_statement() -> Any:
+    """The earliest due instant of the live runs (a lease's expiry among them: while
+    a run is leased, its due instant is the lease's end): when an idle worker looks
+    again (see ``jobrun.wakeups``)."""
+    return select(func.min(due_at())).where(is_live())
+
+
 def clock_statement() -> Any:
     """Postgres: the database's clock, read as the statement runs."""
     return select(func.clock_timestamp())
