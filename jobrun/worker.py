@@ -361,7 +361,10 @@ class _Worker:
         """One drive of the due runs, then, if it found none, a wait for more. A
         woken database is driven only when its probe finds something due."""
         database.pending = False
-        if database.woken and not await self._due_now(database):
+        # Writes this process still owes (a release the store refused) go first:
+        # the probe cannot see them, and the next drive sends them again.
+        owing = len(database.store.owed_releases) > 0
+        if database.woken and not owing and not await self._due_now(database):
             return None
         try:
             async with self.slots, self.open_stores.use(database.engine):

@@ -42,8 +42,11 @@ class Spawned:
 
     def _spawn(self, log: object, args: tuple[str, ...]) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "jobrun", "worker", "--app", APP, "--urls-file", str(self.urls_file)]
-            + ["--interval", "60", "--log-level", "debug", *args],
+            [
+                *(sys.executable, "-m", "jobrun", "worker", "--app", APP),
+                *("--urls-file", str(self.urls_file), "--interval", "60"),
+                *("--log-level", "debug", *args),
+            ],
             cwd=REPO,
             env=dict(os.environ, PYTHONPATH=str(REPO)),
             stdout=subprocess.DEVNULL,
