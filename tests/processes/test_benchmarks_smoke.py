@@ -82,8 +82,10 @@ def test_bench_many_databases(tmp_path: Path) -> None:
 def test_bench_many_databases_with_postgres(tmp_path: Path) -> None:
     # The CI's small version: 50 SQLite files and 3 Postgres databases.
     completed = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_many_databases.py"), "--quick"]
-        + ["--out-dir", str(tmp_path)],
+        [
+            *(sys.executable, str(REPO / "benchmarks" / "bench_many_databases.py")),
+            *("--quick", "--out-dir", str(tmp_path)),
+        ],
         cwd=REPO / "benchmarks",
         capture_output=True,
         text=True,
