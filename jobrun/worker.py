@@ -63,6 +63,9 @@ from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
+from jobrun.database_leases import CHECK_S as SERVING_CHECK_S
+from jobrun.database_leases import RETRY_S as SERVING_RETRY_S
+from jobrun.database_leases import PostgresServingLease, ServingLease, serving_lease
 from jobrun.errors import describe_exception
 from jobrun.sql.kept_connections import keep_at_most
 from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
@@ -108,8 +111,10 @@ class _Database:
         self.clock = clock
         # Made here from a URL: disposed of when it is no longer served.
         self.owned = owned
-        # Set when the worker stops or the database is dropped from its set.
+        # Set when the worker stops or the database is dropped from its set (``stop``
+        # also when this worker's turn at serving it ends: see ``database_leases``).
         self.stop = asyncio.Event()
+        self.gone = asyncio.Event()
         self.path = sqlite_path(store.engine)
         # Woken by writes (SQLite, inotify) or NOTIFY (Postgres, once listening): an
         # idle database is probed for its next due instant instead of polled.
@@ -193,6 +198,7 @@ class _Worker:
         prune_after: timedelta | None,
         prune_unregistered_after: timedelta | None = None,
         max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
+        max_databases: int | None = None,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -213,6 +219,8 @@ class _Worker:
         self._by_path: dict[Path, _Database] = {}
         self._writes: WriteWatch | None = None
         self._group: asyncio.TaskGroup | None = None
+        self.max_databases = max_databases
+        self._serving: set[_Database] = set()
         self.schema: str | None = None
         self.make_database: Callable[[Database], _Database] = _cannot_make
 
@@ -235,14 +243,62 @@ class _Worker:
             database.watched = self._writes.add(database.path)
             self._by_path[database.path] = database
         try:
-            async with asyncio.TaskGroup() as group:
-                self._database_tasks(database, group)
+            if self.max_databases is None:
+                async with asyncio.TaskGroup() as group:
+                    self._database_tasks(database, group)
+            else:
+                await self._serve_in_turns(database)
         finally:
             if self._by_path.get(database.path) is database:  # type: ignore[arg-type]
                 del self._by_path[database.path]  # type: ignore[arg-type]
             if database.owned:
                 await self.open_stores.forget(database.engine)
                 await database.engine.dispose()
+
+    async def _serve_in_turns(self, database: _Database) -> None:
+        """With ``max_databases``: serve the database while this worker holds its
+        serving lease (see ``jobrun.database_leases``); try again every ``RETRY_S``."""
+        lease = serving_lease(database.store, database.path)
+        while not database.gone.is_set():
+            if await self._take_room(database, lease):
+                log.info("serving %s (took its serving lease)", database.label)
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        self._database_tasks(database, group)
+                        if isinstance(lease, PostgresServingLease):
+                            group.create_task(self._keep_serving(database, lease))
+                finally:
+                    self._serving.discard(database)
+                    await lease.release()
+                if database.gone.is_set():
+                    return
+                log.info("stopped serving %s (its serving lease is another's)", database.label)
+                database.stop = asyncio.Event()
+            elif database.owned and not database.watched:
+                # Not ours: no session kept open for it meanwhile (Postgres: the presence).
+                await database.engine.dispose()
+            await self._sleep(SERVING_RETRY_S * (0.5 + random.random()), database.gone)
+
+    async def _take_room(self, database: _Database, lease: ServingLease) -> bool:
+        """Room under the cap (kept while the lease is tried: others wait their turn),
+        and the database's serving lease."""
+        if len(self._serving) >= (self.max_databases or 0):
+            return False
+        self._serving.add(database)
+        if await _took(lease, database):
+            return True
+        self._serving.discard(database)
+        return False
+
+    async def _keep_serving(self, database: _Database, lease: PostgresServingLease) -> None:
+        """A presence session lost and opened again holds no lock: take it again, or
+        stop serving (passes in flight finish) when another worker has it now."""
+        while not database.stop.is_set():
+            await self._sleep(SERVING_CHECK_S, database.stop)
+            if database.stop.is_set() or await _took(lease, database):
+                continue
+            database.stop.set()
+            database.wake_all()
 
     def _database_tasks(self, database: _Database, group: asyncio.TaskGroup) -> None:
         base = LOG_PASSES if self.options.observer is None else self.options.observer
@@ -291,6 +347,7 @@ class _Worker:
         for label, database in served.items():
             if label not in chosen:
                 log.info("no longer serving %s", label, extra={"database": label})
+                database.gone.set()
                 database.stop.set()
                 database.wake_all()
         kept = [served[label] for label in chosen if label in served]
@@ -317,6 +374,7 @@ class _Worker:
     async def _stopper(self) -> None:
         await self.stop.wait()
         for database in self.databases:
+            database.gone.set()
             database.stop.set()
             database.wake_all()
 
@@ -645,6 +703,18 @@ class _Worker:
             )
 
 
+async def _took(lease: ServingLease, database: _Database) -> bool:
+    try:
+        return await lease.try_take()
+    except Exception as error:
+        log.debug("taking the serving lease of %s failed: %s", database.label, error)
+        return False
+
+
+def _checked_cap(max_databases: int | None) -> int | None:
+    return None if max_databases is None else checked_count(max_databases, "max_databases")
+
+
 def _cannot_make(database: Any) -> _Database:
     raise RuntimeError("this worker makes no databases")
 
@@ -718,6 +788,7 @@ async def run_worker(
     schema: str | None = None,
     max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
     max_connections_per_database: int = DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
+    max_databases: int | None = None,
     reloads: asyncio.Queue[Sequence[Database]] | None = None,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
@@ -746,9 +817,12 @@ async def run_worker(
     instant and a sweep every ``SWEEP_S`` wake it. At most ``max_open_sqlite``
     SQLite databases are open at once; an engine made here from a Postgres URL
     has no pool and keeps at most ``max_connections_per_database`` connections,
-    beside its presence connection. Each list put on ``reloads`` becomes the set of
-    databases served (new ones start, dropped ones stop after their passes); with
-    ``reloads`` the schemas are checked at first use, not all at start.
+    beside its presence connection. With ``max_databases``, this worker serves at
+    most that many databases, each only while it holds its serving lease (see
+    ``jobrun.database_leases``), so several workers split one set. Each list put
+    on ``reloads`` becomes the set of databases served (new ones start, dropped
+    ones stop after their passes); with ``reloads`` the schemas are checked at
+    first use, not all at start.
     """
     chosen = _worker_options(options, keywords)
     if not databases:
@@ -768,6 +842,9 @@ async def run_worker(
         prune_after=prune_after,
         prune_unregistered_after=prune_unregistered_after,
         max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),
+        max_databases=None
+        if max_databases is None
+        else checked_count(max_databases, "max_databases"),
     )
     keep = checked_count(max_connections_per_database, "max_connections_per_database")
     async with contextlib.AsyncExitStack() as owned:

@@ -269,6 +269,17 @@ class _Urls:
     "one is closed, least recently used first, when another needs its place.",
 )
 @click.option(
+    "--max-databases",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Serve at most N of the databases, each only while holding its serving lease "
+    "(SQLite: a lock on <file>.jobrun-worker; Postgres: an advisory lock on the presence "
+    "session), so several workers over one set split it; a dead worker's databases are "
+    "taken by others with room within about 5 s. Default: serve all, shared with any "
+    "other worker.",
+)
+@click.option(
     "--max-connections-per-database",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
@@ -391,6 +402,7 @@ def worker(
     urls_file: Path | None,
     max_open_sqlite: int,
     max_connections_per_database: int,
+    max_databases: int | None,
     app: str,
     interval: float,
     limit: int,
@@ -446,6 +458,7 @@ def worker(
             "schema": schema,
             "max_open_sqlite": max_open_sqlite,
             "max_connections_per_database": max_connections_per_database,
+            "max_databases": max_databases,
         }
         graceful = _run(
             source, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)

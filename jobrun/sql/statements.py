@@ -508,6 +508,17 @@ def next_due_statement() -> Any:
     return select(func.min(due_at())).where(is_live())
 
 
+def take_database_statement() -> Any:
+    """Postgres: try the session advisory lock that says "a worker serves this database"
+    (the two-key form, so it is never read as a presence key: those are one bigint)."""
+    return select(func.pg_try_advisory_lock(bindparam("lease_class"), bindparam("lease_key")))
+
+
+def release_database_statement() -> Any:
+    """Postgres: let go of the lock of :func:`take_database_statement`."""
+    return select(func.pg_advisory_unlock(bindparam("lease_class"), bindparam("lease_key")))
+
+
 def clock_statement() -> Any:
     """Postgres: the database's clock, read as the statement runs."""
     return select(func.clock_timestamp())

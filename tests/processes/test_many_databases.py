@@ -232,3 +232,78 @@ async def test_at_most_max_open_sqlite_files_are_open(
     # Two open stores, and at most one more file for an instant: the probe's
     # short read (stdlib sqlite3, closed before it returns) of a third database.
     assert 1 <= most <= 3
+
+
+def served_by(worker: Spawned, labels: list[str]) -> set[str]:
+    """The databases ``worker`` says it took the serving lease of (and still holds)."""
+    logged = worker.logged()
+    return {
+        label
+        for label in labels
+        if logged.count(f"serving {label} (took its serving lease)")
+        > logged.count(f"stopped serving {label}")
+    }
+
+
+async def split_and_taken_over(
+    urls: list[str], spawned: Callable[..., Spawned], tmp_path: Path
+) -> None:
+    """Two workers with --max-databases split ``urls``; the second takes the first's
+    databases once the first is killed, and drives a run started in one of them."""
+    labels = [make_url(url).render_as_string(hide_password=True) for url in urls]
+    half = len(urls) // 2
+    first = spawned(urls, "--max-databases", str(half))
+
+    async def first_is_full() -> bool:
+        return len(served_by(first, labels)) == half
+
+    await eventually(first_is_full)
+    (tmp_path / "second").mkdir()
+    second = Spawned(tmp_path / "second", urls, "--max-databases", str(len(urls)))
+    try:
+
+        async def split() -> bool:
+            return len(served_by(second, labels)) == len(urls) - half
+
+        await eventually(split)
+        # Each database is served by exactly one of them.
+        assert served_by(first, labels) | served_by(second, labels) == set(labels)
+        assert not served_by(first, labels) & served_by(second, labels)
+        orphaned = sorted(served_by(first, labels))
+        first.process.kill()
+        first.process.wait()
+
+        async def taken_over() -> bool:
+            return served_by(second, labels) == set(labels)
+
+        await eventually(taken_over)
+        url = urls[labels.index(orphaned[0])]
+        run_id = await start(url, "after-takeover")
+        await eventually(lambda: is_done(url, run_id))
+    finally:
+        second.stop()
+
+
+async def test_two_workers_split_sqlite_files_and_one_takes_over_from_a_dead_one(
+    sqlite_template: Path, tmp_path: Path, spawned: Callable[..., Spawned]
+) -> None:
+    urls = sqlite_files(sqlite_template, tmp_path, 4)
+    await split_and_taken_over(urls, spawned, tmp_path)
+
+
+@pytest.mark.postgres
+async def test_two_workers_split_postgres_databases_and_one_takes_over_from_a_dead_one(
+    request: pytest.FixtureRequest, tmp_path: Path, spawned: Callable[..., Spawned]
+) -> None:
+    from tests.conftest import POSTGRES_URL, _admin, _with_database
+
+    template = request.getfixturevalue("postgres_template")
+    names = [f"jobrun_split_{os.getpid()}_{number}" for number in range(2)]
+    for name in names:
+        await _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        urls = [_with_database(str(POSTGRES_URL), name) for name in names]
+        await split_and_taken_over(urls, spawned, tmp_path)
+    finally:
+        for name in names:
+            await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
