@@ -30,10 +30,8 @@ import asyncio
 import collections
 import contextlib
 import functools
-import json
 import logging
 import random
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -52,8 +50,6 @@ from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
-    PassStart,
-    PassWatch,
     observe_all,
 )
 from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
@@ -63,22 +59,20 @@ from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
-from jobrun.database_leases import CHECK_S as SERVING_CHECK_S
-from jobrun.database_leases import RETRY_S as SERVING_RETRY_S
-from jobrun.database_leases import PostgresServingLease, ServingLease, serving_lease
+from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
+from jobrun._worker_listen import Listening
+from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
 from jobrun.sql.kept_connections import keep_at_most
 from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.sql.tenancy import notify_channel
-from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch, sqlite_path
+from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 log = logging.getLogger("jobrun.worker")
 
-FIRST_IDLE_DELAY_S = 0.05
 DEFAULT_INTERVAL_S = 5.0
 # How often each database is asked for due runs of jobs this worker does not
 # register (never less than the interval): a read of its own, so the claim,
@@ -95,95 +89,10 @@ MAX_SCHEDULE_SLEEP_S = 60.0
 """The scheduler looks again at least this often (a clock that jumps is noticed)."""
 
 HealthCallback = Callable[[str, JobRunHealth], None]
+_Database = ServedDatabase
 
 
-def database_label(engine: AsyncEngine) -> str:
-    """The engine's URL with its password hidden: how logs and metrics name a database."""
-    return engine.url.render_as_string(hide_password=True)
-
-
-class _Database:
-    """One database's drivers: who is idle, who polls, and how long the poller waits."""
-
-    def __init__(self, store: SqlJobRunStore, clock: Clock, *, owned: bool = False) -> None:
-        self.store = store
-        self.engine = store.engine
-        self.clock = clock
-        # Made here from a URL: disposed of when it is no longer served.
-        self.owned = owned
-        # Set when the worker stops or the database is dropped from its set (``stop``
-        # also when this worker's turn at serving it ends: see ``database_leases``).
-        self.stop = asyncio.Event()
-        self.gone = asyncio.Event()
-        self.path = sqlite_path(store.engine)
-        # Woken by writes (SQLite, inotify) or NOTIFY (Postgres, once listening): an
-        # idle database is probed for its next due instant instead of polled.
-        self.watched = False
-        self.listening = False
-        self.unregistered_checked_at: float | None = None
-        self.schedules_forgotten = False
-        label = database_label(store.engine)
-        self.label = label if store.schema is None else f"{label} schema {store.schema}"
-        # One tenant's starts wake only that tenant's drivers.
-        self.channel = notify_channel(store.schema)
-        self.delay_s = FIRST_IDLE_DELAY_S
-        self.polling = False
-        # A wake-up that found nobody idle: the next driver to go idle claims again.
-        self.pending = False
-        # Monotonic instants: when the drives began to fail, and the last warning.
-        self.failing_since: float | None = None
-        self.warned_at = 0.0
-        self._idle: deque[asyncio.Future[None]] = deque()
-
-    def wake_one(self) -> None:
-        while self._idle:
-            waiter = self._idle.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    def wake_all(self) -> None:
-        if not self._idle:
-            self.pending = True
-        while self._idle:
-            waiter = self._idle.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def idle(self, timeout_s: float | None) -> bool:
-        """Wait to be woken (``True``), or ``timeout_s`` (``False``; ``None``: only when woken)."""
-        if self.pending:
-            self.pending = False
-            return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._idle.append(waiter)
-        try:
-            async with self.clock.timeout(timeout_s):
-                await waiter
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            with contextlib.suppress(ValueError):
-                self._idle.remove(waiter)
-
-    @property
-    def woken(self) -> bool:
-        return self.watched or self.listening
-
-
-class _WakeSiblings:
-    """An observer that wakes one idle driver of the database whenever a pass starts."""
-
-    def __init__(self, database: _Database) -> None:
-        self._database = database
-
-    def pass_started(self, start: PassStart) -> PassWatch | None:
-        self._database.wake_one()
-        return None
-
-
-class _Worker:
+class _Worker(DatabaseTurns, Listening):
     def __init__(
         self,
         databases: list[_Database],
@@ -222,7 +131,7 @@ class _Worker:
         self.max_databases = max_databases
         self._serving: set[_Database] = set()
         self.schema: str | None = None
-        self.make_database: Callable[[Database], _Database] = _cannot_make
+        self.make_database: Callable[[Database], _Database] = cannot_make
 
     async def run(self, reloads: asyncio.Queue[Sequence[Database]] | None = None) -> None:
         self._writes = WriteWatch(self._written, self._wake_every_file)
@@ -255,54 +164,9 @@ class _Worker:
                 await self.open_stores.forget(database.engine)
                 await database.engine.dispose()
 
-    async def _serve_in_turns(self, database: _Database) -> None:
-        """With ``max_databases``: serve the database while this worker holds its
-        serving lease (see ``jobrun.database_leases``); try again every ``RETRY_S``."""
-        lease = serving_lease(database.store, database.path)
-        while not database.gone.is_set():
-            if await self._take_room(database, lease):
-                log.info("serving %s (took its serving lease)", database.label)
-                try:
-                    async with asyncio.TaskGroup() as group:
-                        self._database_tasks(database, group)
-                        if isinstance(lease, PostgresServingLease):
-                            group.create_task(self._keep_serving(database, lease))
-                finally:
-                    self._serving.discard(database)
-                    await lease.release()
-                if database.gone.is_set():
-                    return
-                log.info("stopped serving %s (its serving lease is another's)", database.label)
-                database.stop = asyncio.Event()
-            elif database.owned and not database.watched:
-                # Not ours: no session kept open for it meanwhile (Postgres: the presence).
-                await database.engine.dispose()
-            await self._sleep(SERVING_RETRY_S * (0.5 + random.random()), database.gone)
-
-    async def _take_room(self, database: _Database, lease: ServingLease) -> bool:
-        """Room under the cap (kept while the lease is tried: others wait their turn),
-        and the database's serving lease."""
-        if len(self._serving) >= (self.max_databases or 0):
-            return False
-        self._serving.add(database)
-        if await _took(lease, database):
-            return True
-        self._serving.discard(database)
-        return False
-
-    async def _keep_serving(self, database: _Database, lease: PostgresServingLease) -> None:
-        """A presence session lost and opened again holds no lock: take it again, or
-        stop serving (passes in flight finish) when another worker has it now."""
-        while not database.stop.is_set():
-            await self._sleep(SERVING_CHECK_S, database.stop)
-            if database.stop.is_set() or await _took(lease, database):
-                continue
-            database.stop.set()
-            database.wake_all()
-
     def _database_tasks(self, database: _Database, group: asyncio.TaskGroup) -> None:
         base = LOG_PASSES if self.options.observer is None else self.options.observer
-        observer = observe_all(base, _WakeSiblings(database))
+        observer = observe_all(base, WakeSiblings(database))
         for number in range(self.concurrency):
             group.create_task(self._drive(database, observer, number))
         if self.on_health is not None:
@@ -319,57 +183,6 @@ class _Worker:
             group.create_task(self._forget_schedules(database))
         if retains(self.registry, self.prune_after, self.prune_unregistered_after):
             group.create_task(self._prune(database))
-
-    async def _reload(self, reloads: asyncio.Queue[Sequence[Database]]) -> None:
-        """Serve each new set of databases: the new ones start, the dropped ones stop
-        (their passes in flight finish first)."""
-        while not self.stop.is_set():
-            getting = asyncio.ensure_future(reloads.get())
-            stopping = asyncio.ensure_future(self.stop.wait())
-            await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if not getting.done():
-                getting.cancel()
-                return
-            try:
-                self._replace(getting.result())
-            except Exception as error:
-                log.error("cannot serve the new set of databases: %s; kept the old one", error)
-
-    def _replace(self, wanted: Sequence[Database]) -> None:
-        served = {database.label: database for database in self.databases}
-        chosen: dict[str, _Database] = {}
-        for item in wanted:
-            label = _label_of_url(item, self.schema) if isinstance(item, str) else None
-            found = served.get(label) if label is not None else None
-            made = found if found is not None else self.make_database(item)
-            chosen.setdefault(made.label, served.get(made.label, made))
-        for label, database in served.items():
-            if label not in chosen:
-                log.info("no longer serving %s", label, extra={"database": label})
-                database.gone.set()
-                database.stop.set()
-                database.wake_all()
-        kept = [served[label] for label in chosen if label in served]
-        added = [database for label, database in chosen.items() if label not in served]
-        self.databases = kept + added
-        assert self._group is not None
-        for database in added:
-            log.info("now serving %s", database.label, extra={"database": database.label})
-            self._group.create_task(self._serve(database))
-        log.info("serving %d databases (%d added)", len(self.databases), len(added))
-
-    def _written(self, path: Path) -> None:
-        database = self._by_path.get(path)
-        if database is not None:
-            self.wakeups["write"] += 1
-            log.debug("woken by a write to %s", database.label, extra={"database": database.label})
-            database.wake_all()
-
-    def _wake_every_file(self) -> None:
-        self.wakeups["sweep"] += 1
-        for database in list(self._by_path.values()):
-            database.wake_all()
 
     async def _stopper(self) -> None:
         await self.stop.wait()
@@ -637,91 +450,9 @@ class _Worker:
             sources=SYSTEM_SOURCES,
         )
 
-    def _wanted(self, payload: str) -> bool:
-        try:
-            module_id, job = json.loads(payload)
-        except (ValueError, TypeError):
-            return True
-        return (module_id, job) in self.registry
-
-    async def _listen(self, database: _Database) -> None:
-        """LISTEN for new runs on a connection of its own; reconnect when it is lost."""
-
-        async def listen() -> float:
-            await self._listen_once(database)
-            return self.interval_s
-
-        message = "listening on %s failed: %s; polling every %.1f s meanwhile"
-        try:
-            await self._repeat(
-                database, listen, _warning(database, message, self.interval_s, self.interval_s)
-            )
-        finally:
-            database.listening = False
-
-    async def _listen_once(self, database: _Database) -> None:
-        """Listen until the worker stops (returns) or the connection is lost (returns too)."""
-        lost = asyncio.Event()
-
-        def notified(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
-            if self._wanted(payload):
-                self.wakeups["notify"] += 1
-                log.debug("woken by NOTIFY on %s", database.label)
-                database.wake_all()
-
-        # The store's presence connection (see ``jobrun.sql.presence``): a connection
-        # of its own, never one of the host's pool, which a small pool could not spare.
-        raw = await database.store.presence_connection()
-        assert raw is not None
-
-        def on_lost(_connection: Any) -> None:
-            lost.set()
-
-        raw.add_termination_listener(on_lost)
-        store = database.store
-        await store.on_presence_connection(lambda raw: raw.add_listener(database.channel, notified))
-        log.debug("listening for new runs on %s", database.label)
-        # From now on a NOTIFY wakes it: idle, it is probed, not polled.
-        database.listening = True
-        # Anything started before the LISTEN took effect: look now.
-        database.wake_all()
-        stopping = asyncio.ensure_future(database.stop.wait())
-        losing = asyncio.ensure_future(lost.wait())
-        try:
-            await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            losing.cancel()
-            raw.remove_termination_listener(on_lost)
-        database.listening = False
-        if lost.is_set():
-            log.warning("lost the listening connection to %s", database.label)
-            return
-        with contextlib.suppress(Exception):
-            await store.on_presence_connection(
-                lambda raw: raw.remove_listener(database.channel, notified)
-            )
-
-
-async def _took(lease: ServingLease, database: _Database) -> bool:
-    try:
-        return await lease.try_take()
-    except Exception as error:
-        log.debug("taking the serving lease of %s failed: %s", database.label, error)
-        return False
-
 
 def _checked_cap(max_databases: int | None) -> int | None:
     return None if max_databases is None else checked_count(max_databases, "max_databases")
-
-
-def _cannot_make(database: Any) -> _Database:
-    raise RuntimeError("this worker makes no databases")
-
-
-def _label_of_url(url: str, schema: str | None) -> str:
-    label = make_url(url).render_as_string(hide_password=True)
-    return label if schema is None else f"{label} schema {schema}"
 
 
 def _warning(
@@ -808,27 +539,15 @@ async def run_worker(
     is its run's failed attempt, logged. On Postgres, ``schema`` is the tenant's
     schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
-
     Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
     registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
 
-    Many databases (see ``jobrun.wakeups``): an idle SQLite file or listening
-    Postgres database is not polled; writes (inotify), NOTIFY, its next due
-    instant and a sweep every ``SWEEP_S`` wake it. At most ``max_open_sqlite``
-    SQLite databases are open at once; an engine made here from a Postgres URL
-    has no pool and keeps at most ``max_connections_per_database`` connections,
-    beside its presence connection. With ``max_databases``, this worker serves at
-    most that many databases, each only while it holds its serving lease (see
-    ``jobrun.database_leases``), so several workers split one set. Each list put
-    on ``reloads`` becomes the set of databases served (new ones start, dropped
-    ones stop after their passes); with ``reloads`` the schemas are checked at
-    first use, not all at start.
+    Many databases (docs/how-to/many-drivers.md): ``max_open_sqlite``,
+    ``max_connections_per_database``, ``max_databases`` (``jobrun.database_leases``);
+    each list put on ``reloads`` becomes the set served, checked at first use.
     """
     chosen = _worker_options(options, keywords)
-    if not databases:
-        raise refuse("databases", "must name at least one database: run_worker needs one")
-    if not isinstance(registry, JobRegistry):
-        raise refuse_type("registry", f"must be a JobRegistry, got {type(registry).__name__}")
+    _check_what_to_drive(databases, registry)
     timing = resolve_clock(chosen.clock)
     worker = _Worker(
         [],
@@ -842,16 +561,31 @@ async def run_worker(
         prune_after=prune_after,
         prune_unregistered_after=prune_unregistered_after,
         max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),
-        max_databases=None
-        if max_databases is None
-        else checked_count(max_databases, "max_databases"),
+        max_databases=max_databases and checked_count(max_databases, "max_databases"),
     )
     keep = checked_count(max_connections_per_database, "max_connections_per_database")
+    await _serve_all(worker, databases, schema, keep, reloads)
+
+
+def _check_what_to_drive(databases: Sequence[Database], registry: JobRegistry) -> None:
+    if not databases:
+        raise refuse("databases", "must name at least one database: run_worker needs one")
+    if not isinstance(registry, JobRegistry):
+        raise refuse_type("registry", f"must be a JobRegistry, got {type(registry).__name__}")
+
+
+async def _serve_all(
+    worker: _Worker,
+    databases: Sequence[Database],
+    schema: str | None,
+    keep: int,
+    reloads: asyncio.Queue[Sequence[Database]] | None,
+) -> None:
     async with contextlib.AsyncExitStack() as owned:
 
         def make(database: Database) -> _Database:
             store = _store_of(database, schema, owned, keep)
-            return _Database(store, timing, owned=isinstance(database, str))
+            return _Database(store, worker.clock, owned=isinstance(database, str))
 
         worker.make_database = make
         worker.schema = schema

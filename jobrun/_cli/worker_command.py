@@ -399,10 +399,6 @@ class _Urls:
 )
 def worker(
     urls: tuple[str, ...],
-    urls_file: Path | None,
-    max_open_sqlite: int,
-    max_connections_per_database: int,
-    max_databases: int | None,
     app: str,
     interval: float,
     limit: int,
@@ -419,16 +415,15 @@ def worker(
     watchdog: bool,
     drain_timeout: float | None,
     heartbeat_file: Path | None,
+    **many: Any,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
     The first signal stops gracefully: nothing new is claimed, passes in flight
     finish, exit status 0. A second signal, or --drain-timeout running out,
     cancels the passes in flight (each hands its lease back at once) and exits
-    with status 1. --heartbeat-file is for liveness probes. On Postgres the worker
-    LISTENs for new runs and starts them at once; otherwise an idle database is
-    polled once per --interval. The app's schedules are started at each slot,
-    once per slot however many workers run.
+    with status 1. --heartbeat-file is for liveness probes. Idle databases are not
+    polled (NOTIFY, inotify, due times wake them); SIGHUP reads --urls-file again.
 
     \b
     Example:
@@ -436,8 +431,7 @@ def worker(
           --concurrency 4 --metrics-port 9464
     """
     registry = load_registry(app)
-    source = _Urls(urls, urls_file)
-    _check_sqlite_files(tuple(source.read()))
+    source = _checked_urls(urls, many.pop("urls_file"))  # the rest: the --max-... options
     _configure_logging(log_level, log_format)
     observer, on_health = _watchers(metrics_port, metrics_host)
     with _one_line_errors():
@@ -456,9 +450,7 @@ def worker(
             "prune_after": prune_after,
             "prune_unregistered_after": prune_unregistered_after,
             "schema": schema,
-            "max_open_sqlite": max_open_sqlite,
-            "max_connections_per_database": max_connections_per_database,
-            "max_databases": max_databases,
+            **many,
         }
         graceful = _run(
             source, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)
@@ -496,6 +488,12 @@ def _one_line_errors() -> Iterator[None]:
         raise click.ClickException(error.message) from error
     except OSError as error:
         raise click.ClickException(f"database error: {first_line(error)}") from error
+
+
+def _checked_urls(urls: tuple[str, ...], urls_file: Path | None) -> _Urls:
+    source = _Urls(urls, urls_file)
+    _check_sqlite_files(tuple(source.read()))
+    return source
 
 
 def _check_sqlite_files(urls: tuple[str, ...]) -> None:
