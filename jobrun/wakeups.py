@@ -26,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ SWEEP_S = 60.0
 
 class OpenStores:
     """At most ``limit`` SQLite engines open; an idle one is closed (disposed) when
-    another needs its place, least recently used first."""
+    another needs its place, least recently used first. Only the engines handed to
+    :meth:`manage` (the worker's own, made from file URLs) count: an engine its
+    host made is never disposed of here."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -52,6 +55,7 @@ class OpenStores:
         self._open: collections.OrderedDict[AsyncEngine, int] = collections.OrderedDict()
         self._changed = asyncio.Event()
         self._admitting = asyncio.Lock()
+        self._managed: weakref.WeakSet[AsyncEngine] = weakref.WeakSet()
         self.opened = 0
         self.closed = 0
 
@@ -59,10 +63,13 @@ class OpenStores:
     def open_count(self) -> int:
         return len(self._open)
 
+    def manage(self, engine: AsyncEngine) -> None:
+        self._managed.add(engine)
+
     @contextlib.asynccontextmanager
     async def use(self, engine: AsyncEngine) -> AsyncIterator[None]:
         """Hold ``engine`` open while the block runs (waiting for room if need be)."""
-        if engine.dialect.name != "sqlite":
+        if engine not in self._managed:
             yield
             return
         if engine not in self._open:

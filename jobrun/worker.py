@@ -31,7 +31,6 @@ import collections
 import contextlib
 import functools
 import logging
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -151,6 +150,8 @@ class _Worker(DatabaseTurns, Listening):
         if database.path is not None and self._writes is not None:
             database.watched = self._writes.add(database.path)
             self._by_path[database.path] = database
+        if database.path is not None and database.owned:
+            self.open_stores.manage(database.engine)
         try:
             if self.max_databases is None:
                 async with asyncio.TaskGroup() as group:
@@ -422,10 +423,6 @@ class _Worker(DatabaseTurns, Listening):
 
     async def _prune(self, database: _Database) -> None:
         async def prune() -> float:
-            if database.watched and not pruned_once:
-                # Many databases: each one's first pruning at its own moment, not all at start.
-                pruned_once.append(True)
-                return PRUNE_INTERVAL_S * random.random()
             async with self.open_stores.use(database.engine):
                 deleted = await self._prune_once(database)
             if deleted:
@@ -437,7 +434,6 @@ class _Worker(DatabaseTurns, Listening):
                 )
             return PRUNE_INTERVAL_S
 
-        pruned_once: list[bool] = []
         message = "pruning %s failed: %s"
         await self._repeat(database, prune, _warning(database, message, PRUNE_INTERVAL_S))
 

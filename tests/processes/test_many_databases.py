@@ -151,7 +151,11 @@ async def test_notify_wakes_an_idle_postgres_database_which_holds_one_connection
     database_url: str, spawned: Callable[..., Spawned]
 ) -> None:
     worker = spawned([database_url])
-    await eventually(lambda: started(worker))
+
+    async def listening() -> bool:
+        return "listening for new runs on" in worker.logged()
+
+    await eventually(listening)
     run_id = await start(database_url, "woken")
     await eventually(lambda: is_done(database_url, run_id))
     assert "woken by NOTIFY on" in worker.logged()
