@@ -44,6 +44,9 @@ class ServedDatabase:
         # idle database is probed for its next due instant instead of polled.
         self.watched = False
         self.listening = False
+        # Postgres: until its first LISTEN stands (or fails), the drivers wait for it
+        # rather than claim: a start-up costs one session per database, not two.
+        self.awaiting_listen = False
         self.unregistered_checked_at: float | None = None
         self.schedules_forgotten = False
         label = database_label(store.engine)

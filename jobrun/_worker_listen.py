@@ -53,7 +53,7 @@ class Listening:
         try:
             await self._repeat(database, listen, listen_failed(database, self.interval_s))
         finally:
-            database.listening = False
+            database.listening = database.awaiting_listen = False
 
     async def _listen_once(self, database: ServedDatabase) -> None:
         """Listen until the worker stops (returns) or the connection is lost (returns too)."""
@@ -79,6 +79,7 @@ class Listening:
         log.debug("listening for new runs on %s", database.label)
         # From now on a NOTIFY wakes it: idle, it is probed, not polled.
         database.listening = True
+        database.awaiting_listen = False
         # Anything started before the LISTEN took effect: look now.
         database.wake_all()
         stopping = asyncio.ensure_future(database.stop.wait())
@@ -101,6 +102,9 @@ class Listening:
 
 def listen_failed(database: ServedDatabase, interval_s: float) -> Callable[[Exception], float]:
     def failed(error: Exception) -> float:
+        # No LISTEN for now: the drivers poll meanwhile.
+        database.awaiting_listen = False
+        database.wake_all()
         log.warning(
             "listening on %s failed: %s; polling every %.1f s meanwhile",
             database.label,

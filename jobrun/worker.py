@@ -173,6 +173,7 @@ class _Worker(DatabaseTurns, Listening):
         if self.on_health is not None:
             group.create_task(self._health(database, self.on_health))
         if _listens(database.engine):
+            database.awaiting_listen = True
             group.create_task(self._listen(database))
         if not database.watched:
             # (A watched database is checked when a drive of it takes nothing.)
@@ -236,6 +237,11 @@ class _Worker(DatabaseTurns, Listening):
         # Writes this process still owes (a release the store refused) go first:
         # the probe cannot see them, and the next drive sends them again.
         owing = len(database.store.owed_releases) > 0
+        if database.awaiting_listen and not owing:
+            # (A LISTEN that takes longer than the interval: drive without it.)
+            if not await database.idle(self.interval_s):
+                database.awaiting_listen = False
+            return None
         if database.woken and not owing and not await self._due_now(database):
             return None
         try:

@@ -317,14 +317,22 @@ async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: 
             looked.set()
 
     log.after = after
-    # SQLite: the first look at an idle file is a read of its next due instant.
-    probe = jobrun.worker.sqlite_next_due_at
+    # The first look at an idle database is a read of its next due instant (SQLite:
+    # of the file; Postgres: once the LISTEN stands, on the presence session).
+    sqlite_probe = jobrun.worker.sqlite_next_due_at
+    postgres_probe = jobrun.worker.postgres_next_due_at
 
     def probed(path: Path) -> str | None:
         looked.set()
-        return probe(path)
+        return sqlite_probe(path)
+
+    async def probed_postgres(store: jobrun.SqlJobRunStore) -> str | None:
+        found = await postgres_probe(store)
+        looked.set()
+        return found
 
     monkeypatch.setattr(jobrun.worker, "sqlite_next_due_at", probed)
+    monkeypatch.setattr(jobrun.worker, "postgres_next_due_at", probed_postgres)
     worker = Worker([engine], interval_s=30, clock=clock)
     # Its first look has found nothing: the run started next is news to it.
     await asyncio.wait_for(looked.wait(), 60)
