@@ -47,6 +47,8 @@ class ServedDatabase:
         # Postgres: until its first LISTEN stands (or fails), the drivers wait for it
         # rather than claim: a start-up costs one session per database, not two.
         self.awaiting_listen = False
+        # Its once-in-a-while reads happen at its drives (see ``_Worker._database_tasks``).
+        self.lazy = False
         self.unregistered_checked_at: float | None = None
         self.schedules_forgotten = False
         label = database_label(store.engine)

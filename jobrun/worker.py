@@ -175,13 +175,15 @@ class _Worker(DatabaseTurns, Listening):
         if _listens(database.engine):
             database.awaiting_listen = True
             group.create_task(self._listen(database))
-        if not database.watched:
-            # (A watched database is checked when a drive of it takes nothing.)
+        # A database that can be woken (inotify, LISTEN) is looked at for unregistered
+        # jobs when a drive of it takes nothing, and forgets removed schedules at its
+        # first drive: nothing at start-up for each of a thousand databases.
+        database.lazy = database.watched or database.awaiting_listen
+        if not database.lazy:
             group.create_task(self._watch_unregistered(database))
         if self.registry.schedules():
             group.create_task(self._schedule(database))
-        elif not database.watched:
-            # (A watched database forgets them at its first drive: no start-up storm.)
+        elif not database.lazy:
             group.create_task(self._forget_schedules(database))
         if retains(self.registry, self.prune_after, self.prune_unregistered_after):
             group.create_task(self._prune(database))
@@ -274,7 +276,7 @@ class _Worker(DatabaseTurns, Listening):
     async def _drive_once(
         self, database: _Database, options: DriveOptions, turns: ClaimTurns
     ) -> Any:
-        if database.watched and not database.schedules_forgotten:
+        if database.lazy and not database.schedules_forgotten:
             database.schedules_forgotten = True
             await self._forget_schedules(database)
         report = await drive_due_jobs(
@@ -290,7 +292,7 @@ class _Worker(DatabaseTurns, Listening):
         looked_lately = (
             checked_at is not None and self.clock.monotonic() - checked_at < UNREGISTERED_CHECK_S
         )
-        if database.watched and not report.attempted and not looked_lately:
+        if database.lazy and not report.attempted and not looked_lately:
             await self.look_for_unregistered(database)
         return report
 
