@@ -176,6 +176,7 @@ def _reread(source: _Urls, reloads: asyncio.Queue[Any]) -> None:
     """SIGHUP: read the URLs file again; the worker serves what it lists now."""
     try:
         urls = source.read()
+        _check_sqlite_files(tuple(urls))
     except (OSError, click.ClickException) as error:
         log.error("SIGHUP: cannot read %s (%s); serving the same databases", source.file, error)
         return
