@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jobrun._core.refusals import refuse
 from jobrun.sql.executor import Compiler
 from jobrun.sql.statements import release_database_statement, take_database_statement
 from jobrun.sql.store import SqlJobRunStore
@@ -106,5 +107,9 @@ def serving_lease(store: SqlJobRunStore, path: Path | None) -> ServingLease:
     if path is not None:
         return SqliteServingLease(path)
     if store.engine.dialect.name != "postgresql":
-        raise ValueError("max_databases needs SQLite files or Postgres databases")
+        raise refuse(
+            "max_databases",
+            f"needs SQLite files or Postgres databases, not {store.engine.dialect.name} "
+            "in memory or elsewhere: a serving lease lives in one or the other",
+        )
     return PostgresServingLease(store)
