@@ -32,9 +32,11 @@ from jobrun.ui import create_app
 
 POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/jobrun_bench_console"
 GOAL_MS = 100.0
-STEP_MS = 2_000
-"""Runs start 2 s apart: 1,000,000 runs span 23 days, as a busy history would."""
-FIRST_MS = 1_790_000_000_000  # 2026-09-21, whole seconds
+STEP_MS = 2_592
+"""Runs start 2.592 s apart: 1,000,000 runs span 30 days, as a busy history would."""
+FIRST_MS = int(time.time()) * 1000 - 1_000_000 * STEP_MS
+"""Whole seconds, so that the 1,000,000th run starts now: the activity chart and the
+errors page read the history's last hour and day."""
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 _COLUMNS = (
@@ -60,7 +62,9 @@ SELECT {_ulid_time(ms)} || {pad}, 'shop', 'job-' || ({i} % 20),
        'tenant-' || ({i} % 1000) || '/' || {i}, '{{}}',
        CASE WHEN {i} > :count - 50 THEN 'running' WHEN ({i} / 20) % 100 = 0 THEN 'failed'
             ELSE 'done' END,
-       NULL, '{{}}', 0, NULL, {started_at}, {started_at},
+       NULL, '{{}}', 0,
+       CASE WHEN ({i} / 20) % 100 = 0 THEN 'KeyError: order ' || {i} || ' not found' END,
+       {started_at}, {started_at},
        CASE WHEN {i} > :count - 10 THEN {started_at} END,
        CASE WHEN {i} <= :count - 50 THEN {started_at} END,
        CASE WHEN {i} > :count - 10 THEN 'token' END,
@@ -76,7 +80,7 @@ INSERT INTO _substrat_job_runs ({_COLUMNS})
 {_fill_select("i", _SQLITE_MS, _SQLITE_STARTED_AT, "printf('%016d', i)")}
 FROM n
 """
-_POSTGRES_MS = f"({FIRST_MS}::bigint + i * {STEP_MS})"
+_POSTGRES_MS = f"({FIRST_MS}::bigint + i::bigint * {STEP_MS})"
 _POSTGRES_STARTED_AT = (
     f"to_char(to_timestamp({_POSTGRES_MS} / 1000) AT TIME ZONE 'UTC', "
     """'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"""
@@ -138,6 +142,11 @@ def _pages(count: int) -> dict[str, str]:
         "started since + status=failed": f"/db/0/runs?since={since}&status=failed",
         "module+job+started since": f"/db/0/runs?{job}&since={since}",
         "health": "/health",
+        "activity, last hour per minute": "/db/0/activity",
+        "activity, last day per hour": "/db/0/activity?per=hour",
+        "activity of one job, last day": f"/db/0/activity?per=hour&{job}",
+        "workers": "/db/0/workers",
+        "errors, last 24 hours": "/db/0/errors",
     }
 
 
@@ -179,18 +188,20 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 runs, 5 requests each")
     parser.add_argument("--sqlite-only", action="store_true")
+    parser.add_argument("--postgres-only", action="store_true")
     parser.add_argument("--postgres-url", default=POSTGRES_URL)
     parser.add_argument("--repeat", type=int, default=30)
     options = parser.parse_args()
     count = 10_000 if options.quick else 1_000_000
     repeat = 5 if options.quick else options.repeat
-    with tempfile.TemporaryDirectory() as folder:
-        engine = create_async_engine(f"sqlite+aiosqlite:///{Path(folder) / 'console.db'}")
-        try:
-            fill_s = await _fill(engine, count, postgres=False)
-            _report("SQLite", count, fill_s, await _time_pages(engine, count, repeat))
-        finally:
-            await engine.dispose()
+    if not options.postgres_only:
+        with tempfile.TemporaryDirectory() as folder:
+            engine = create_async_engine(f"sqlite+aiosqlite:///{Path(folder) / 'console.db'}")
+            try:
+                fill_s = await _fill(engine, count, postgres=False)
+                _report("SQLite", count, fill_s, await _time_pages(engine, count, repeat))
+            finally:
+                await engine.dispose()
     if not options.sqlite_only:
         engine = await _postgres_engine(options.postgres_url)
         try:

@@ -48,6 +48,7 @@ from jobrun._entry import (
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
     ArgumentTypeError,
+    CodeOutdatedError,
     HandlerMistakeError,
     JobConflictError,
     JobRunError,
@@ -108,6 +109,7 @@ __all__ = [
     "KEEP_CURSOR",
     "LOG_PASSES",
     "ArgumentTypeError",
+    "CodeOutdatedError",
     "DriveError",
     "DriveOptions",
     "HandlerMistakeError",

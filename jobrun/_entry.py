@@ -188,7 +188,9 @@ async def job_run_health(
     like any other due run. An orphaned run is still leased until its lease
     expires, though a driver takes it over at once. With ``by_job`` (one more
     read) ``due_by_job`` says which jobs the due runs belong to: a job that no
-    driver registers shows up there and never drains.
+    driver registers shows up there and never drains; and (one more)
+    ``versions_by_job`` counts each job's running runs by stored version: runs of
+    a version newer than every worker's code (after a rollback) are never claimed.
     """
     return await actions.job_run_health(store, by_job=by_job, clock=clock, sources=SYSTEM_SOURCES)
 

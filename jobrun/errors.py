@@ -18,6 +18,8 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
     │                                                    not now, try again in N s)
     ├── JobRunNotFoundError         not_found           (no run has that id)
     ├── SchemaOutdatedError         schema_outdated     (run the migrations first)
+    ├── CodeOutdatedError           code_outdated       (the database is newer than
+    │                                                    this jobrun may run against)
     └── StoreError                  store_failed        (the database said no)
 
 ``StoreError`` is raised only at the store boundary, where driver and database
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArgumentTypeError",
+    "CodeOutdatedError",
     "HandlerMistakeError",
     "JobConflictError",
     "JobRunError",
@@ -261,6 +264,28 @@ class SchemaOutdatedError(JobRunError):
         )
         self.found = found
         self.expected = expected
+
+
+class CodeOutdatedError(JobRunError):
+    """The database was migrated past what this jobrun may run against.
+
+    Each revision records the oldest jobrun code that may still run against it;
+    this code (of revision ``known``) is older than that (``needed``), on a
+    database at ``found``. Upgrade jobrun where this runs, or stop it: workers of
+    older code must be stopped before such a migration (docs/how-to/upgrade.md).
+    """
+
+    code = "code_outdated"
+
+    def __init__(self, found: str, needed: str, known: str) -> None:
+        super().__init__(
+            f"this database is at revision {found} and needs jobrun code of revision "
+            f"{needed} or later; this jobrun knows revision {known}: upgrade jobrun, "
+            "or stop these workers"
+        )
+        self.found = found
+        self.needed = needed
+        self.known = known
 
 
 class StoreError(JobRunError):

@@ -99,6 +99,7 @@ class TracingObserver:
         self._tracer = trace.get_tracer("jobrun", _version(), tracer_provider=tracer_provider)
 
     def pass_started(self, start: PassStart) -> PassWatch | None:
+        """Open the pass's span; the returned watch opens and ends the step spans."""
         run = start.run
         key = {
             "jobrun.run_id": run.id,

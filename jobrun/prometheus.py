@@ -122,12 +122,14 @@ class WorkerMetrics:
         )
 
     def pass_started(self, start: PassStart) -> PassWatch | None:
+        """Count a takeover; the returned watch counts the pass and times it and its steps."""
         job = (start.run.module_id, start.run.job)
         if start.taken_over:
             self.takeovers.labels(*job).inc()
         return _MeteredPass(self, job)
 
     def record_health(self, database: str, health: JobRunHealth) -> None:
+        """Set the health gauges of ``database`` (the worker's ``on_health`` callback)."""
         self.due.labels(database).set(health.due)
         self.oldest_due_age.labels(database).set(health.oldest_due_age_s)
         self.running.labels(database).set(health.running)

@@ -31,10 +31,12 @@ def jobrun_clock() -> FakeClock:
 
 @pytest.fixture
 def jobrun_memory_store() -> MemoryJobRunStore:
+    """A fresh, empty in-memory store (no database), one per test."""
     return MemoryJobRunStore()
 
 
 @pytest_asyncio.fixture
 async def jobrun_sqlite_store(tmp_path: Path) -> AsyncIterator[SqlJobRunStore]:
+    """A store on a migrated SQLite file in the test's ``tmp_path``, disposed after it."""
     async with sqlite_store(tmp_path / "jobrun.db") as store:
         yield store

@@ -220,3 +220,68 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class Answer:
+    """What :class:`LightClient` answers: the parts of an httpx response the walk reads."""
+
+    def __init__(self, status_code: int, headers: dict[str, str], body: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self._body = body
+
+    def json(self) -> Any:
+        return json.loads(self._body)
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise RuntimeError(f"HTTP {self.status_code}: {self._body[:200]!r}")
+
+
+class LightClient:
+    """A minimal HTTP/1.1 keep-alive client for this server, for benchmarks.
+
+    httpx spends milliseconds of CPU per request; on a 2-core machine shared with
+    the server and the database that, not jobrun, caps a walk's request rate. This
+    client spends a few tens of microseconds, so a benchmark measures the limiter.
+    It speaks only what this server answers (Content-Length bodies).
+    """
+
+    def __init__(self, base_url: str, most_connections: int) -> None:
+        host_port = base_url.removeprefix("http://").rstrip("/")
+        host, _, port = host_port.partition(":")
+        self._host, self._port = host, int(port or "80")
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._slots = asyncio.Semaphore(most_connections)
+
+    async def request(
+        self, method: str, path: str, headers: dict[str, str] | None = None
+    ) -> Answer:
+        async with self._slots:
+            if self._idle:
+                reader, writer = self._idle.pop()
+            else:
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+            lines = [f"{method} {path} HTTP/1.1", f"Host: {self._host}", "Content-Length: 0"]
+            lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            status = int((await reader.readline()).split()[1])
+            answer_headers: dict[str, str] = {}
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                answer_headers[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(answer_headers.get("content-length", "0")))
+            self._idle.append((reader, writer))
+            return Answer(status, _CaseBlind(answer_headers), body)
+
+    async def aclose(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+class _CaseBlind(dict[str, str]):
+    """Header names read case-blind, as httpx's headers are."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import insert, update
+from sqlalchemy import insert, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
@@ -154,6 +154,24 @@ def hand_made_row(
         next_attempt_at=None,
         ended_at=None,
     )
+
+
+def row_values(row: RunRow, *, without: Sequence[str] = ()) -> dict[str, Any]:
+    """``row`` as column values, less the columns ``without`` (those an older revision
+    under test does not have yet)."""
+    return {name: getattr(row, name) for name in row.__dataclass_fields__ if name not in without}
+
+
+async def insert_values(engine: AsyncEngine, table: str, rows: list[dict[str, Any]]) -> None:
+    """Insert ``rows`` (column values, all with the same columns) into ``table`` by name,
+    as a writer that knows only those columns would."""
+    columns = list(rows[0])
+    statement = text(
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(':' + column for column in columns)})"
+    )
+    async with engine.begin() as connection:
+        await connection.execute(statement, rows)
 
 
 async def put_rows(store: Any, engine: AsyncEngine | None, rows: list[RunRow]) -> None:

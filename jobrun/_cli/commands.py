@@ -228,12 +228,13 @@ def start(
         return run, store.inserted
 
     run, inserted = run_on_store(url, act, _StartRecorder)
-    if app is None:
-        warn_unchecked(module_id, job)
     if as_json:
         click.echo(dumps({"started": inserted, "run": run_json(run)}))
     else:
         click.echo(f"{'started' if inserted else 'joined'} {run.id}")
+    if app is None:
+        # After the answer, on stderr: a script reading the first line still gets it.
+        warn_unchecked(module_id, job)
 
 
 @cli.command("cancel")
@@ -336,7 +337,8 @@ def prune(url: str, older_than: timedelta, statuses: tuple[str, ...], as_json: b
 @url_option
 @click.option(
     "--app", "app", metavar="MODULE:REGISTRY", default=None,
-    help="Mark the due runs of jobs this JobRegistry does not register (nothing runs them).",
+    help="Mark the due runs of jobs this JobRegistry does not register (nothing runs them), "
+    "and the runs of a version newer than its code (which it never claims).",
 )  # fmt: skip
 @json_option
 def health(url: str, app: str | None, as_json: bool) -> None:
@@ -344,7 +346,8 @@ def health(url: str, app: str | None, as_json: bool) -> None:
     and the due runs of each job.
 
     A job with due runs that no worker registers never drains: with --app, the
-    jobs that registry lacks are marked.
+    jobs that registry lacks are marked, and so are runs committed by a newer
+    version of a job than the registry's code (after a rollback nothing takes them).
 
     \b
     Example:
@@ -355,7 +358,7 @@ def health(url: str, app: str | None, as_json: bool) -> None:
     if app is not None:
         from jobrun._cli.worker_command import load_registry
 
-        registered = {(job.module_id, job.name) for job in load_registry(app)}
+        registered = {(job.module_id, job.name): job.version for job in load_registry(app)}
     counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
     if as_json:
         click.echo(dumps(health_json(counts, registered)))

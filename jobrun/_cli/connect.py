@@ -28,6 +28,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun.errors import (
+    CodeOutdatedError,
     JobConflictError,
     JobRunNotFoundError,
     JobValidationError,
@@ -224,7 +225,7 @@ def run_action(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise click.ClickException(outdated_message(error)) from error
     except JobValidationError as error:
         raise click.UsageError(error.message) from error
-    except (JobRunNotFoundError, JobConflictError, StoreError) as error:
+    except (JobRunNotFoundError, JobConflictError, StoreError, CodeOutdatedError) as error:
         raise click.ClickException(error.message) from error
     except (SQLAlchemyError, OSError) as error:
         raise click.ClickException(f"database error: {first_line(error)}") from error

@@ -5,8 +5,9 @@ ran the migrations) needs USAGE on the schema, SELECT, INSERT, UPDATE and
 DELETE on the runs, the step ledger, the schedules table (a schedule removed
 from a registry loses its row), the retention table and the two limit tables
 (rate buckets, concurrency slots), and SELECT on jobrun's
-version table (every store reads it once to check the revision). SQLite has no
-grants.
+version table (every store reads it once to check the revision) and on its
+compatibility record (revision 0006: read when the database is newer than the
+code). SQLite has no grants.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun.sql.schema import (
+    COMPAT_TABLE,
     VERSION_TABLE,
     concurrency_slots,
     job_retention,
@@ -34,6 +36,7 @@ NEEDED: dict[str, tuple[str, ...]] = {
     rate_buckets.name: _DML,
     concurrency_slots.name: _DML,
     VERSION_TABLE: ("SELECT",),
+    COMPAT_TABLE: ("SELECT",),
 }
 """Each of jobrun's tables and the privileges an application role needs on it."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from jobrun._core.limits import RateLimitBucket
 from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
+from jobrun._core.versions import runs_beyond_code
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -113,15 +114,32 @@ def step_json(row: StepRow) -> dict[str, Any]:
 
 
 def health_json(
-    health: JobRunHealth, registered: Container[tuple[str, str]] | None = None
+    health: JobRunHealth, registered: Mapping[tuple[str, str], int] | None = None
 ) -> dict[str, Any]:
+    """``registered``: the jobs of ``--app`` and their code's versions."""
     data = asdict(health)
     data["due_by_job"] = [
         {"module_id": module_id, "job": job, "due": due}
         | ({} if registered is None else {"registered": (module_id, job) in registered})
         for (module_id, job), due in health.due_by_job.items()
     ]
+    beyond = {} if registered is None else runs_beyond_code(health.versions_by_job, registered)
+    data["versions_by_job"] = [
+        {
+            "module_id": module_id,
+            "job": job,
+            "runs_by_version": {str(v): n for v, n in runs.items()},
+        }
+        | ({} if registered is None else _beyond_json(beyond.get((module_id, job))))
+        for (module_id, job), runs in health.versions_by_job.items()
+    ]
     return data
+
+
+def _beyond_json(beyond: tuple[int, int] | None) -> dict[str, Any]:
+    """How many runs the registry's code never claims, and the version that would."""
+    runs, version = beyond if beyond is not None else (0, None)
+    return {"runs_beyond_code": runs, "needs_version": version}
 
 
 def dumps(value: Any) -> str:
@@ -276,7 +294,8 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
     record.add_row("counters", counters_text(run.counters) or "-")
     record.add_row("attempts", str(run.attempts))
     record.add_row("priority", str(run.priority))
-    record.add_row("passes", f"{run.passes_committed} committed")
+    version = "" if run.job_version == 1 else f", the last by job version {run.job_version}"
+    record.add_row("passes", f"{run.passes_committed} committed{version}")
     record.add_row("last error", run.last_error or "-")
     record.add_row("started", f"{instant(run.started_at)} ({span(at - run.started_at)} ago)")
     record.add_row("updated", f"{instant(run.updated_at)} ({span(at - run.updated_at)} ago)")
@@ -309,7 +328,7 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
 
 
 def health_table(
-    health: JobRunHealth, registered: Container[tuple[str, str]] | None = None
+    health: JobRunHealth, registered: Mapping[tuple[str, str], int] | None = None
 ) -> Table:
     table = _fields_table()
     table.add_row("running", str(health.running))
@@ -323,6 +342,19 @@ def health_table(
         if registered is not None and (module_id, job) not in registered:
             note = "  (not registered by --app: nothing will run these)"
         table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
+    for (module_id, job), runs in health.versions_by_job.items():
+        if set(runs) != {1}:
+            shown = ", ".join(f"v{version}: {count}" for version, count in runs.items())
+            table.add_row(f"  versions {module_id}/{job}", shown)
+    if registered is not None:
+        beyond = runs_beyond_code(health.versions_by_job, registered)
+        for (module_id, job), (count, version) in beyond.items():
+            table.add_row(
+                f"  beyond code {module_id}/{job}",
+                f"{count} run{'' if count == 1 else 's'} need version ≥ {version} "
+                f"(--app has version {registered[(module_id, job)]}: no running code "
+                "of it can take them)",
+            )
     for bucket in health.rate_limits:
         table.add_row(f"rate limit {bucket.key}", _bucket_text(bucket))
     for key, held in health.concurrency_slots.items():

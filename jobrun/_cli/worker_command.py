@@ -39,7 +39,12 @@ from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.options import DriveOptions
 from jobrun._core.registry import JobRegistry
-from jobrun.errors import JobValidationError, SchemaOutdatedError, StoreError
+from jobrun.errors import (
+    CodeOutdatedError,
+    JobValidationError,
+    SchemaOutdatedError,
+    StoreError,
+)
 from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE
 from jobrun.worker import (
     DEFAULT_INTERVAL_S,
@@ -485,7 +490,7 @@ def _one_line_errors() -> Iterator[None]:
         raise click.ClickException(outdated_message(error)) from error
     except JobValidationError as error:  # e.g. a --schema this database cannot take
         raise OneLineUsageError(error.message) from error
-    except StoreError as error:
+    except (StoreError, CodeOutdatedError) as error:
         raise click.ClickException(error.message) from error
     except OSError as error:
         raise click.ClickException(f"database error: {first_line(error)}") from error

@@ -104,6 +104,7 @@ async def job_run_health(
     counts = await store.health(now_at)
     dead = await dead_holders(store, now_at, None, sources.host)
     due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
+    versions = dict(sorted((await store.versions_by_job()).items())) if by_job else {}
     limits = await store.limit_usage(now_at)
     waited_s = 0.0
     if counts.oldest_due_at is not None:
@@ -118,6 +119,7 @@ async def job_run_health(
         orphaned=len(dead),
         rate_limits=limits.buckets,
         concurrency_slots=dict(limits.slots),
+        versions_by_job={job: dict(sorted(counts.items())) for job, counts in versions.items()},
     )
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.ids import first_id_at
 from jobrun._core.port import OperatorStore
-from jobrun._core.predicates import is_stranded
+from jobrun._core.predicates import is_cancelled, is_failed_since, is_leased, is_stranded
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
 from jobrun._core.refusals import is_number, refuse
+from jobrun._core.workers import PresenceSeen
 
 COUNT_CAP = 10_000
 """Counts shown by the console stop here (shown as "10,000+")."""
@@ -40,6 +42,11 @@ class RunQuery:
     normally; the id bound is what lets a store answer from its primary key
     instead of reading the whole history. A run started with an injected clock
     ahead of the wall clock (or a hand-made id) can fall outside it.
+
+    ``leased_at`` set means only runs leased as of that instant (the workers
+    page); ``failed_since_at`` only runs that ended failed at or after it (the
+    errors page). ``cancelled`` True means only runs an operator cancelled
+    (:func:`jobrun._core.predicates.is_cancelled`), False only the others.
     """
 
     module_id: str | None = None
@@ -50,6 +57,9 @@ class RunQuery:
     stranded_at: str | None = None
     before_id: str | None = None
     limit: int = 50
+    leased_at: str | None = None
+    failed_since_at: str | None = None
+    cancelled: bool | None = None
 
     def __post_init__(self) -> None:
         if not is_number(self.limit) or not 1 <= self.limit <= JOB_RUN_LIST_MAX:
@@ -91,6 +101,9 @@ def run_matches(row: RunRow, query: RunQuery) -> bool:
         )
         and (query.stranded_at is None or is_stranded(row, query.stranded_at))
         and (query.before_id is None or row.id < query.before_id)
+        and (query.leased_at is None or is_leased(row, query.leased_at))
+        and (query.failed_since_at is None or is_failed_since(row, query.failed_since_at))
+        and (query.cancelled is None or is_cancelled(row) == query.cancelled)
     )
 
 
@@ -113,4 +126,15 @@ class BrowsableStore(OperatorStore, Protocol):
         """Per ``(module_id, job)`` with live runs or runs failed since ``failed_since_at``:
         running, due by ``now_at`` (stranded ones included), the oldest due
         instant, stranded, and failed since then; ordered by module id and job."""
+        ...
+
+    async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
+        """Runs started, finished and failed per bucket since ``query.since_at``, as
+        :func:`jobrun._core.activity.count_activity` counts them (buckets with none
+        left out). Must stay cheap with millions of runs kept: started by the
+        primary key's range, finished by an index on ``ended_at``."""
+        ...
+
+    async def live_presences(self) -> list[PresenceSeen]:
+        """The driver presences held in the database now (Postgres; elsewhere none)."""
         ...

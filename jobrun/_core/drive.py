@@ -117,6 +117,8 @@ def _claim_request(
         max_concurrent=limits,
         dead_owners=dead,
         by_age=by_age,
+        # Runs a newer version of a job committed are not this code's to run.
+        versions={(job.module_id, job.name): job.version for job in jobs},
     )
 
 

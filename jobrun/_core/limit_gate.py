@@ -9,7 +9,9 @@ would let bodies bunch up faster than the rate once slots free.
   returns is slept on the pass's clock, holding no connection, and the pass
   budget's deadline moves on by that wait (a wait for a token is not the
   handler's time). A wait beyond what is left of the budget gives the token
-  back and ends the pass (:func:`jobrun._core.limits.too_long_a_wait`).
+  back and ends the pass (:func:`jobrun._core.limits.too_long_a_wait`). Then
+  this process's own pacer (:class:`jobrun._core.limits.Pacer`) keeps the bodies
+  it releases to ``burst`` at once, however late the process woke.
 * A slot: ``acquire_slot`` until it answers yes, sleeping between tries with a
   backoff (50 ms doubling to 1 s), woken early when a step of this process lets
   go of a slot of the same key. These waits do count against the budget: a slot
@@ -143,6 +145,7 @@ class LimitGate:
         store: Any = self.store if rate.store is None else rate.store
         wait_s = await store.take_token(rate.key, rate.per_second, rate.burst)
         if wait_s <= 0:
+            await self._paced(rate)
             return
         left = remaining_s(self.budget)
         if left is not None and wait_s > left:
@@ -152,6 +155,15 @@ class LimitGate:
             raise too_long_a_wait(rate.key, wait_s)
         extend(self.budget, wait_s)
         await self.clock.sleep(wait_s)
+        await self._paced(rate)
+
+    async def _paced(self, rate: RateLimit) -> None:
+        """Wait for this process's own spacing of ``rate`` (see ``limits.Pacer``);
+        not the handler's time either."""
+        delay_s = self.declarations.pacer(rate).delay_s(self.clock.monotonic())
+        if delay_s > 0:
+            extend(self.budget, delay_s)
+            await self.clock.sleep(delay_s)
 
     async def _slot(self, key: str, most: int, step: str) -> HeldSlot:
         delay_s = FIRST_POLL_S

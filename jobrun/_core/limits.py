@@ -138,6 +138,35 @@ class SlotWakeups:
                 woken.set_result(None)
 
 
+class Pacer:
+    """This process's own spacing of one rate limit's step bodies.
+
+    The database grants tokens at the right instants, but a process that was not
+    scheduled for a while (a loaded host, a long garbage collection) wakes with
+    every granted wait over at once and would send them all together: more than
+    ``burst`` at once, which an API that counts as strictly refuses. So after its
+    token, a body also takes one from a bucket of the same rate and burst kept in
+    this process on its monotonic clock: at most ``burst`` start at once, the rest
+    one per ``1 / per_second``. In steady state the database's spacing is already
+    this, and nothing waits here.
+    """
+
+    def __init__(self, per_second: float, burst: int) -> None:
+        self._interval_s = 1.0 / per_second
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._at_s: float | None = None
+
+    def delay_s(self, now_s: float) -> float:
+        """Reserve the next local start; the seconds to wait for it (0: start now)."""
+        if self._at_s is not None:
+            refill = max(0.0, now_s - self._at_s) / self._interval_s
+            self._tokens = min(self._burst, self._tokens + refill)
+        self._at_s = now_s
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens * self._interval_s
+
+
 class LimitDeclarations:
     """The limits one registry declares; the same declaration twice is accepted,
     a different one for the same key (or prefix) is refused."""
@@ -146,6 +175,14 @@ class LimitDeclarations:
         self._rates: dict[str, RateLimit] = {}
         self._prefixes: dict[str, ConcurrencyLimit] = {}
         self.wakeups = SlotWakeups()
+        self._pacers: dict[str, Pacer] = {}
+
+    def pacer(self, rate: RateLimit) -> Pacer:
+        """This process's pacer for ``rate`` (one per key, shared by every pass)."""
+        found = self._pacers.get(rate.key)
+        if found is None:
+            found = self._pacers[rate.key] = Pacer(rate.per_second, rate.burst)
+        return found
 
     def declare_rate(self, declared: RateLimit) -> None:
         known = self._rates.get(declared.key)

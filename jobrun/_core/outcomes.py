@@ -93,11 +93,13 @@ async def commit(
     result: object,
     counters: Mapping[str, int | float],
     successor_token: Callable[[], str] | None,
+    version: int = 1,
 ) -> PassOutcome:
     """Commit what the handler returned: cursor, counters and the ledger's drop, one write.
 
     With ``successor_token`` (a fresh token's source) a run that is not done
-    keeps its lease for this driver's next pass, under a new token.
+    keeps its lease for this driver's next pass, under a new token. The run is
+    then of ``version``, the version of the job's code that ran the pass.
     """
     next_cursor, done = interpret_result(result)
     if next_cursor is KEEP_CURSOR:
@@ -115,7 +117,7 @@ async def commit(
     successor = None
     if successor_token is not None and not done:
         successor = replace(lease, token=successor_token())
-    patch = committed_patch(row, cursor_json, counters_json, done, at, lease, successor)
+    patch = committed_patch(row, cursor_json, counters_json, done, at, lease, successor, version)
     committed = patched(row, patch)
     try:
         applied = await store.commit_pass(row.id, patch, lease.token)

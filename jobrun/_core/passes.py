@@ -62,6 +62,7 @@ from jobrun._core.results import (
     step_result_text,
 )
 from jobrun._core.retry import DEFAULT_RETRY, RetryPolicy
+from jobrun._core.versions import upgrade_run
 from jobrun.errors import (
     HandlerMistakeError,
     JobRunError,
@@ -609,12 +610,15 @@ async def run_job_pass(
         guard=settings.guard,
     )
     try:
+        # Newer code first makes the run its version (versions.py); its ledger is then empty.
+        fresh = await upgrade_run(store, clock, row, job.version, job.upgrades, keeper)
+        known_empty, row = ledger_known_empty or fresh is not row, fresh
         context = JobPass(
-            settings, row, keeper, job_policy, ledger_known_empty=ledger_known_empty, probe=probe
+            settings, row, keeper, job_policy, ledger_known_empty=known_empty, probe=probe
         )
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
-        successor_token = settings.mint_id if keep_lease else None
-        return await commit(store, clock, row, lease, result, context.counters, successor_token)
+        minted = settings.mint_id if keep_lease else None
+        return await commit(store, clock, row, lease, result, context.counters, minted, job.version)
     except LeaseLostError:
         if not keeper.refused:
             # The holder stopped itself (self-fence, lost presence) and may still

@@ -260,6 +260,12 @@ class OperatorStore(JobRunStore, Protocol):
         """
         ...
 
+    async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
+        """Running runs per ``(module_id, job)`` and per stored version
+        (:func:`jobrun._core.predicates.stored_version`): ``{job: {version: runs}}``.
+        Jobs without running runs are left out."""
+        ...
+
     async def cancel(self, run_id: str, change: RunChange) -> bool:
         """Apply ``change`` (:func:`jobrun._core.transitions.cancel_transition`) in one
         conditional write; ``False`` when its condition does not hold. The ledger

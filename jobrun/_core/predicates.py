@@ -20,7 +20,7 @@ fails when a rule is spelled anywhere else). The words mean one thing each
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from jobrun._core.records import JobRunStatus, RunRow, StepRow
@@ -35,6 +35,18 @@ def due_at(row: RunRow) -> str:
     """When a running run is due: its next attempt (a lease's expiry while leased),
     else its start."""
     return row.next_attempt_at or row.started_at
+
+
+def stored_version(row: RunRow) -> int:
+    """The version of the job's code that last committed the run; NULL (a run from
+    before revision 0006, or not committed yet) is version 1."""
+    return 1 if row.job_version is None else row.job_version
+
+
+def runnable_by(row: RunRow, versions: Mapping[tuple[str, str], int]) -> bool:
+    """Code of ``versions`` (per ``(module_id, job)``; a job not in it: version 1) may
+    run the run: its stored version is not newer than the code's."""
+    return stored_version(row) <= versions.get((row.module_id, row.job), 1)
 
 
 def is_live(row: RunRow) -> bool:
@@ -63,9 +75,30 @@ def is_stranded(row: RunRow, now_at: str) -> bool:
     return is_due(row, now_at) and row.lease_owner is not None
 
 
+def has_ended_since(row: RunRow, since_at: str) -> bool:
+    """Ended (done or failed) at or after ``since_at``."""
+    return row.ended_at is not None and row.ended_at >= since_at
+
+
 def is_failed_since(row: RunRow, since_at: str) -> bool:
     """Ended ``failed`` at or after ``since_at``."""
-    return row.status == FAILED and row.ended_at is not None and row.ended_at >= since_at
+    return row.status == FAILED and has_ended_since(row, since_at)
+
+
+CANCELLED = "cancelled"
+"""How a run ended by an operator's cancel is shown and filtered: its status stays
+``failed`` (a cancelled run resumes like any failed one); the stored marker
+(``cancelled``, revision 0006) tells the two apart."""
+
+
+def is_cancelled(row: RunRow) -> bool:
+    """Ended ``failed`` because an operator cancelled it."""
+    return row.status == FAILED and row.cancelled == 1
+
+
+def outcome_of(row: RunRow) -> str:
+    """How a run stands, for people: ``running``, ``done``, ``failed`` or ``cancelled``."""
+    return CANCELLED if is_cancelled(row) else row.status
 
 
 def live_run_of(rows: Iterable[RunRow], row: RunRow) -> RunRow | None:

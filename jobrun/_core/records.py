@@ -59,6 +59,10 @@ class RunRow:
     # Revision 0005: the passes deferred in a row (RetryAfter) and the last one's reason.
     deferrals: int = 0
     deferred_reason: str | None = None
+    # Revision 0006: the version of the code that last committed the run (None: 1).
+    job_version: int | None = None
+    # Revision 0006: 1 when an operator cancelled the run (see predicates.is_cancelled).
+    cancelled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,9 @@ class RunPatch:
     next pass of the same driver or clears it. So are ``lease_epoch`` and
     ``passes_committed``: an outcome writes them back as read, or one higher;
     and ``deferrals`` and ``deferred_reason``: one more (and the reason) after a
-    deferred pass, 0 and ``None`` after a commit or a failure.
+    deferred pass, 0 and ``None`` after a commit or a failure; and ``job_version``:
+    the committing code's version after a commit (or a cursor upgrade, see
+    :mod:`jobrun._core.versions`), as read after anything else.
     """
 
     status: str
@@ -88,6 +94,7 @@ class RunPatch:
     passes_committed: int = 0
     deferrals: int = 0
     deferred_reason: str | None = None
+    job_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,9 @@ class ClaimRequest:
     runs may be leased at once. ``by_age``: the due run that has been due
     longest, whatever its priority (one claim in ``FAIR_EVERY``, counted by the
     driver: see :mod:`jobrun._core.fair`); else the highest priority first.
+    ``versions`` gives, per ``(module_id, job)``, the version of the driver's code
+    for it (a job not in it: 1); a run whose stored version is newer is never
+    claimed, orphaned or not (:func:`jobrun._core.predicates.runnable_by`).
     """
 
     now_at: str
@@ -113,6 +123,7 @@ class ClaimRequest:
     # once, before any due run, whatever its lease's expiry says.
     dead_owners: frozenset[str] = frozenset()
     by_age: bool = False
+    versions: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +202,8 @@ class JobRun:
     passes and ``last_error`` holds the latest failure (``Type: message``).
     ``next_attempt_at`` is when a backing-off run is due again, or, while a
     driver holds the run, its lease's expiry (also in ``lease_expires_at``, with
-    the holder in ``lease_driver``). Times are aware UTC datetimes.
+    the holder in ``lease_driver``, since ``lease_began_at``). Times are aware UTC
+    datetimes.
     ``lease_epoch`` is the run's fencing epoch (one more at every claim and every
     lease handed on, see ``JobPass.lease_epoch``) and ``passes_committed`` the
     passes it has committed; both read 0 on a run no jobrun of revision 0004 or
@@ -199,7 +211,11 @@ class JobRun:
     ``deferred`` (a handler or step raised ``RetryAfter``) and ``deferred_reason``
     is the last one's reason; a commit or a failure sets them back to 0 and
     ``None``. A running run with deferrals and no lease waits until
-    ``next_attempt_at``.
+    ``next_attempt_at``. ``job_version`` is the version of the job's code that
+    last committed the run (1 until a versioned job's code commits it, see
+    ``JobRegistry.register``): only code of that version or newer claims it.
+    ``cancelled`` says a ``failed`` run was cancelled by an
+    operator (revision 0006; runs cancelled before it are marked by its migration).
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -229,6 +245,9 @@ class JobRun:
     passes_committed: int = 0
     deferrals: int = 0
     deferred_reason: str | None = None
+    job_version: int = 1
+    lease_began_at: datetime | None = None
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +288,10 @@ class JobRunHealth:
       waiting, seconds until a token is free), on the database's clock.
     * ``concurrency_slots``: ``{key: slots held}``, the step bodies in flight now
       per concurrency key (keys with none left out).
+    * ``versions_by_job``: ``{(module_id, job): {version: running runs}}``, the
+      running runs of each job by the version of the code that last committed
+      them (filled with ``by_job=True``). After a rollback, runs of a version
+      newer than every worker's code wait here: no driver claims them.
     """
 
     running: int
@@ -280,6 +303,7 @@ class JobRunHealth:
     orphaned: int = 0
     rate_limits: tuple[RateLimitBucket, ...] = ()
     concurrency_slots: dict[str, int] = field(default_factory=dict)
+    versions_by_job: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -329,8 +353,23 @@ class JobDriveReport:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def _instant(column: str, text: str | None, problems: list[str]) -> datetime | None:
+    """A stored instant, or ``None`` (and the problem noted) when it is not one."""
+    if text is None:
+        return None
+    try:
+        return parse_instant(text)
+    except (ValueError, TypeError, OverflowError):
+        # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
+        problems.append(f"{column} is not a timestamp: {text!r}")
+        return None
+
+
 def job_run_of(row: RunRow) -> JobRun:
     """Decode a row for an operator; never raises for what is stored in it."""
+    # Here, not at the top: the rules' module reads this module's records.
+    from jobrun._core.predicates import is_cancelled, stored_version
+
     problems: list[str] = []
 
     def attempt(column: str, text: str | None, fallback: Any, decode: Any) -> Any:
@@ -347,19 +386,13 @@ def job_run_of(row: RunRow) -> JobRun:
     counters = attempt("counters", row.counters, {}, decode_counters)
 
     def instant(column: str, text: str | None) -> datetime | None:
-        if text is None:
-            return None
-        try:
-            return parse_instant(text)
-        except (ValueError, TypeError, OverflowError):
-            # OverflowError: a valid ISO text whose UTC instant is outside years 1-9999.
-            problems.append(f"{column} is not a timestamp: {text!r}")
-            return None
+        return _instant(column, text, problems)
 
     started_at = instant("started_at", row.started_at)
     updated_at = instant("updated_at", row.updated_at)
     next_attempt_at = instant("next_attempt_at", row.next_attempt_at)
     ended_at = instant("ended_at", row.ended_at)
+    lease_began_at = instant("lease_began_at", row.lease_began_at)
     leased = row.lease_owner is not None
     if row.status not in _STATUSES:
         problems.append(f"status {row.status!r} is not one of running, done, failed")
@@ -388,6 +421,9 @@ def job_run_of(row: RunRow) -> JobRun:
         passes_committed=row.passes_committed,
         deferrals=row.deferrals,
         deferred_reason=row.deferred_reason,
+        job_version=stored_version(row),
+        lease_began_at=lease_began_at if leased else None,
+        cancelled=is_cancelled(row),
     )
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +15,7 @@ from jobrun._core.refusals import checked_int, refuse, refuse_type, type_name
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.schedules import Schedule, make_schedule
 from jobrun._core.transitions import DEFAULT_MAX_DEFERRALS
+from jobrun._core.versions import Upgrade, checked_upgrades, checked_version
 from jobrun.errors import JobConflictError
 
 
@@ -29,6 +30,10 @@ class RegisteredJob:
     max_concurrent: int | None = None
     keep_for: timedelta | None = None
     max_deferrals: int = DEFAULT_MAX_DEFERRALS
+    # The code's version, and its upgrade functions in order (the first upgrades
+    # a cursor of version 1); see jobrun._core.versions.
+    version: int = 1
+    upgrades: tuple[Upgrade, ...] = ()
 
 
 def _check_max_concurrent(value: object) -> int | None:
@@ -48,6 +53,33 @@ def _check_keep_for(value: object) -> timedelta | None:
     if value <= timedelta(0):
         raise refuse("keep_for", f"must be positive, got {value}")
     return value
+
+
+def _checked_job(given: RegisteredJob, upgrade: object) -> RegisteredJob:
+    """``given`` (as :meth:`JobRegistry.register` was called) once every option is
+    checked, with its upgrade functions in order; refused otherwise."""
+    module_id, name, handler = given.module_id, given.name, given.handler
+    require_name(module_id, "module_id")
+    require_name(name, "name")
+    if not callable(handler):
+        raise refuse_type(
+            "handler",
+            f"must be callable, got {type_name(handler)}",
+            message=f"handler for {module_id}/{name} must be callable",
+        )
+    if given.retry is not None and not isinstance(given.retry, RetryPolicy):
+        raise refuse_type("retry", f"must be a RetryPolicy, got {type_name(given.retry)}")
+    check_lease_ms(given.lease_ms)
+    if checked_int(given.max_takeovers, "max_takeovers") < 0:
+        raise refuse("max_takeovers", f"must not be negative, got {given.max_takeovers}")
+    if checked_int(given.max_deferrals, "max_deferrals") < 0:
+        raise refuse("max_deferrals", f"must not be negative, got {given.max_deferrals}")
+    return replace(
+        given,
+        max_concurrent=_check_max_concurrent(given.max_concurrent),
+        keep_for=_check_keep_for(given.keep_for),
+        upgrades=checked_upgrades(checked_version(given.version), upgrade),
+    )
 
 
 class JobRegistry:
@@ -84,6 +116,8 @@ class JobRegistry:
         max_concurrent: int | None = None,
         keep_for: timedelta | None = None,
         max_deferrals: int = DEFAULT_MAX_DEFERRALS,
+        version: int = 1,
+        upgrade: Mapping[int, Upgrade] | None = None,
     ) -> None:
         """Register ``handler`` for a job; registering the same pair twice is an error.
 
@@ -98,33 +132,37 @@ class JobRegistry:
         ``max_deferrals`` is how many passes in a row a run may end by raising
         :class:`~jobrun.RetryAfter` (an int of at least 0, default 100); the
         one after that fails the run, saying so in ``last_error``.
+
+        ``version`` is the version of this code of the job (an int, at least 1),
+        to be raised when a run's stored cursor or ledger no longer fits the
+        code; ``upgrade`` then maps each older version to a plain synchronous
+        function taking a cursor of that version and returning one of the next
+        (``{1: from_1, 2: from_2}`` for version 3). A driver never claims a run
+        whose code was newer than its own; a pass of newer code upgrades the
+        stored cursor through each function in order first, and the steps the
+        older code recorded do not answer the new code's (see
+        docs/how-to/change-a-job.md).
         """
-        require_name(module_id, "module_id")
-        require_name(name, "name")
-        if not callable(handler):
-            raise refuse_type(
-                "handler",
-                f"must be callable, got {type_name(handler)}",
-                message=f"handler for {module_id}/{name} must be callable",
-            )
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise refuse_type("retry", f"must be a RetryPolicy, got {type_name(retry)}")
-        check_lease_ms(lease_ms)
-        if checked_int(max_takeovers, "max_takeovers") < 0:
-            raise refuse("max_takeovers", f"must not be negative, got {max_takeovers}")
-        limit = _check_max_concurrent(max_concurrent)
-        kept = _check_keep_for(keep_for)
-        if checked_int(max_deferrals, "max_deferrals") < 0:
-            raise refuse("max_deferrals", f"must not be negative, got {max_deferrals}")
+        given = RegisteredJob(
+            module_id,
+            name,
+            handler,
+            retry,
+            lease_ms,
+            max_takeovers,
+            max_concurrent,
+            keep_for,
+            max_deferrals,
+            version,
+        )
+        job = _checked_job(given, upgrade)
         key = (module_id, name)
         if key in self._jobs:
             raise JobConflictError(
                 f"job {name!r} of module {module_id!r} is already registered",
                 "job_already_registered",
             )
-        self._jobs[key] = RegisteredJob(
-            module_id, name, handler, retry, lease_ms, max_takeovers, limit, kept, max_deferrals
-        )
+        self._jobs[key] = job
 
     def job(
         self,
@@ -137,6 +175,8 @@ class JobRegistry:
         max_concurrent: int | None = None,
         keep_for: timedelta | None = None,
         max_deferrals: int = DEFAULT_MAX_DEFERRALS,
+        version: int = 1,
+        upgrade: Mapping[int, Upgrade] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`register`; returns the function unchanged."""
 
@@ -151,6 +191,8 @@ class JobRegistry:
                 max_concurrent=max_concurrent,
                 keep_for=keep_for,
                 max_deferrals=max_deferrals,
+                version=version,
+                upgrade=upgrade,
             )
             return handler
 

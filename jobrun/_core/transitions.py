@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobrun._core.lease import Lease
-from jobrun._core.predicates import due_at, is_due, is_leased, is_live
+from jobrun._core.predicates import due_at, is_due, is_leased, is_live, runnable_by
 from jobrun._core.records import ClaimRequest, JobRunStatus, RunPatch, RunRow
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -131,9 +131,14 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     """Which of ``rows`` a claim gets, by the rules every store follows: an orphan
     first; else the due run first in order (highest ``priority``, then due
     instant, then id; with ``by_age``, due instant then id, priority ignored)
-    among jobs below their ``max_concurrent`` and not in ``skip_ids``."""
+    among jobs below their ``max_concurrent`` and not in ``skip_ids``. Neither
+    kind is taken when its stored version is newer than the driver's code for it."""
     wanted = [
-        row for row in rows if is_live(row) and (row.module_id, row.job) in request.expires_at
+        row
+        for row in rows
+        if is_live(row)
+        and (row.module_id, row.job) in request.expires_at
+        and runnable_by(row, request.versions)
     ]
     orphans = [row for row in wanted if is_orphan(row, request)]
     if orphans:
@@ -194,6 +199,7 @@ def cancel_transition(reason: str, at: str) -> RunChange:
             ("last_error", reason),
             ("updated_at", at),
             ("ended_at", at),
+            ("cancelled", 1),
             *_UNLEASED,
             *_NOT_DEFERRED,
         ),
@@ -210,6 +216,7 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
         ("lease_takeovers", 0),
         ("updated_at", at),
         ("ended_at", None),
+        ("cancelled", 0),
         *_UNLEASED,
         *_NOT_DEFERRED,
     )
@@ -242,6 +249,7 @@ def unleased(row: RunRow) -> RunPatch:
         passes_committed=row.passes_committed,
         deferrals=row.deferrals,
         deferred_reason=row.deferred_reason,
+        job_version=row.job_version,
     )
 
 
@@ -253,11 +261,13 @@ def committed_patch(
     at: str,
     lease: Lease,
     successor: Lease | None,
+    version: int,
 ) -> RunPatch:
     """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
 
     One more pass committed; a lease handed on is a new holder as far as the
-    outside world can tell, so it gets the next epoch, as a claim would.
+    outside world can tell, so it gets the next epoch, as a claim would. The run
+    is now of ``version``, the committing code's.
     """
     kept = successor is not None
     return RunPatch(
@@ -280,6 +290,7 @@ def committed_patch(
         # Defaults of RunPatch, spelled out: a commit ends the deferrals in a row.
         deferrals=0,
         deferred_reason=None,
+        job_version=version,
     )
 
 
@@ -289,6 +300,14 @@ _PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
 def patched(row: RunRow, patch: RunPatch) -> RunRow:
     """``row`` as it reads once ``patch`` is written."""
     return replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
+
+
+def upgraded_patch(row: RunRow, cursor_json: str | None, version: int, at: str) -> RunPatch:
+    """The held row as it stands, its cursor upgraded to ``version``'s format and the
+    run of that version (see :mod:`jobrun._core.versions`); nothing else changes,
+    the lease included, and no pass is counted."""
+    held = RunPatch(**{name: getattr(row, name) for name in _PATCH_FIELDS})
+    return replace(held, cursor=cursor_json, job_version=version, updated_at=at)
 
 
 def failed_patch(row: RunRow, reason: str, at: str) -> RunPatch:
@@ -327,6 +346,7 @@ def pass_failure_patch(row: RunRow, text: str, at: str, next_attempt_at: str | N
         # A failure, retried or not, ends the deferrals in a row.
         deferrals=0,
         deferred_reason=None,
+        job_version=row.job_version,
     )
 
 

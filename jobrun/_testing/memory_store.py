@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
+from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
 from jobrun._core.clock import Clock
 from jobrun._core.fair import ClaimTurns
@@ -28,6 +29,7 @@ from jobrun._core.predicates import (
     live_run_of,
     refill_on_resume,
     slot_counts,
+    stored_version,
 )
 from jobrun._core.records import (
     ClaimRequest,
@@ -41,6 +43,7 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
 
@@ -278,6 +281,15 @@ class MemoryJobRunStore:
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
+    async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
+        counts: dict[tuple[str, str], dict[int, int]] = {}
+        for row in self.runs.values():
+            if is_live(row):
+                versions = counts.setdefault((row.module_id, row.job), {})
+                version = stored_version(row)
+                versions[version] = versions.get(version, 0) + 1
+        return counts
+
     def _change(self, run_id: str, change: RunChange) -> bool:
         row = self.runs.get(run_id)
         if row is None or not change.applies_to(row):
@@ -407,3 +419,9 @@ class MemoryJobRunStore:
                 failed_recently=load.failed_recently + failed,
             )
         return [loads[key] for key in sorted(loads)]
+
+    async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
+        return count_activity(self.runs.values(), query)
+
+    async def live_presences(self) -> builtins.list[PresenceSeen]:
+        return []

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from jobrun.sql.migrate import _POSTGRES_MIGRATION_LOCK, alembic_config
-from jobrun.sql.schema import VERSION_TABLE, metadata
+from jobrun.sql.schema import COMPAT_TABLE, VERSION_TABLE, metadata
 from jobrun.sql.tenancy import checked_schema
 
 
@@ -83,13 +83,19 @@ def migrate_on_connection(
         command.upgrade(alembic_config(connection, schema), revision)
 
 
+# jobrun's tables outside its metadata: Alembic's version table, and (revision 0006)
+# the oldest code revision the schema accepts.
+_BOOKKEEPING = (VERSION_TABLE, COMPAT_TABLE)
+
+
 def skip_jobrun_tables(
     obj: object, name: str | None, type_: str, reflected: bool, compare_to: object
 ) -> bool:
     """An ``include_object`` for a host's autogenerate: everything but jobrun's tables
-    (and their indexes and columns) and jobrun's version table."""
+    (and their indexes and columns), jobrun's version table and its compatibility
+    record."""
     if type_ == "table":
-        return name not in metadata.tables and name != VERSION_TABLE
+        return name not in metadata.tables and name not in _BOOKKEEPING
     table = getattr(obj, "table", None)
     table_name = getattr(table, "name", None)
-    return table_name not in metadata.tables and table_name != VERSION_TABLE
+    return table_name not in metadata.tables and table_name not in _BOOKKEEPING

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,6 +41,7 @@ from sqlalchemy.util import await_only
 from jobrun._core.holders import PRESENCE_PATTERN
 from jobrun._core.orphans import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
 from jobrun._core.port import not_watching
+from jobrun._core.workers import PRESENCE_APPLICATION
 from jobrun.sql.schema import job_runs
 
 log = logging.getLogger("jobrun.presence")
@@ -55,6 +57,27 @@ _HELD_KEYS = (
     .columns(column("key", BigInteger))
     .subquery("held_keys")
 )
+
+
+def application_name() -> str:
+    """What a presence session calls itself (``pg_stat_activity.application_name``):
+    ``jobrun presence host=<node> pid=<pid>``, within Postgres's 63 bytes."""
+    name = f"{PRESENCE_APPLICATION} host={os.uname().nodename} pid={os.getpid()}"
+    return name.encode("utf-8")[:63].decode("utf-8", "ignore")
+
+
+def live_presences_statement() -> Any:
+    """Every presence held in this database now: its key, the session's application
+    name, client address and when it began (as text, UTC)."""
+    return text(
+        "SELECT (l.classid::bigint << 32) | l.objid::bigint, a.application_name, "
+        "host(a.client_addr), "
+        """to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') """
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND a.application_name LIKE :application ORDER BY a.backend_start"
+    ).bindparams(application=PRESENCE_APPLICATION + " %")
 
 
 def presence_held() -> Any:
@@ -242,6 +265,8 @@ async def _keep_session(raw: Any) -> None:
     version = int(await raw.fetchval("SHOW server_version_num"))
     if version >= 140000:
         await raw.execute("SET idle_session_timeout = 0")
+    # Named, so the console's workers page finds the live drivers holding no lease.
+    await raw.execute("SELECT set_config('application_name', $1, false)", application_name())
     await raw.execute(
         "SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0; "
         "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; "

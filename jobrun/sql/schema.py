@@ -11,11 +11,16 @@ from typing import Any
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
 """jobrun's own Alembic version table, so a host's ``alembic_version`` is never touched."""
+
+COMPAT_TABLE = "jobrun_schema_compat"
+"""Revision 0006: one row, ``oldest_code_revision``, the oldest jobrun code revision
+that may still run against the database (written by the revisions, read by
+:mod:`jobrun.sql.compat`). Like the version table, outside :data:`metadata`."""
 
 metadata = MetaData()
 
@@ -55,6 +60,13 @@ job_runs = Table(
     # set back to 0 by a commit or a failure, and the last deferral's reason.
     Column("deferrals", Integer, nullable=False, server_default=text("0")),
     Column("deferred_reason", Text, nullable=True),
+    # Revision 0006: the version of the job's code that last committed the run
+    # (NULL: 1, also before the first commit). A driver never claims a run of a
+    # version newer than its own code; a newer one upgrades the cursor first.
+    Column("job_version", Integer, nullable=True),
+    # Revision 0006: 1 when an operator cancelled the run (it ended failed by hand);
+    # a resume sets it back to 0. See jobrun._core.predicates.is_cancelled.
+    Column("cancelled", Integer, nullable=False, server_default=text("0")),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,
@@ -137,6 +149,12 @@ Index(
     job_runs.c.id,
 )
 Index("_substrat_job_runs_status", job_runs.c.status, job_runs.c.id)
+# Revision 0006: the activity chart counts runs finished per minute and hour from
+# a range of ended_at (status in the key: failed ones counted from the index).
+Index("_substrat_job_runs_ended", job_runs.c.ended_at, job_runs.c.status)
+# Revision 0006: the instance prefix filter without a job reads a range of
+# instance (on a bytewise collation: see jobrun.sql.store).
+Index("_substrat_job_runs_instance", job_runs.c.instance, job_runs.c.id)
 
 job_schedules = Table(
     "_substrat_job_schedules",

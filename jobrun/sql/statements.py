@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
     exists,
@@ -34,6 +35,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     true,
     tuple_,
     union_all,
@@ -85,6 +87,30 @@ def is_live(runs: Any = _RUNS) -> Any:
     return runs.status == RUNNING
 
 
+def stored_version(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.stored_version`."""
+    return func.coalesce(runs.job_version, literal_column("1"))
+
+
+def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.runnable_by`, for code whose jobs of a
+    version above 1 are ``versioned_module_{i}``, ``versioned_job_{i}`` of version
+    ``versioned_version_{i}`` (every other job: version 1). A per-row condition of
+    no index: the claim applies it to the rows its index order reads."""
+    arms = [
+        (
+            and_(
+                runs.module_id == bindparam(f"versioned_module_{index}"),
+                runs.job == bindparam(f"versioned_job_{index}"),
+            ),
+            bindparam(f"versioned_version_{index}", type_=Integer),
+        )
+        for index in range(versioned)
+    ]
+    newest: Any = case(*arms, else_=literal_column("1")) if arms else literal_column("1")
+    return stored_version(runs) <= newest
+
+
 def is_due(now_at: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_due` (the claim-order index's range)."""
     return and_(is_live(runs), now_at >= due_at(runs))
@@ -100,9 +126,19 @@ def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
     return and_(is_due(now_at, runs), runs.lease_owner.is_not(None))
 
 
+def has_ended_since(since_at: Any, runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.has_ended_since`."""
+    return runs.ended_at >= since_at
+
+
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
-    return and_(runs.status == FAILED, runs.ended_at >= since_at)
+    return and_(runs.status == FAILED, has_ended_since(since_at, runs))
+
+
+def is_cancelled(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_cancelled`."""
+    return and_(runs.status == FAILED, runs.cancelled == 1)
 
 
 def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
@@ -247,6 +283,13 @@ class Statements:
             .where(waiting)
             .group_by(runs.module_id, runs.job)
         )
+        # The running range of the status index; a few rows per job (one per version).
+        version = stored_version()
+        self.versions_by_job = compile_(
+            select(runs.module_id, runs.job, version, func.count())
+            .where(live)
+            .group_by(runs.module_id, runs.job, version)
+        )
         # Finished runs are kept forever; every filter here leads with status so
         # the history is never scanned (done runs are not counted at all).
         self.health = compile_(
@@ -299,7 +342,9 @@ def limit_locks(count: int) -> Any:
     return select(*(func.pg_advisory_xact_lock(bindparam(f"lock_{i}")) for i in range(count)))
 
 
-def _due_candidate(pairs: list[Any], skipped: int, limited: int, by_age: bool) -> Any:
+def _due_candidate(
+    pairs: list[Any], skipped: int, limited: int, by_age: bool, versioned: int
+) -> Any:
     """The first due run in claim order, among the requested jobs under their limits.
     The order is an index's key order, so the claim reads it front to back and
     stops at the first fit: priority first (``_substrat_job_runs_claim_order``),
@@ -308,6 +353,7 @@ def _due_candidate(pairs: list[Any], skipped: int, limited: int, by_age: bool) -
     candidate = select(runs.id).where(
         is_due(bindparam("now_at", type_=Text)),
         tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+        runnable_by(versioned),
     )
     if by_age:
         # The due-order index's predicate, spelled as its own: only this claim may use it.
@@ -338,7 +384,7 @@ def _dead(dead: int) -> list[Any]:
     return [bindparam(f"dead_{i}") for i in range(dead)]
 
 
-def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
+def _orphan_candidate(pairs: list[Any], dead: int, skipped: int, versioned: int) -> Any:
     """An orphaned run: leased by a holder proven dead (``dead_{i}``; see
     ``jobrun._core.orphans``), as ``jobrun._core.transitions.is_orphan``. Taking it
     over adds no pass in flight, so per-job limits do not apply."""
@@ -350,6 +396,7 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
             is_leased(bindparam("now_at", type_=Text)),
             runs.lease_owner.in_(_dead(dead)),
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+            runnable_by(versioned),
             *_not_skipped(skipped),
         )
         .limit(1)
@@ -357,17 +404,21 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int) -> Any:
     )
 
 
-def claim_read(jobs: int, skipped: int, limited: int, dead: int, by_age: bool = False) -> Any:
+def claim_read(
+    jobs: int, skipped: int, limited: int, dead: int, by_age: bool = False, versioned: int = 0
+) -> Any:
     """The run a claim would get, whole: for ``jobs`` (module_id, job) pairs
     (``module_{i}``, ``job_{i}``), passing over ``skipped`` ids (``skip_{i}``) and
     ``limited`` jobs at their concurrency limit (``limited_*_{i}``,
     ``limited_most_{i}``); a run held by one of ``dead`` proven-dead lease owners
     (``dead_{i}``) comes first; ``by_age``: the due run due longest, whatever its
-    priority. The same rules as ``jobrun._core.transitions.claim_candidate``."""
+    priority; neither of a version newer than the code's (``versioned`` jobs of a
+    version above 1, see :func:`runnable_by`). The same rules as
+    ``jobrun._core.transitions.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
-    chosen: Any = _due_candidate(pairs, skipped, limited, by_age)
+    chosen: Any = _due_candidate(pairs, skipped, limited, by_age, versioned)
     if dead:
-        chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped), chosen)
+        chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped, versioned), chosen)
     return select(job_runs).where(job_runs.c.id == chosen)
 
 
@@ -519,6 +570,17 @@ def release_database_statement() -> Any:
     return select(func.pg_advisory_unlock(bindparam("lease_class"), bindparam("lease_key")))
 
 
+def collation_statement() -> Any:
+    """Postgres: the database's collation (its text columns' default)."""
+    return text("SELECT datcollate FROM pg_database WHERE datname = current_database()")
+
+
+def is_bytewise_collation(name: str) -> bool:
+    """Whether a Postgres collation orders text by code point (so a range holds every
+    string with a prefix): C, POSIX and C.UTF-8 do; linguistic ones (en_US…) need not."""
+    return name in ("C", "POSIX", "ucs_basic") or name.upper().replace("-", "") in ("C.UTF8",)
+
+
 def clock_statement() -> Any:
     """Postgres: the database's clock, read as the statement runs."""
     return select(func.clock_timestamp())
@@ -661,8 +723,9 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     """Twin of :func:`jobrun._core.browse.run_matches`: the conditions of a console
     query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
     ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
-    ``query_status_{i}``, ``query_started_since_at`` with ``query_first_id``,
-    ``query_stranded_at``, ``query_before_id``."""
+    ``query_status_<status>`` (markers), ``query_started_since_at`` with ``query_first_id``,
+    ``query_stranded_at``, ``query_before_id``, ``query_leased_at``,
+    ``query_failed_since_at``."""
     runs = job_runs.c
     conditions = [
         runs[name] == bindparam(f"query_{name}")
@@ -671,13 +734,21 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
     ]
     if "query_prefix" in names:
         conditions.extend(_instance_prefixed(names))
+    # The statuses are part of the statement (markers ``query_status_<status>``, each
+    # a JobRunStatus value), not parameters: Postgres's plan for a reused statement
+    # must know that 'failed' is a narrow range and 'done' is most of the history.
     statuses: list[Any] = [
-        bindparam(name, type_=runs.status.type)
+        literal_column(f"'{JobRunStatus(name.removeprefix('query_status_')).value}'")
         for name in names
         if name.startswith("query_status_")
     ]
+    status: Any = runs.status
+    if "query_prefix" in names and "query_job" not in names:
+        # The instance range is the narrow one: spelled as an expression, the status
+        # cannot draw the planner to its index (SQLite would scan every done run).
+        status = status.concat(literal(""))
     if statuses:
-        conditions.append(runs.status.in_(statuses))
+        conditions.append(status.in_(statuses))
     if "query_started_since_at" in names:
         # The id bound is the index-friendly half (see RunQuery): a range on every
         # index that ends in id, so the pages and counts seek.
@@ -687,6 +758,15 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
         conditions.append(is_stranded(bindparam("query_stranded_at")))
     if "query_before_id" in names:
         conditions.append(runs.id < bindparam("query_before_id"))
+    if "query_leased_at" in names:
+        conditions.append(is_leased(bindparam("query_leased_at", type_=Text)))
+    if "query_failed_since_at" in names:
+        conditions.append(is_failed_since(bindparam("query_failed_since_at", type_=Text)))
+    # Markers, not values: the statement's shape says which way (see the store).
+    if "query_cancelled" in names:
+        conditions.append(is_cancelled())
+    if "query_not_cancelled" in names:
+        conditions.append(not_(is_cancelled()))
     return conditions
 
 
@@ -747,6 +827,49 @@ def job_loads_statement() -> Any:
         .where(runs.status.in_([literal(RUNNING), literal(FAILED)]), live | failed)
         .group_by(runs.module_id, runs.job)
         .order_by(runs.module_id, runs.job)
+    )
+
+
+def _bucket(column: Any, chars: int) -> Any:
+    """The first ``chars`` characters of a stored instant: its minute (16) or hour (13).
+    A literal, not a parameter: the GROUP BY must repeat the very expression."""
+    return func.substr(column, 1, literal_column(str(int(chars)))).label("bucket")
+
+
+def _of_job(names: tuple[str, ...]) -> list[Any]:
+    runs = job_runs.c
+    return [
+        runs[name] == bindparam(f"activity_{name}")
+        for name in ("module_id", "job")
+        if f"activity_{name}" in names
+    ]
+
+
+def activity_started_statement(chars: int, names: tuple[str, ...]) -> Any:
+    """Runs started per bucket since ``activity_since_at`` (and id from ``activity_first_id``,
+    the primary key's range, as a console query's "started since")."""
+    runs = job_runs.c
+    bucket = _bucket(runs.started_at, chars)
+    return (
+        select(bucket, func.count())
+        .where(
+            runs.id >= bindparam("activity_first_id"),
+            runs.started_at >= bindparam("activity_since_at"),
+            *_of_job(names),
+        )
+        .group_by(bucket)
+    )
+
+
+def activity_ended_statement(chars: int, names: tuple[str, ...]) -> Any:
+    """Runs finished, and of them failed, per bucket since ``activity_since_at`` (the
+    ``ended_at`` index's range)."""
+    runs = job_runs.c
+    bucket = _bucket(runs.ended_at, chars)
+    return (
+        select(bucket, func.count(), func.count().filter(runs.status == FAILED))
+        .where(has_ended_since(bindparam("activity_since_at", type_=Text)), *_of_job(names))
+        .group_by(bucket)
     )
 
 

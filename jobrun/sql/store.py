@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.fair import ClaimTurns
 from jobrun._core.ids import first_id_at
@@ -53,11 +54,12 @@ from jobrun._core.transitions import (
     claim_transition,
     is_orphan,
 )
+from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
-from jobrun.errors import JobConflictError, SchemaOutdatedError, StoreError
+from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
-from jobrun.sql.presence import Presence
+from jobrun.sql.presence import Presence, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
 from jobrun.sql.statements import (
@@ -68,15 +70,19 @@ from jobrun.sql.statements import (
     SCHEDULE_COLUMNS,
     Shapes,
     Statements,
+    activity_ended_statement,
+    activity_started_statement,
     add_schedule_statement,
     change_statement,
     claim_read,
     claim_write,
     clock_statement,
+    collation_statement,
     count_statement,
     find_statement,
     forget_retention_statement,
     held_leases_statement,
+    is_bytewise_collation,
     job_loads_statement,
     limit_locks,
     list_statement,
@@ -246,6 +252,9 @@ class SqlJobRunStore:
         )
         self._executor = executor_for(engine, statement_hook)
         self._is_postgres = engine.dialect.name == "postgresql"
+        # Whether the database compares text bytewise (SQLite always; Postgres when its
+        # collation is C or C.UTF-8), learned at the first instance prefix filter.
+        self._bytewise_text: bool | None = None if self._is_postgres else True
         if not self._is_postgres:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
         # In a schema, every compiled statement names it (rendered once, here).
@@ -297,13 +306,14 @@ class SqlJobRunStore:
     async def _check_schema(self) -> None:
         # One read per store lifetime, so that a database nobody upgraded fails
         # with the command to run rather than "no such table".
-        from jobrun.sql.migrate import current_revision
+        # And, on a database newer than this code, whether its revisions let this
+        # code run against it (jobrun.sql.compat): never claim under rules it lacks.
+        from jobrun.sql.compat import checked_against
 
         async with self._engine.connect() as connection:
-            found = await connection.run_sync(current_revision, self._schema)
-        # Revision ids are zero-padded numbers, so text order is revision order.
-        if found is None or found < SCHEMA_REVISION:
-            raise SchemaOutdatedError(found, SCHEMA_REVISION)
+            refused = await connection.run_sync(checked_against, self._schema, SCHEMA_REVISION)
+        if refused is not None:
+            raise refused
         self._schema_checked = True
 
     async def _lone_write(self, operation: str, statement: Any, values: Mapping[str, Any]) -> bool:
@@ -420,11 +430,18 @@ class SqlJobRunStore:
         jobs = builtins.list(request.expires_at)
         skipped = sorted(request.skip_ids) + missed
         dead = sorted(request.dead_owners)
-        read = self._shapes.of(
-            claim_read, len(jobs), len(skipped), len(limited), len(dead), request.by_age
+        # Only jobs of a version above 1 are named: every other job's code is version 1.
+        versioned = sorted(
+            (job, version)
+            for job, version in request.versions.items()
+            if version != 1 and job in request.expires_at
         )
+        shape = (len(jobs), len(skipped), len(limited), len(dead), request.by_age, len(versioned))
+        read = self._shapes.of(claim_read, *shape)
         values: dict[str, Any] = {"now_at": request.now_at}
         values |= _pairs("", jobs) | _numbered("skip", skipped) | _numbered("dead", dead)
+        values |= _pairs("versioned_", [job for job, _ in versioned])
+        values |= _numbered("versioned_version", [version for _, version in versioned])
         values |= _pairs("limited_", [key for key, _ in limited])
         values |= _numbered("limited_most", [most for _, most in limited])
         return read, values
@@ -609,6 +626,16 @@ class SqlJobRunStore:
             )
         return {(module_id, job): int(count) for module_id, job, count in found}
 
+    async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
+        async with self._operation("versions_by_job"):
+            found = await self._executor.fetch(
+                "versions_by_job", self._statements.versions_by_job, {}
+            )
+        counts: dict[tuple[str, str], dict[int, int]] = {}
+        for module_id, job, version, runs in found:
+            counts.setdefault((module_id, job), {})[int(version)] = int(runs)
+        return counts
+
     def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:
         """The conditional write that applies an operator's ``change``, and its values."""
         columns = tuple(name for name, _ in change.values)
@@ -776,13 +803,14 @@ class SqlJobRunStore:
         prefix = query.instance_prefix
         if prefix:
             values |= {"query_prefix_length": len(prefix), "query_prefix": prefix}
-            if not self._is_postgres:
-                # SQLite compares text bytewise: the range lets the key index seek.
+            if self._bytewise_text:
+                # Bytewise comparison: the range is a superset of the prefix, and lets
+                # the key index (within a job) or the instance index (without) seek.
                 values["query_prefix_lower"] = prefix
                 upper = _prefix_successor(prefix)
                 if upper is not None:
                     values["query_prefix_upper"] = upper
-        values |= _numbered("query_status", query.statuses)
+        values |= {f"query_status_{status}": True for status in sorted(set(query.statuses))}
         if query.started_since_at is not None:
             values["query_started_since_at"] = query.started_since_at
             values["query_first_id"] = first_id_at(query.started_since_at)
@@ -790,9 +818,25 @@ class SqlJobRunStore:
             values["query_stranded_at"] = query.stranded_at
         if query.before_id is not None:
             values["query_before_id"] = query.before_id
+        if query.leased_at is not None:
+            values["query_leased_at"] = query.leased_at
+        if query.failed_since_at is not None:
+            values["query_failed_since_at"] = query.failed_since_at
+        if query.cancelled is not None:
+            values["query_cancelled" if query.cancelled else "query_not_cancelled"] = True
         return values
 
+    async def _learn_collation(self, query: RunQuery) -> None:
+        if self._bytewise_text is not None or not query.instance_prefix:
+            return
+        async with self._operation("collation"):
+            found = await self._executor.fetch(
+                "collation", self._shapes.of(collation_statement), {}
+            )
+        self._bytewise_text = is_bytewise_collation(str(found[0][0]))
+
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
+        await self._learn_collation(query)
         # Newest first down an index ending in id, stopped by the limit: a page costs
         # the same on the first and the thousandth page, however many runs are kept.
         values = self._selection(query)
@@ -805,6 +849,7 @@ class SqlJobRunStore:
         return [RunRow(*row) for row in rows]
 
     async def count(self, query: RunQuery, cap: int) -> int:
+        await self._learn_collation(query)
         values = self._selection(query)
         statement = self._shapes.of(count_statement, tuple(values))
         async with self._operation("count"):
@@ -820,3 +865,30 @@ class SqlJobRunStore:
             JobLoad(row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), int(row[6]))
             for row in rows
         ]
+
+    async def activity(self, query: ActivityQuery) -> dict[str, Counts]:
+        values: dict[str, Any] = {"activity_since_at": query.since_at}
+        if query.module_id is not None:
+            values["activity_module_id"] = query.module_id
+        if query.job is not None:
+            values["activity_job"] = query.job
+        names = tuple(values)
+        started = self._shapes.of(activity_started_statement, query.chars, names)
+        ended = self._shapes.of(activity_ended_statement, query.chars, names)
+        async with self._operation("activity"):
+            started_rows = await self._executor.fetch(
+                "activity", started, values | {"activity_first_id": first_id_at(query.since_at)}
+            )
+            ended_rows = await self._executor.fetch("activity", ended, values)
+        counted = {bucket: [int(count), 0, 0] for bucket, count in started_rows}
+        for bucket, finished, failed in ended_rows:
+            counted.setdefault(bucket, [0, 0, 0])[1:] = [int(finished), int(failed)]
+        return {bucket: Counts(*counted[bucket]) for bucket in sorted(counted)}
+
+    async def live_presences(self) -> builtins.list[PresenceSeen]:
+        if not self._is_postgres:
+            return []
+        statement = self._shapes.of(live_presences_statement)
+        async with self._operation("live_presences"):
+            rows = await self._executor.fetch("live_presences", statement, {})
+        return [presence_seen(int(row[0]), row[1], row[2], row[3]) for row in rows]

@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobrun._core.refusals import is_number, refuse
@@ -18,6 +18,7 @@ from jobrun.ui.databases import Databases, databases_of
 from jobrun.ui.hosts import AllowedHosts, HostGuard
 from jobrun.ui.paths import checked_base_path
 from jobrun.ui.reading import health_page, run_live, run_page, runs_page
+from jobrun.ui.screens import activity_page, errors_page, workers_page
 from jobrun.ui.security import Authorize, Guard, Refused
 from jobrun.ui.state import Console, console_of
 from jobrun.ui.views import HERE, Pages
@@ -104,19 +105,8 @@ def create_app(
         trusted_origins=trusted_origins,
     )
     pages = Pages.build(guard, found, int(poll_interval_s * 1000))
-    routes = [
-        Route("/", _home),
-        Route("/health", health_page),
-        Route("/db/{db:int}/runs", runs_page),
-        Route("/db/{db:int}/runs/{run_id}", run_page),
-        Route("/db/{db:int}/runs/{run_id}/live", run_live),
-        Route("/db/{db:int}/runs/{run_id}/{action}", run_action, methods=["POST"]),
-        Route("/db/{db:int}/bulk", bulk_confirm),
-        Route("/db/{db:int}/bulk", bulk_act, methods=["POST"]),
-        Mount("/static", app=_GuardedFiles(guard)),
-    ]
     console = Starlette(
-        routes=routes,
+        routes=_routes(guard),
         exception_handlers={Refused: _refused, HTTPException: _http_error},
     )
     console.state.jobrun_console = Console(guard, pages, found)
@@ -127,3 +117,21 @@ def create_app(
     if hosts is not None:
         app.add_middleware(HostGuard, allowed=hosts)
     return app
+
+
+def _routes(guard: Guard) -> list[BaseRoute]:
+    """Every page and action of the console; static files are guarded too."""
+    return [
+        Route("/", _home),
+        Route("/health", health_page),
+        Route("/db/{db:int}/runs", runs_page),
+        Route("/db/{db:int}/activity", activity_page),
+        Route("/db/{db:int}/workers", workers_page),
+        Route("/db/{db:int}/errors", errors_page),
+        Route("/db/{db:int}/runs/{run_id}", run_page),
+        Route("/db/{db:int}/runs/{run_id}/live", run_live),
+        Route("/db/{db:int}/runs/{run_id}/{action}", run_action, methods=["POST"]),
+        Route("/db/{db:int}/bulk", bulk_confirm),
+        Route("/db/{db:int}/bulk", bulk_act, methods=["POST"]),
+        Mount("/static", app=_GuardedFiles(guard)),
+    ]

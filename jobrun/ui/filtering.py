@@ -9,10 +9,13 @@ from urllib.parse import urlencode
 
 from jobrun._core.browse import RunQuery
 from jobrun._core.formats import format_instant
+from jobrun._core.predicates import CANCELLED, FAILED
 from jobrun._core.records import JobRunStatus
 
 STRANDED = "stranded"
-STATUS_CHOICES = (*(member.value for member in JobRunStatus), STRANDED)
+STATUS_CHOICES = (*(member.value for member in JobRunStatus), CANCELLED, STRANDED)
+"""What the status filter offers: ``failed`` means failed and not cancelled;
+``cancelled`` the failed runs an operator cancelled."""
 PAGE_SIZE = 50
 _FIELDS = ("status", "module", "job", "instance", "since")
 
@@ -49,7 +52,8 @@ class RunsFilter:
             module_id=self.module or None,
             job=self.job or None,
             instance_prefix=self.instance or None,
-            statuses=(self.status,) if self.status in JobRunStatus._value2member_map_ else (),
+            statuses=_statuses(self.status),
+            cancelled=_cancelled(self.status),
             started_since_at=_since_at(self.since) if self.since else None,
             stranded_at=format_instant(now) if self.status == STRANDED else None,
             before_id=before_id,
@@ -64,6 +68,16 @@ class RunsFilter:
 
     def encoded(self, **extra: str) -> str:
         return urlencode(self.params() | extra)
+
+
+def _statuses(status: str) -> tuple[str, ...]:
+    if status == CANCELLED:
+        return (FAILED,)
+    return (status,) if status in JobRunStatus._value2member_map_ else ()
+
+
+def _cancelled(status: str) -> bool | None:
+    return {CANCELLED: True, FAILED: False}.get(status)
 
 
 def _since_at(text: str) -> str | None:

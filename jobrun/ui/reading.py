@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,9 +14,12 @@ from starlette.responses import Response
 
 from jobrun._core.browse import COUNT_CAP
 from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.progress import Poll, progress_of
+from jobrun._core.holders import parse_holder
+from jobrun._core.progress import TOTAL, Poll, progress_of
 from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
 from jobrun._core.refusals import is_number
+from jobrun._core.waiting import Waiting, waiting_of
+from jobrun._core.workers import driver_name
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
 from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
@@ -73,11 +76,34 @@ async def runs_page(request: Request) -> Response:
             context["error"] = failure_text(error, database)
         else:
             shown = rows[:PAGE_SIZE]
-            context["runs"] = [job_run_of(row) for row in shown]
+            context["runs"] = [run_line(job_run_of(row), now) for row in shown]
             if len(rows) > PAGE_SIZE:
                 context["older"] = runs_filter.encoded(before=shown[-1].id)
     status = 400 if context["problems"] else 200
     return await console.pages.render(request, "runs.html", context, status)
+
+
+@dataclass(frozen=True, slots=True)
+class RunLine:
+    """One run as the runs list shows it."""
+
+    run: JobRun
+    progress: tuple[str, float, float] | None
+    duration_s: float
+    waiting: Waiting | None
+    wait_s: float | None
+
+
+def run_line(run: JobRun, now: datetime) -> RunLine:
+    ended = run.ended_at or now
+    waiting = waiting_of(run, now)
+    return RunLine(
+        run,
+        progress_of(run.counters),
+        max(0.0, (ended - run.started_at).total_seconds()),
+        waiting,
+        None if waiting is None else waiting.seconds_from(now),
+    )
 
 
 def _previous(run: JobRun, given: str | None) -> Poll | None:
@@ -105,10 +131,15 @@ def _live_context(run: JobRun, steps: dict[str, StepRow], given: str | None) -> 
     poll = previous.follow(run, at) if previous is not None else Poll(run, at)
     progress = progress_of(run.counters)
     now = _now()
+    waiting = waiting_of(run, now)
     return {
         "run": run,
         "steps": list(steps.values()),
-        "rates": poll.rates,
+        "rates": _meaningful_rates(poll, previous is not None, progress),
+        "holder": parse_holder(run.lease_driver),
+        "holder_name": driver_name(run.lease_driver) if run.lease_driver else None,
+        "waiting": waiting,
+        "wait_s": None if waiting is None else waiting.seconds_from(now),
         "progress": progress,
         "remaining_s": _remaining_s(poll, progress),
         "poll_state": json.dumps({"at": at, "counters": run.counters}),
@@ -117,8 +148,18 @@ def _live_context(run: JobRun, steps: dict[str, StepRow], given: str | None) -> 
             (run.lease_expires_at - now).total_seconds() if run.lease_expires_at else None
         ),
         "running": run.status == JobRunStatus.RUNNING,
-        "waiting": waiting_text(run),
+        "deferred_text": waiting_text(run),
     }
+
+
+def _meaningful_rates(
+    poll: Poll, compared: bool, progress: tuple[str, float, float] | None
+) -> dict[str, float | None]:
+    """The rates worth showing: only between two reads of a running run, and not for
+    the total a progress bar measures against (``None``: show none)."""
+    if not compared or poll.run.status != JobRunStatus.RUNNING:
+        return {}
+    return {name: rate for name, rate in poll.rates.items() if name != TOTAL}
 
 
 def waiting_text(run: JobRun) -> str | None:
@@ -136,7 +177,7 @@ def _remaining_s(poll: Poll, progress: tuple[str, float, float] | None) -> float
     if progress is None or poll.run.status != JobRunStatus.RUNNING:
         return None
     name, done, total = progress
-    rate = poll.rates.get(name, 0.0)
+    rate = poll.rates.get(name, 0.0)  # all rates, the shown ones or not
     return (total - done) / rate if rate > 0 and done < total else None
 
 
@@ -199,6 +240,7 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "revisions": None,
         "upgrade": upgrade_command(database),
         "limits": None,
+        "versions": {},
     }
     try:
         part["revisions"] = await revisions_of(database)
@@ -206,6 +248,12 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
         part["limits"] = await database.store.limit_usage(format_instant(now))
+        # Versioned jobs only: runs of a version no worker's code has are never claimed.
+        part["versions"] = {
+            job: counts
+            for job, counts in (await database.store.versions_by_job()).items()
+            if set(counts) != {1}
+        }
     except DATABASE_FAILURES as error:
         part["error"] = failure_text(error, database)
         return part

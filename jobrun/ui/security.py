@@ -32,6 +32,8 @@ ACTIONS = ("cancel", "resume", "release", "start")
 """What ``authorize`` is asked about besides ``"view"``."""
 
 Authorize: TypeAlias = Callable[[Request, str], bool | Awaitable[bool]]
+"""``authorize(request, action)``, plain or async: may this request ``"view"`` or do one
+of :data:`ACTIONS`? A false answer refuses the request."""
 
 NO_HOSTS_BANNER = (
     "Read-only: this console was given no allowed hosts (create_app(allowed_hosts=...)), "

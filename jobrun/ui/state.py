@@ -7,7 +7,7 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
-from jobrun.errors import SchemaOutdatedError
+from jobrun.errors import CodeOutdatedError, SchemaOutdatedError
 from jobrun.ui.databases import Database, upgrade_command
 from jobrun.ui.security import Guard, Refused
 from jobrun.ui.views import Pages
@@ -43,6 +43,8 @@ def failure_text(error: BaseException, database: Database) -> str:
             f"this database {where}; this jobrun needs revision {error.expected}: "
             f"run {upgrade_command(database)}"
         )
+    if isinstance(error, CodeOutdatedError):
+        return error.message
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
     return f"this database cannot be read: {line}"

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from jobrun._core.browse import COUNT_CAP
+from jobrun._core.formats import parse_instant
 from jobrun._core.progress import span
 from jobrun.ui.databases import Database
 from jobrun.ui.security import CSRF_FIELD, Guard
@@ -28,6 +29,16 @@ CONTENT_SECURITY_POLICY = (
 
 def instant(moment: datetime | None) -> str:
     return "" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def stored(text: str | None) -> str:
+    """A stored instant as the pages show instants (empty when absent or unreadable)."""
+    if not text:
+        return ""
+    try:
+        return instant(parse_instant(text))
+    except (ValueError, OverflowError):
+        return text
 
 
 def number(value: float) -> str:
@@ -58,7 +69,13 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters.update(
-        span=span, instant=instant, number=number, capped=capped, pretty=pretty, shorten=shorten
+        span=span,
+        instant=instant,
+        stored=stored,
+        number=number,
+        capped=capped,
+        pretty=pretty,
+        shorten=shorten,
     )
     return environment
 

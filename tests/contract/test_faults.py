@@ -218,20 +218,24 @@ async def test_every_connection_of_the_database_cut_from_inside_a_step(
         registry = job.registry()
         run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
         database = make_url(database_url).database
-        cut: list[int] = []
+        cuts: list[asyncio.Future[int]] = []
 
         async def cut_everything() -> None:
             # Open a few pooled connections first, so idle ones are cut too.
             async with engine.connect() as one, engine.connect() as two:
                 await one.exec_driver_sql("SELECT 1")
                 await two.exec_driver_sql("SELECT 1")
-            cut.append(
-                await admin.fetchval(
+            # A task of its own: the pass, which sees its presence cut within 0.5 s,
+            # may be stopped while pg_terminate_backend still waits for the backends.
+            terminating = asyncio.ensure_future(
+                admin.fetchval(
                     "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
                     "WHERE datname = $1 AND pid <> pg_backend_pid()",
                     database,
                 )
             )
+            cuts.append(terminating)
+            await asyncio.shield(terminating)
 
         job.before_b = cut_everything
         try:
@@ -241,8 +245,8 @@ async def test_every_connection_of_the_database_cut_from_inside_a_step(
             print(f"escaped: {error}")
         else:
             print(f"report: {report}")
-        assert cut
-        assert cut[0] >= 1
+        assert cuts
+        assert await cuts[0] >= 1
         await assert_whole(store, run.id, None)
         final = await finish(store, registry, clock, run.id)
         assert (final.status, final.cursor) == ("done", '"end"')

@@ -139,6 +139,35 @@ async def test_a_failure_hand_back_and_claims_keep_the_pass_count(store, clock):
     assert (await row_of(store, run_id)).lease_epoch == 3
 
 
+class _Stopped(BaseException):
+    """Stands for the host stopping the pass: the lease is handed back, as is."""
+
+
+async def test_a_lease_handed_back_or_deferred_keeps_its_epoch(store, clock):
+    """A hand-back (the pass stopped) and a deferral give the lease up without a commit:
+    the epoch stays as claimed, so the next claim is higher still, never back at 1."""
+    seen = Seen(store)
+    endings: list[BaseException] = [_Stopped(), jobrun.RetryAfter(0, reason="busy")]
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await seen.note(p)
+        if endings:
+            raise endings.pop(0)
+        return jobrun.PassResult(done=True)
+
+    run_id = (await jobrun.start_job_run(store, module_id=MODULE_ID, job=JOB, clock=clock)).id
+    with pytest.raises(_Stopped):
+        await drive(store, registry_for(handler), clock)
+    row = await row_of(store, run_id)
+    assert (row.lease_owner, row.lease_epoch) == (None, 1)
+    assert (await drive(store, registry_for(handler), clock)).deferred == 1
+    row = await row_of(store, run_id)
+    assert (row.lease_owner, row.lease_epoch) == (None, 2)
+    assert (await drive(store, registry_for(handler), clock)).completed == 1
+    assert seen.epochs() == [1, 2, 3]
+    assert (await row_of(store, run_id)).lease_epoch == 3
+
+
 async def _insert_as_an_older_writer(store: Any, engine: AsyncEngine | None, row: Any) -> None:
     """Insert a run as a writer that does not know revision 0004's columns would."""
     values = asdict(row)

@@ -45,8 +45,9 @@ def _noop(p: jobrun.JobPass) -> None:
 @pytest.mark.parametrize("lease_ms", [99, 0, -1, -1000])
 def test_a_lease_below_100_ms_is_refused(lease_ms):
     registry = jobrun.JobRegistry()
-    with pytest.raises(jobrun.JobValidationError, match="at least 100"):
+    with pytest.raises(jobrun.JobValidationError, match="at least 100") as refused:
         registry.register(M, J, _noop, lease_ms=lease_ms)
+    assert refused.value.errors == [{"path": "lease_ms", "message": "below 100"}]
     with pytest.raises(jobrun.JobValidationError):
         registry.job(M, J, lease_ms=lease_ms)(_noop)
     assert (M, J) not in registry
@@ -55,8 +56,10 @@ def test_a_lease_below_100_ms_is_refused(lease_ms):
 @pytest.mark.parametrize("lease_ms", [100.0, 1.5, "1000", None, True, False])
 def test_a_lease_that_is_not_an_int_is_refused(lease_ms):
     registry = jobrun.JobRegistry()
-    with pytest.raises(TypeError, match="lease_ms"):
+    with pytest.raises(TypeError, match="lease_ms") as refused:
         registry.register(M, J, _noop, lease_ms=lease_ms)
+    assert isinstance(refused.value, jobrun.JobValidationError)
+    assert [entry["path"] for entry in refused.value.errors] == ["lease_ms"]
     assert (M, J) not in registry
 
 

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, select, update
 
 from jobrun._core import predicates
+from jobrun._core.activity import ActivityQuery, count_activity
 from jobrun._core.browse import RunQuery, run_matches
 from jobrun._core.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
@@ -54,6 +55,9 @@ def _table() -> list[RunRow]:
                 lease_driver=None if owner is None else "driver",
                 ended_at=ended_at,
                 priority=index % 2,
+                # Versioned jobs: none stored (version 1), 1, 2 and 3.
+                job_version=(None, 1, 2, 3)[index % 4],
+                cancelled=int(index % 3 == 0),
             )
         )
     return rows
@@ -78,6 +82,7 @@ ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
     ("is_leased", predicates.is_leased, statements.is_leased(NOW_AT)),
     ("is_stranded", predicates.is_stranded, statements.is_stranded(NOW_AT)),
     ("is_failed_since", predicates.is_failed_since, statements.is_failed_since(NOW_AT)),
+    ("has_ended_since", predicates.has_ended_since, statements.has_ended_since(NOW_AT)),
 ]
 
 
@@ -85,12 +90,38 @@ ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
 async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engine: Any) -> None:
     await put_rows(store, engine, ROWS)
     assert await _sql_ids(engine, statements.is_live(), {}) == _ids(ROWS, predicates.is_live)
+    cancelled = _ids(ROWS, predicates.is_cancelled)
+    assert cancelled
+    assert await _sql_ids(engine, statements.is_cancelled(), {}) == cancelled
     for at, (name, rule, twin) in itertools.product(INSTANTS, ROW_RULES):
         wanted = {row.id for row in ROWS if rule(row, at)}
         assert await _sql_ids(engine, twin, {"now_at": at}) == wanted, (name, at)
     async with engine.connect() as connection:
         found = await connection.execute(select(job_runs.c.id, statements.due_at()))
         assert dict(found.all()) == {row.id: predicates.due_at(row) for row in ROWS}
+        found = await connection.execute(select(job_runs.c.id, statements.stored_version()))
+        assert dict(found.all()) == {row.id: predicates.stored_version(row) for row in ROWS}
+    for versions in VERSIONS:
+        versioned = sorted((job, version) for job, version in versions.items() if version != 1)
+        values: dict[str, Any] = {}
+        for i, ((module_id, job), version) in enumerate(versioned):
+            values |= {
+                f"versioned_module_{i}": module_id,
+                f"versioned_job_{i}": job,
+                f"versioned_version_{i}": version,
+            }
+        twin = statements.runnable_by(len(versioned))
+        wanted = {row.id for row in ROWS if predicates.runnable_by(row, versions)}
+        assert await _sql_ids(engine, twin, values) == wanted, versions
+
+
+# The code's version per job, as claims send them (a job left out: version 1).
+VERSIONS: list[dict[tuple[str, str], int]] = [
+    {},
+    {JOBS[0]: 1, JOBS[1]: 1},
+    {JOBS[0]: 2},
+    {JOBS[0]: 3, JOBS[1]: 2},
+]
 
 
 PRUNES: list[tuple[tuple[str, ...], Any, Any]] = [
@@ -133,6 +164,13 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
     )
     by_job = {job: sum(1 for row in due if (row.module_id, row.job) == job) for job in JOBS}
     assert await store.due_by_job(at) == {job: count for job, count in by_job.items() if count}
+    by_version: dict[tuple[str, str], dict[int, int]] = {}
+    for row in ROWS:
+        if predicates.is_live(row):
+            counts = by_version.setdefault((row.module_id, row.job), {})
+            version = predicates.stored_version(row)
+            counts[version] = counts.get(version, 0) + 1
+    assert await store.versions_by_job() == by_version
     held = await store.held_leases(at, None)
     assert {lease.run_id for lease in held} == _ids(ROWS, lambda row: predicates.is_leased(row, at))
     for load in await store.job_loads(at, at):
@@ -158,6 +196,18 @@ def _queries(at: str) -> list[RunQuery]:
         for chosen in statuses
         for stranded_at in (None, at)
         for module_id, job in ((None, None), JOBS[1])
+    ] + [
+        RunQuery(
+            leased_at=leased_at,
+            failed_since_at=failed_since_at,
+            cancelled=cancelled,
+            job=job,
+            limit=500,
+        )
+        for leased_at in (None, at)
+        for failed_since_at in (None, at)
+        for cancelled in (None, True, False)
+        for job in (None, JOBS[1][1])
     ]
 
 
@@ -171,15 +221,30 @@ async def test_the_console_filter_selects_by_the_rules(store: Any, engine: Any, 
 
 
 @pytest.mark.parametrize("at", INSTANTS)
+async def test_the_activity_chart_counts_by_the_rules(store: Any, engine: Any, at: str) -> None:
+    await put_rows(store, engine, ROWS)
+    for chars, (module_id, job) in itertools.product((13, 16), ((None, None), JOBS[1])):
+        query = ActivityQuery(at, chars, module_id, job)
+        assert await store.activity(query) == count_activity(ROWS, query), query
+
+
+@pytest.mark.parametrize("at", INSTANTS)
 async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, at: str) -> None:
     await put_rows(store, engine, ROWS)
-    for dead, by_age in itertools.product((frozenset(), frozenset({"TOKEN"})), (False, True)):
+    choices = itertools.product((frozenset(), frozenset({"TOKEN"})), (False, True), VERSIONS)
+    for dead, by_age, versions in choices:
         request = ClaimRequest(
-            at, "NEW", "me", dict.fromkeys(JOBS, AFTER), dead_owners=dead, by_age=by_age
+            at,
+            "NEW",
+            "me",
+            dict.fromkeys(JOBS, AFTER),
+            dead_owners=dead,
+            by_age=by_age,
+            versions=versions,
         )
         wanted = claim_candidate(ROWS, request)
         claimed = await store.claim(request)
-        assert (claimed is None) == (wanted is None), (at, dead, by_age)
+        assert (claimed is None) == (wanted is None), (at, dead, by_age, versions)
         if claimed is None or wanted is None:
             continue
         chosen = next(row for row in ROWS if row.id == claimed.row.id)
@@ -187,7 +252,7 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             # Orphans come first, in no particular order among themselves.
             assert is_orphan(chosen, request), (at, chosen)
         else:
-            assert chosen == wanted, (at, by_age)
+            assert chosen == wanted, (at, by_age, versions)
         await _put_back(store, engine, chosen)
 
 

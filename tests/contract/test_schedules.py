@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 from jobrun._core.port import StoreLimits
 from jobrun._core.records import ScheduleRow
-from jobrun._core.schedules import MAX_CATCH_UP_SLOTS
+from jobrun._core.schedules import MAX_CATCH_UP_SLOTS, ON_TIME_S
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import SQL_BACKENDS, done_at_once, drive, hand_made_row
 
@@ -213,6 +213,10 @@ def test_bad_schedules_are_refused_with_what_was_wrong() -> None:
     with pytest.raises(jobrun.JobValidationError) as refused:
         registry.schedule("m", "j", "* * * * *", payload={"x": float("nan")})
     assert refused.value.errors[0]["path"].startswith("payload")
+    for module_id, job, path in (("", "j", "module_id"), ("m", "", "job")):
+        with pytest.raises(jobrun.JobValidationError) as refused:
+            registry.schedule(module_id, job, "* * * * *")
+        assert [entry["path"] for entry in refused.value.errors] == [path]
     assert registry.schedules() == []
 
 
@@ -369,3 +373,14 @@ async def test_each_jobs_retention_is_recorded_and_replaced(store: Any):
     assert await store.recorded_retention() == {("m", "b"): 7200}
     await store.record_retention({}, at_)
     assert await store.recorded_retention() == {("m", "b"): 7200}
+
+
+def test_with_catch_up_none_a_slot_exactly_on_time_s_old_is_still_on_time() -> None:
+    registry = jobrun.JobRegistry()
+    registry.schedule("m", "j", "*/5 * * * *", catch_up="none")
+    (schedule,) = registry.schedules()
+    slot = datetime(2026, 1, 1, 10, 5, tzinfo=UTC)
+    after = slot - timedelta(minutes=1)
+    on_time = slot + timedelta(seconds=ON_TIME_S)
+    assert schedule.slots_to_start(after, on_time) == [slot]
+    assert schedule.slots_to_start(after, on_time + timedelta(milliseconds=1)) == []

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
-from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE
+from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE
 from tests.support import SQL_BACKENDS, revision_of, run_alembic
 
 
@@ -198,6 +198,7 @@ async def test_a_host_alembic_env_runs_jobrun_migrations_and_autogenerate_leaves
         generated = next((host / "migrations" / "versions").glob("*_check.py")).read_text()
         assert "_substrat_job" not in generated, generated
         assert VERSION_TABLE not in generated, generated
+        assert COMPAT_TABLE not in generated, generated
         upgrade_body = generated.split("def upgrade")[1].split("def downgrade")[0]
         assert "pass" in upgrade_body, upgrade_body
         # jobrun's own check still finds its tables exactly at head.
@@ -217,6 +218,7 @@ def test_skip_jobrun_tables_keeps_the_hosts_objects_only() -> None:
     assert jobrun.skip_jobrun_tables(host, "host_items", "table", True, None)
     assert not jobrun.skip_jobrun_tables(job_runs, job_runs.name, "table", True, None)
     assert not jobrun.skip_jobrun_tables(None, VERSION_TABLE, "table", True, None)
+    assert not jobrun.skip_jobrun_tables(None, COMPAT_TABLE, "table", True, None)
     index = next(iter(job_runs.indexes))
     assert not jobrun.skip_jobrun_tables(index, index.name, "index", True, None)
     assert jobrun.skip_jobrun_tables(host.c.id, "id", "column", True, None)

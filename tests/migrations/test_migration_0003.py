@@ -14,7 +14,14 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, logged_store, query_plan, revision_of
+from tests.support import (
+    SQL_BACKENDS,
+    hand_made_row,
+    insert_values,
+    logged_store,
+    query_plan,
+    revision_of,
+)
 
 RUNS = "_substrat_job_runs"
 CLAIM_ORDER = "_substrat_job_runs_claim_order"
@@ -41,15 +48,7 @@ async def at_0002(blank_url: str) -> AsyncIterator[AsyncEngine]:
             if number == 50:
                 values.update(lease_owner="tok", lease_driver="old", lease_takeovers=1)
             rows.append(values)
-        columns = list(rows[0])
-        async with engine.begin() as connection:
-            await connection.execute(
-                text(
-                    f"INSERT INTO {RUNS} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(':' + column for column in columns)})"
-                ),
-                rows,
-            )
+        await insert_values(engine, RUNS, rows)
         yield engine
     finally:
         await engine.dispose()

@@ -14,12 +14,12 @@ import jobrun
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
-from tests.support import SQL_BACKENDS, hand_made_row, revision_of
+from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_of, row_values
 
 RUNS = "_substrat_job_runs"
 NEW_COLUMNS = ("lease_epoch", "passes_committed")
 # Columns of later revisions, which a 0003 table does not have.
-LATER_COLUMNS = ("deferrals", "deferred_reason")
+LATER_COLUMNS = ("deferrals", "deferred_reason", "job_version", "cancelled")
 COLUMNS_0003 = (
     "id, module_id, job, instance, payload, status, cursor, counters, attempts, last_error, "
     "started_at, updated_at, next_attempt_at, ended_at, lease_owner, lease_driver, "
@@ -36,23 +36,13 @@ async def at_0003(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(300):
             row = hand_made_row(number, module_id="@test/jobs", job="fence")
-            values = {name: getattr(row, name) for name in row.__dataclass_fields__}
-            for column in (*NEW_COLUMNS, *LATER_COLUMNS):
-                values.pop(column)
+            values = row_values(row, without=(*NEW_COLUMNS, *LATER_COLUMNS))
             values["status"] = "running" if number % 50 == 0 else "done"
             values["ended_at"] = None if number % 50 == 0 else "2025-12-31T01:00:00.000Z"
             if number == 50:
                 values.update(lease_owner="tok", lease_driver="old", lease_takeovers=1)
             rows.append(values)
-        columns = list(rows[0])
-        async with engine.begin() as connection:
-            await connection.execute(
-                text(
-                    f"INSERT INTO {RUNS} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(':' + column for column in columns)})"
-                ),
-                rows,
-            )
+        await insert_values(engine, RUNS, rows)
         yield engine
     finally:
         await engine.dispose()
@@ -68,7 +58,7 @@ async def _snapshot(engine: AsyncEngine) -> list[Any]:
 async def test_0004_keeps_every_row_and_its_runs_start_at_epoch_zero(at_0003: AsyncEngine):
     engine = at_0003
     before = await _snapshot(engine)
-    # To the head (the store needs it); 0005 only adds an index.
+    # To the head (the store needs it); 0005 and 0006 only add columns, tables and an index.
     await jobrun.upgrade(engine)
     assert await revision_of(engine) == SCHEMA_REVISION
     assert await _snapshot(engine) == before

@@ -15,7 +15,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 from jobrun._core.records import ClaimRequest
 from jobrun.sql.migrate import downgrade
-from tests.support import SQL_BACKENDS, hand_made_row, logged_store, query_plan, revision_of
+from jobrun.sql.schema import SCHEMA_REVISION
+from tests.support import (
+    SQL_BACKENDS,
+    hand_made_row,
+    insert_values,
+    logged_store,
+    query_plan,
+    revision_of,
+    row_values,
+)
 
 RUNS = "_substrat_job_runs"
 DUE_ORDER = "_substrat_job_runs_due_order"
@@ -36,25 +45,14 @@ async def populated(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(3000):
             row = hand_made_row(number, module_id=JOB[0], job=JOB[1])
-            values = {
-                name: getattr(row, name)
-                for name in row.__dataclass_fields__
-                if name not in ("deferrals", "deferred_reason")  # 0005's columns
-            }
+            values = row_values(row)
             values["status"] = "running" if number % 10 == 0 else "done"
             values["ended_at"] = None if number % 10 == 0 else "2025-12-31T01:00:00.000Z"
             values["priority"] = number % 7
             rows.append(values)
-        columns = list(rows[0])
-        async with engine.begin() as connection:
-            await connection.execute(
-                text(
-                    f"INSERT INTO {RUNS} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(':' + column for column in columns)})"
-                ),
-                rows,
-            )
-            if engine.dialect.name == "postgresql":
+        await insert_values(engine, RUNS, rows)
+        if engine.dialect.name == "postgresql":
+            async with engine.begin() as connection:
                 await connection.exec_driver_sql(f"ANALYZE {RUNS}")
         yield engine
     finally:
@@ -107,7 +105,7 @@ async def test_each_claim_reads_its_own_index_in_order(populated: AsyncEngine) -
 async def test_0005_adds_the_due_order_index_and_its_downgrade_drops_it(
     populated: AsyncEngine,
 ) -> None:
-    assert await revision_of(populated) == "0005"
+    assert await revision_of(populated) == SCHEMA_REVISION
     assert DUE_ORDER in await _index_names(populated)
     async with populated.connect() as connection:
         before = (await connection.execute(text(f"SELECT {KEPT} FROM {RUNS} ORDER BY id"))).all()

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import jobrun
 from jobrun._cli.schema_check import check
 from jobrun.sql.migrate import alembic_config, downgrade
-from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
+from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
 from tests.support import SQL_BACKENDS, revision_of
 
 JOBRUN_TABLES = sorted(metadata.tables)
@@ -124,4 +124,4 @@ async def test_every_revision_up_and_down_keeps_the_rows(blank: AsyncEngine) -> 
     assert (state.current, state.differences) == (SCHEMA_REVISION, [])
     async with blank.connect() as connection:
         names = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
-    assert names == set(JOBRUN_TABLES) | {VERSION_TABLE}
+    assert names == set(JOBRUN_TABLES) | {VERSION_TABLE, COMPAT_TABLE}

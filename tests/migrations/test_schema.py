@@ -30,6 +30,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
 from jobrun.sql.schema import (
+    COMPAT_TABLE,
     VERSION_TABLE,
     concurrency_slots,
     job_retention,
@@ -87,6 +88,10 @@ EXPECTED: dict[str, Any] = {
             # Revision 0005: the passes deferred in a row, and the last one's reason.
             ("deferrals", "INTEGER", False, "0"),
             ("deferred_reason", "TEXT", True, None),
+            # Revision 0006: the version of the code that last committed the run.
+            ("job_version", "INTEGER", True, None),
+            # Revision 0006: the cancelled marker.
+            ("cancelled", "INTEGER", False, "0"),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
@@ -94,6 +99,9 @@ EXPECTED: dict[str, Any] = {
             (DUE_AT_INDEX, ["status", "priority DESC", DUE_AT, "id"], False, None),
             # Revision 0005: the order of the claims that go by age (fair claims).
             (DUE_ORDER_INDEX, ["status", DUE_AT, "id"], False, BY_AGE_ONLY),
+            # Revision 0006: the activity chart's range, the instance prefix's range.
+            ("_substrat_job_runs_ended", ["ended_at", "status"], False, None),
+            ("_substrat_job_runs_instance", ["instance", "id"], False, None),
             # Revision 0003: the console's newest-first ranges, by job and status, by status.
             ("_substrat_job_runs_job_status", ["module_id", "job", "status", "id"], False, None),
             ("_substrat_job_runs_key", ["module_id", "job", "instance", "id"], False, None),
@@ -349,7 +357,7 @@ def _reflected_shape(connection: Connection, table: str) -> dict[str, Any]:
 
 def _reflected_tables(connection: Connection) -> dict[str, Any]:
     names = set(inspect(connection).get_table_names())
-    assert names == {*TABLES, VERSION_TABLE}
+    assert names == {*TABLES, VERSION_TABLE, COMPAT_TABLE}
     return {table: _reflected_shape(connection, table) for table in TABLES}
 
 

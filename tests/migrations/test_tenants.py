@@ -16,12 +16,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
-from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE, metadata
+from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
 from jobrun.sql.tenancy import notify_channel
 from jobrun.testing import FakeClock
 from tests.support import drive, revision_of, run_in_thread
 
-JOBRUN_TABLES = {*metadata.tables, VERSION_TABLE}
+JOBRUN_TABLES = {*metadata.tables, VERSION_TABLE, COMPAT_TABLE}
 
 
 @pytest.fixture
@@ -212,7 +212,7 @@ def test_the_db_commands_take_a_schema(empty_postgres_url: str) -> None:
 GRANTS = """
 GRANT USAGE ON SCHEMA public TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_runs, _substrat_job_steps TO {role};
-GRANT SELECT ON jobrun_alembic_version TO {role};
+GRANT SELECT ON jobrun_alembic_version, jobrun_schema_compat TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_schedules, _substrat_job_retention TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE
     ON _substrat_rate_buckets, _substrat_concurrency_slots TO {role};

@@ -99,3 +99,38 @@ def test_bench_many_databases_with_postgres(tmp_path: Path) -> None:
     for dialect in ("sqlite", "postgres"):
         assert results[f"pickup_{dialect}"]["picked"] == 5
     assert isinstance(results["postgres_connections_idle"], int)
+
+
+def test_bench_external_walk(tmp_path: Path) -> None:
+    sqlite = run_quick("bench_external_walk.py", tmp_path)["sqlite"]
+    assert isinstance(sqlite, dict)
+    assert set(sqlite) == {"polite", "kill", "unlimited", "token"}
+    for walked in (sqlite["polite"], sqlite["kill"]):
+        # Every object fetched and written, none written twice; the speed and the
+        # refusals depend on the machine's load, so they are the benchmark's to report.
+        assert (walked["objects_fetched"], walked["objects_written"]) == (150, 150)
+        assert walked["objects_counted"] == 150
+        assert walked["written_twice"] == 0
+    assert sqlite["kill"]["fetched_twice"] <= sqlite["kill"]["killed_in_flight_at_most"]
+    assert sqlite["unlimited"]["speed-up"] > 0
+    assert sqlite["unlimited"]["requests alone, 32 at once"] > 0
+    assert sqlite["token"]["step + token"] > 0
+
+
+def test_bench_compare(tmp_path: Path) -> None:
+    """jobrun always; DBOS and Celery too where the `bench` extra is installed."""
+    sqlite = run_quick("bench_compare.py", tmp_path)["sqlite"]
+    assert isinstance(sqlite, dict)
+    assert sqlite["units"] == 20
+    assert sqlite["jobrun"] > 0
+    assert all(value > 0 for value in sqlite.values())
+
+
+def test_bench_compare_resume(tmp_path: Path) -> None:
+    results = run_quick("bench_compare_resume.py", tmp_path)
+    jobrun = results["sqlite-jobrun"]
+    assert isinstance(jobrun, dict)
+    assert jobrun["done before the kill"] >= 20
+    # At least once: only the body in flight at the kill may run again.
+    assert jobrun["bodies run twice"] <= 1
+    assert 0 < jobrun["first new body, s"] <= jobrun["done, s"]

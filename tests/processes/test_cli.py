@@ -143,11 +143,11 @@ def file_url(path: Path) -> str:
 def _db_upgrade_current_check(url: str) -> None:
     assert "no jobrun schema" in fails(1, "db", "check", "--url", url).stdout
     assert "upgraded from none" in ok("db", "upgrade", "--url", url).stdout
-    assert "already at head: 0005" in ok("db", "upgrade", "--url", url).stdout
+    assert "already at head: 0006" in ok("db", "upgrade", "--url", url).stdout
     current = ok("db", "current", "--url", url).stdout
-    assert "current: 0005" in current
-    assert "head:    0005" in current
-    assert "ok: at head 0005" in ok("db", "check", "--url", url).stdout
+    assert "current: 0006" in current
+    assert "head:    0006" in current
+    assert "ok: at head 0006" in ok("db", "check", "--url", url).stdout
 
 
 def test_db_upgrade_on_a_new_sqlite_file(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_db_current_and_check_report_a_schema_behind(database_url: str) -> None:
     run_in_thread(to_0001)
     assert "current: 0001  (behind" in ok("db", "current", "--url", database_url).stdout
     drift = fails(1, "db", "check", "--url", database_url).stdout
-    assert "drift: the database is at 0001, head is 0005" in drift
+    assert "drift: the database is at 0001, head is 0006" in drift
     # Every other command refuses, naming the fix.
     refused = fails(1, "runs", "--url", database_url)
     assert "revision 0001" in refused.stderr
@@ -409,6 +409,30 @@ def test_health(database_url: str) -> None:
     table = ok("health", "--url", database_url).stdout
     assert "due now" in table
     assert "oldest due waited" in table
+
+
+def test_health_with_an_app_names_runs_of_a_newer_job_version(database_url: str) -> None:
+    """After a rollback: runs committed by version-2 code of demo/pages, which the app's
+    version-1 code never claims."""
+    newer = start(database_url, instance="a")
+    start(database_url, instance="b")
+    execute(
+        database_url,
+        update(runs_table).where(runs_table.c.id == newer).values(
+            module_id="demo", job="pages", job_version=2
+        ),
+    )  # fmt: skip
+    counts = json.loads(ok("health", "--url", database_url, "--app", APP, "--json").stdout)
+    assert {
+        "module_id": "demo",
+        "job": "pages",
+        "runs_by_version": {"2": 1},
+        "runs_beyond_code": 1,
+        "needs_version": 2,
+    } in counts["versions_by_job"]
+    table = ok("health", "--url", database_url, "--app", APP).stdout
+    assert "beyond code demo/pages" in table
+    assert "versions demo/pages" in table
 
 
 # --- watch --------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 * ``examples/asyncio_loop.py``: a real process, to the end and stopped by SIGTERM;
 * ``examples/provision.py``: fifty SQLite files through ``upgrade_many``, and a
   Postgres database (or a tenant schema) through plain Alembic;
+* ``examples/walk_api_politely.py``: against the stand-in API (``tests/fake_api.py``) in
+  this process, keeping to its rate, and deferred by its 429s;
 * ``examples/test_invoice_job.py``, ``examples/test_fenced_writes.py``: jobs' own tests,
   run by pytest.
 """
@@ -18,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,6 +31,7 @@ from starlette.testclient import TestClient
 
 import jobrun
 from jobrun.sql.migrate import head_revision
+from tests.fake_api import FakeApi, object_size, serve
 from tests.support import REPO, SQL_BACKENDS, revision_of
 
 EXAMPLES = REPO / "examples"
@@ -295,3 +299,49 @@ def test_the_tutorial_program_survives_kill_9(tmp_path: Path) -> None:
     assert run.id == cut.id
     assert run.status == "done"
     assert run.counters == {"total": 20, "pages": 20}  # each page counted once
+
+
+# --- walking an external API politely ------------------------------------------------------
+
+
+async def walk_example(url: str, api: str, *options: str) -> list[jobrun.JobRun]:
+    example = load_example("walk_api_politely")
+    arguments = ["--url", url, "--api", api, "--page", "10", "--drive", *options]
+    runs: list[jobrun.JobRun] = await example.run(example.parse(arguments))
+    return runs
+
+
+async def test_the_polite_walk_keeps_to_the_rate_and_marks_each_object_once(
+    sqlite_url: str,
+) -> None:
+    api = FakeApi(per_second=100, burst=5, latency_ms=5)
+    async with await serve(api) as serving:
+        runs = await walk_example(
+            sqlite_url, serving.url, "--objects", "60", "--runs", "3", "--per-second", "100"
+        )
+    assert sorted(run.instance for run in runs) == ["shard-0", "shard-1", "shard-2"]
+    assert all(run.status == "done" for run in runs), [run.last_error for run in runs]
+    assert sum(run.counters["objects"] for run in runs) == 60
+    assert sum(run.counters["bytes"] for run in runs) == sum(object_size(n) for n in range(60))
+    assert api.refused == 0, "kept to the declared rate: the API refused nothing"
+    assert api.fetches == Counter(range(60))
+    assert api.writes == Counter(range(60))
+
+
+async def test_a_429_defers_the_pass_and_the_walk_still_writes_each_object_once(
+    sqlite_url: str,
+) -> None:
+    # The API allows far less than the rate declared: it refuses, and says when to come back.
+    api = FakeApi(per_second=40, burst=5, latency_ms=5)
+    async with await serve(api) as serving:
+        runs = await walk_example(
+            sqlite_url, serving.url, "--objects", "20", "--per-second", "1000", "--burst", "50"
+        )
+    [run] = runs
+    assert run.status == "done", run.last_error
+    assert run.counters["objects"] == 20
+    assert api.refused > 0, "the API never refused: nothing was deferred"
+    # Deferred passes replay their finished steps from the ledger and re-send the
+    # marks with the same keys, so each object is fetched and written exactly once.
+    assert api.fetches == Counter(range(20))
+    assert api.writes == Counter(range(20))

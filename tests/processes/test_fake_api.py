@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
-from tests.fake_api import FakeApi, object_size, serve
+from tests.fake_api import FakeApi, LightClient, object_size, serve
 
 
 async def test_the_fake_api_refuses_above_its_bucket_with_retry_after() -> None:
@@ -35,3 +36,20 @@ async def test_the_fake_api_writes_once_per_idempotency_key() -> None:
         await client.post("/objects/8/mark")
         stats = (await client.get("/stats")).json()
     assert stats["writes"] == {"7": 2, "8": 2}
+
+
+async def test_the_light_client_reads_what_the_walk_reads() -> None:
+    api = FakeApi(per_second=0.01, burst=1, latency_ms=0)
+    async with await serve(api) as serving:
+        client = LightClient(serving.url, 2)
+        try:
+            served = await client.request("GET", "/objects/3")
+            refused = await client.request("POST", "/objects/3/mark", {"Idempotency-Key": "k"})
+        finally:
+            await client.aclose()
+    assert (served.status_code, served.json()) == (200, {"id": 3, "size": object_size(3)})
+    served.raise_for_status()
+    assert refused.status_code == 429
+    assert int(refused.headers.get("Retry-After")) >= 1
+    with pytest.raises(RuntimeError, match="HTTP 429"):
+        refused.raise_for_status()

@@ -7,6 +7,7 @@ import pytest
 import jobrun
 from jobrun._core.limits import (
     MILLI,
+    Pacer,
     bucket_state,
     refilled,
     take,
@@ -125,3 +126,21 @@ def test_a_wait_beyond_the_budget_is_one_named_exception() -> None:
     assert isinstance(error, jobrun.RetryAfter)
     assert "12.500 s" in error.reason
     assert error.seconds == 12.5
+
+
+def test_the_pacer_lets_burst_go_at_once_then_spaces_the_rest() -> None:
+    pacer = Pacer(per_second=100, burst=3)
+    # A process waking late with six granted tokens: three now, then one per 10 ms.
+    delays = [pacer.delay_s(50.0) for _ in range(6)]
+    assert delays == pytest.approx([0, 0, 0, 0.01, 0.02, 0.03])
+    # In step with the rate, nothing waits; after a lull the burst is back, no more.
+    assert pacer.delay_s(50.04) == pytest.approx(0.0)
+    assert [pacer.delay_s(60.0) for _ in range(4)] == pytest.approx([0, 0, 0, 0.01])
+
+
+def test_a_registry_has_one_pacer_per_rate_key() -> None:
+    registry = jobrun.JobRegistry()
+    registry.rate_limit("api", per_second=5, burst=2)
+    api = registry.limits.rates["api"]
+    assert registry.limits.pacer(api) is registry.limits.pacer(api)
+    assert [registry.limits.pacer(api).delay_s(1.0) for _ in range(3)] == pytest.approx([0, 0, 0.2])

@@ -50,9 +50,14 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
         {PREDICATES: {"live_run_of"}, STATEMENTS: {"live_run_of"}},
     ),
     (
-        "failed since",
+        "the stored version: NULL is version 1",
+        r"job_version\s+or\b|job_version\s+is\s+None|coalesce\([^)]*job_version",
+        {PREDICATES: {"stored_version"}, STATEMENTS: {"stored_version"}},
+    ),
+    (
+        "ended since (failed since builds on it)",
         r"ended_at\s*>=",
-        {PREDICATES: {"is_failed_since"}, STATEMENTS: {"is_failed_since"}},
+        {PREDICATES: {"has_ended_since"}, STATEMENTS: {"has_ended_since"}},
     ),
     (
         "prunable",

@@ -57,6 +57,7 @@ EXPECTED_CODES = {
     "StepFailedError": "step_failed",
     "PassTimeoutError": "pass_timeout",
     "SchemaOutdatedError": "schema_outdated",
+    "CodeOutdatedError": "code_outdated",
     "StoreError": "store_failed",
     "LeaseLostError": "lease_lost",
     "JobRunNotFoundError": "not_found",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import jobrun
 from jobrun._core.formats import encode_json
-from jobrun._core.queue_safety import MAX_DEPTH
+from jobrun._core.queue_safety import MAX_DEPTH, encode_queue_safe
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 
@@ -507,3 +507,45 @@ def test_a_refusal_says_what_a_run_carries() -> None:
         "payload is not queue-safe: payload.blob is a bytes; a run carries ids and "
         "configuration, not bytes, objects or functions"
     )
+
+
+def test_a_lone_surrogate_is_refused_as_not_valid_unicode() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        encode_queue_safe({"text": "\ud800"}, "payload", 1000)
+    assert str(caught.value).startswith(
+        "payload is not queue-safe: payload is text with a lone surrogate (not valid Unicode);"
+    )
+    (entry,) = caught.value.errors
+    assert entry["path"] == "payload"
+    assert entry["message"].startswith("text with a lone surrogate (not valid Unicode) (")
+    assert "surrogate" in entry["message"].split("(not valid Unicode) (", 1)[1]
+
+
+def test_an_int_too_long_for_json_text_is_refused_as_such() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        encode_queue_safe({"n": 10**5000}, "payload", 10**6)
+    assert "payload is a value JSON text cannot hold;" in str(caught.value)
+    assert caught.value.errors[0]["message"].startswith("a value JSON text cannot hold (")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [["x" * 100, b"later"], ["ab"] * 10 + [b"later"], {"k" * 30: 0, "z": b"later"}],
+    ids=["one long text", "many short texts", "a long key"],
+)
+def test_a_value_over_the_cap_is_refused_as_too_large_before_its_later_faults(value: Any) -> None:
+    # The walk counts every text and key towards the cap and stops there: an
+    # unsafe value past it is never reached.
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        encode_queue_safe(value, "payload", 20)
+    (entry,) = caught.value.errors
+    assert entry["path"] == "payload"
+    assert entry["message"].endswith("is too large to carry")
+
+
+def test_an_unsafe_value_within_the_cap_says_it_cannot_be_read_back() -> None:
+    with pytest.raises(jobrun.JobValidationError) as caught:
+        encode_queue_safe({"blob": b"x"}, "payload", 1000)
+    assert caught.value.errors == [
+        {"path": "payload.blob", "message": "a bytes cannot be stored and read back unchanged"}
+    ]

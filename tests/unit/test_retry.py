@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobrun import RetryPolicy
+from jobrun import JobValidationError, RetryPolicy
 from jobrun._core.retry import DEFAULT_RETRY
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
@@ -144,3 +144,13 @@ def test_next_attempt_at_with_zero_delay_is_the_failure_instant() -> None:
     failed_at = "2026-03-04T05:06:07.089Z"
     policy = RetryPolicy(base_delay_ms=0)
     assert policy.next_attempt_at(1, failed_at, never_called) == failed_at
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [("max_attempts", 0), ("base_delay_ms", -1), ("max_delay_ms", "3"), ("max_attempts", None)],
+)
+def test_a_refused_field_is_named_in_the_errors(field: str, bad: Any) -> None:
+    with pytest.raises(JobValidationError) as caught:
+        RetryPolicy(**{field: bad})
+    assert [entry["path"] for entry in caught.value.errors] == [field]

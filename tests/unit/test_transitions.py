@@ -170,7 +170,7 @@ def test_a_commit_or_a_failure_ends_the_deferrals_in_a_row():
     held = _row(lease_owner="T", deferrals=4, deferred_reason="quota")
     lease = Lease("T", "me:1", 60_000)
     ends = [
-        committed_patch(held, None, "{}", False, NOW, lease, None),
+        committed_patch(held, None, "{}", False, NOW, lease, None, 1),
         pass_failure_patch(held, "boom", NOW, LATER),
         pass_failure_patch(held, "boom", NOW, None),
         failed_patch(held, "too many", NOW),
