@@ -159,7 +159,11 @@ def watch(url: str, run_id: str, interval: float) -> None:
     if final.status == "done":
         out.print(f"run {final.id} is done")
         return
-    out.print(f"run {final.id} {final.outcome}: {final.last_error or 'no error recorded'}")
+    if final.cancelled:
+        # The stored reason already reads "cancelled: ...".
+        out.print(f"run {final.id} {final.last_error}")
+    else:
+        out.print(f"run {final.id} {final.outcome}: {final.last_error or 'no error recorded'}")
     raise SystemExit(1)
 
 

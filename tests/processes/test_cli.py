@@ -476,7 +476,7 @@ def test_watch_ends_cancelled_for_a_cancelled_run(database_url: str) -> None:
     run_id = start(database_url)
     ok("cancel", "--url", database_url, run_id, "--reason", "wrong shop")
     result = fails(1, "watch", "--url", database_url, run_id, "--interval", "0.05")
-    assert f"run {run_id} cancelled: cancelled: wrong shop" in result.stdout
+    assert f"run {run_id} cancelled: wrong shop" in result.stdout
     assert " cancelled " in result.stdout.splitlines()[0]  # the line per change
 
 
