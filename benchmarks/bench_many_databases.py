@@ -9,8 +9,8 @@ Run on demand (results to ``benchmarks/results/``, outside git)::
     ../.venv/bin/python bench_many_databases.py --quick      # 50 files, 3 databases
 
 N SQLite files (one migrated, then copied) and M Postgres databases
-(``jobrun_many_0`` ... on the server of ``--postgres-url``, created if missing,
-emptied) are listed in a URLs file. One run is started in the last database
+(``jobrun_many_0`` ... on the server of ``--postgres-url``, made afresh each run)
+are listed in a URLs file. One run is started in the last database
 listed, then one worker is started as a subprocess (``--urls-file`` when the
 checkout's worker has it, else every URL in ``JOBRUN_DATABASE_URL``, so the same
 script measures a checkout from before). Measured: seconds from the spawn to
@@ -77,14 +77,13 @@ async def postgres_urls(base: str, count: int) -> list[str]:
         urls = []
         for number in range(count):
             name = f"{DATABASE_PREFIX}{number}"
-            if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
-                await admin.execute(f'CREATE DATABASE "{name}"')
+            # Made afresh each run: a database left by an earlier run of other code
+            # may hold another schema under the same revision id.
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{name}"')
             url = make_url(base).set(database=name).render_as_string(hide_password=False)
             engine = create_async_engine(url, poolclass=NullPool)
             await jobrun.upgrade(engine)
-            async with engine.begin() as connection:
-                await connection.exec_driver_sql("DELETE FROM _substrat_job_steps")
-                await connection.exec_driver_sql("DELETE FROM _substrat_job_runs")
             await engine.dispose()
             urls.append(url)
         return urls
