@@ -61,7 +61,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "watch": (
         _OPERATOR_MODULE,
-        "Follow a run live until it ends; exit 0 when it is done, 1 when it failed.",
+        "Follow a run live until it ends; exit 0 when it is done, 1 when it failed "
+        "(or was cancelled).",
     ),
     "worker": (
         "jobrun._cli.worker_command",
