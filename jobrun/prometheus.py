@@ -90,6 +90,10 @@ class WorkerMetrics:
             job,
             registry=self.registry,
         )
+        self._health_gauges()
+
+    def _health_gauges(self) -> None:
+        """The gauges a worker sets from :func:`jobrun.job_run_health`, by database."""
         database = ("database",)
         self.due = Gauge(
             "jobrun_due_runs",

@@ -384,14 +384,11 @@ def _instant(column: str, text: str | None, problems: list[str]) -> datetime | N
         return None
 
 
-def job_run_of(row: RunRow) -> JobRun:
-    """Decode a row for an operator; never raises for what is stored in it."""
-    # Here, not at the top: the rules' module reads this module's records.
-    from jobrun._core.predicates import is_cancelled, outcome_of, stored_version
+def _decoded_json(row: RunRow, problems: list[str]) -> tuple[Any, Any, Any]:
+    """The row's payload, cursor and counters; each that cannot be decoded reads as
+    its fallback (``None``, ``None``, ``{}``), its problem added to ``problems``."""
 
-    problems: list[str] = []
-
-    def attempt(column: str, text: str | None, fallback: Any, decode: Any) -> Any:
+    def attempt(text: str | None, fallback: Any, decode: Any) -> Any:
         if text is None:
             return None
         try:
@@ -400,18 +397,24 @@ def job_run_of(row: RunRow) -> JobRun:
             problems.append(str(error))
         return fallback
 
-    payload = attempt("payload", row.payload, None, lambda t: decode_json(t, "payload"))
-    cursor = attempt("cursor", row.cursor, None, lambda t: decode_json(t, "cursor"))
-    counters = attempt("counters", row.counters, {}, decode_counters)
+    return (
+        attempt(row.payload, None, lambda t: decode_json(t, "payload")),
+        attempt(row.cursor, None, lambda t: decode_json(t, "cursor")),
+        attempt(row.counters, {}, decode_counters),
+    )
 
-    def instant(column: str, text: str | None) -> datetime | None:
-        return _instant(column, text, problems)
 
-    started_at = instant("started_at", row.started_at)
-    updated_at = instant("updated_at", row.updated_at)
-    next_attempt_at = instant("next_attempt_at", row.next_attempt_at)
-    ended_at = instant("ended_at", row.ended_at)
-    lease_began_at = instant("lease_began_at", row.lease_began_at)
+def job_run_of(row: RunRow) -> JobRun:
+    """Decode a row for an operator; never raises for what is stored in it."""
+    # Here, not at the top: the rules' module reads this module's records.
+    from jobrun._core.predicates import is_cancelled, outcome_of, stored_version
+
+    problems: list[str] = []
+    payload, cursor, counters = _decoded_json(row, problems)
+    started_at, updated_at, next_attempt_at, ended_at, lease_began_at = (
+        _instant(column, getattr(row, column), problems)
+        for column in ("started_at", "updated_at", "next_attempt_at", "ended_at", "lease_began_at")
+    )
     leased = row.lease_owner is not None
     if row.status not in _STATUSES:
         problems.append(f"status {row.status!r} is not one of running, done, failed")
