@@ -111,7 +111,7 @@ def dbos_runner(backend: str, args: Any, n: int) -> tuple[Sample, Any]:
         config["system_database_engine"] = wal
     else:
         config["system_database_url"] = fresh_postgres(args.postgres_url, "dbos_compare_sys")
-    DBOS(config=config)  # type: ignore[arg-type]
+    DBOS(config=config)  # type: ignore[arg-type]  # DBOS types its config as a TypedDict
 
     @DBOS.step()
     async def trivial(index: int) -> int:
@@ -152,6 +152,7 @@ async def procrastinate_runner(args: Any, n: int, enqueue_ms: list[float]) -> tu
         enqueue_ms.append(timed_ms(started, n))
         await app.run_worker_async(wait=False, concurrency=1, install_signal_handlers=False)
         elapsed = timed_ms(started, n)
+        # procrastinate types its connector as the base class, without a pool.
         async with app.connector.pool.connection() as connection:  # type: ignore[attr-defined]
             cursor = await connection.execute(
                 "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"
@@ -210,7 +211,7 @@ def celery_runner(backend: str, args: Any, n: int, enqueue_ms: list[float]) -> t
             trivial.delay(index)
         enqueue_ms.append(timed_ms(started, n))
         # The results are rows another process writes: nothing to wait on but a poll.
-        while done() < before + n:  # noqa: ASYNC110
+        while done() < before + n:  # noqa: ASYNC110 (rows of another process: no event)
             await asyncio.sleep(0.005)
         elapsed = timed_ms(started, n)
         # Between its samples the idle worker would poll the broker every 10 ms,

@@ -55,7 +55,7 @@ async def jobrun_child(args: Any) -> None:
     registry = jobrun.JobRegistry()
 
     async def body(index: int) -> int:
-        await asyncio.sleep(args.body_ms / 1000)
+        await asyncio.sleep(args.body_ms / 1000)  # the simulated body's work
         log_body(args.log, index)
         return index
 
@@ -77,7 +77,7 @@ async def jobrun_child(args: Any) -> None:
         if found.status != "running":
             break
         if report.attempted == 0:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # poll: the count is a file another process writes
     print(json.dumps({"done_at": time.time(), "status": found.status}), flush=True)
     await engine.dispose()
 
@@ -98,11 +98,11 @@ async def dbos_child(args: Any) -> None:
                 dbapi_connection.execute(f"PRAGMA {pragma}")
 
         config["system_database_engine"] = wal
-    DBOS(config=config)  # type: ignore[arg-type]
+    DBOS(config=config)  # type: ignore[arg-type]  # DBOS types its config as a TypedDict
 
     @DBOS.step()
     async def body(index: int) -> int:
-        await asyncio.sleep(args.body_ms / 1000)
+        await asyncio.sleep(args.body_ms / 1000)  # the simulated body's work
         log_body(args.log, index)
         return index
 
@@ -163,7 +163,7 @@ def measure(system: str, backend: str, args: Any) -> dict[str, Any]:
     while len(logged(log)) < n // 2:
         assert first.poll() is None, "the first child ended early"
         assert time.monotonic() < deadline, "the first child took too long"
-        time.sleep(0.002)
+        time.sleep(0.002)  # poll for the child's readiness line; bounds nothing
     first.send_signal(signal.SIGKILL)
     first.wait()
     killed_pid, before = first.pid, {index for _pid, index, _at in logged(log)}

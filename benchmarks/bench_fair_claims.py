@@ -48,7 +48,7 @@ async def measure(seconds: float, ahead: int, work_ms: float, drivers: int) -> N
             if p.run.instance == "low":
                 low_ran.set()
                 return jobrun.PassResult(done=True)
-            await asyncio.sleep(work_ms / 1000)
+            await asyncio.sleep(work_ms / 1000)  # the simulated pass's work
             instance = f"high-{next(numbers)}"
             await jobrun.start_job_run(
                 stores[0], module_id=MODULE, job=JOB, instance=instance, priority=10

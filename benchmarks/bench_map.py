@@ -30,7 +30,7 @@ def runner(store: jobrun.SqlJobRunStore, n: int, io_s: float, concurrency: int |
     registry = jobrun.JobRegistry()
 
     async def body(item: int) -> int:
-        await asyncio.sleep(io_s)
+        await asyncio.sleep(io_s)  # the simulated I/O the body waits on
         return item
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:

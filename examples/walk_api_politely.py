@@ -107,7 +107,7 @@ async def drive(store: jobrun.SqlJobRunStore, registry: jobrun.JobRegistry, loop
             if not await jobrun.job_runs(store, module_id=MODULE, job=JOB, status="running"):
                 stop.set()
                 return
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # how often to look whether the walk is over
 
     async with asyncio.TaskGroup() as group:
         group.create_task(stop_when_walked())

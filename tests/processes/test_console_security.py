@@ -238,6 +238,7 @@ async def test_each_action_logs_who_did_what(
         assert done.status_code == 200
     records = [record for record in caplog.records if record.name == "jobrun.ui"]
     assert [
+        # The audit fields ride on the LogRecord as extra attributes, unknown to its type.
         (record.identity, record.client, record.action, record.run_ids, record.refused_ids)  # type: ignore[attr-defined]
         for record in records
     ] == [

@@ -55,6 +55,7 @@ def test_a_bad_rate_limit_is_refused(arguments: dict[str, object], path: str) ->
     registry = jobrun.JobRegistry()
     key = arguments.pop("key")
     with pytest.raises(jobrun.JobValidationError) as refused:
+        # Wrong types on purpose: the refusal is what is tested.
         registry.rate_limit(key, **arguments)  # type: ignore[arg-type]
     assert refused.value.errors[0]["path"] == path
     assert registry.limits.rates == {}
@@ -74,6 +75,7 @@ def test_a_bad_rate_limit_is_refused(arguments: dict[str, object], path: str) ->
 def test_a_bad_concurrency_limit_is_refused(prefix: object, most: object, path: str) -> None:
     registry = jobrun.JobRegistry()
     with pytest.raises(jobrun.JobValidationError) as refused:
+        # Wrong types on purpose: the refusal is what is tested.
         registry.concurrency_limit(prefix, most)  # type: ignore[arg-type]
     assert refused.value.errors[0]["path"] == path
 
