@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -39,7 +38,7 @@ from harness import HERE, backends, fresh_engine, interleave, options, save, tab
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from tests.fake_api import LightClient
+from tests.fake_api import LightClient, in_a_process, stats_of
 
 REPO = HERE.parent
 EXAMPLE = REPO / "examples" / "walk_api_politely.py"
@@ -49,29 +48,11 @@ def environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
-@contextlib.contextmanager
-def fake_api(rate: float | None, burst: int, latency_ms: float) -> Iterator[str]:
-    command = [sys.executable, "-m", "tests.fake_api", "--latency-ms", str(latency_ms)]
-    if rate is not None:
-        command += ["--per-second", str(rate), "--burst", str(burst)]
-    server = subprocess.Popen(
-        command, cwd=REPO, env=environment(), stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        assert url.startswith("http://"), f"the fake API did not start: {url!r}"
-        yield url
-    finally:
-        server.kill()
-        server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
+def fake_api(rate: float | None, burst: int, latency_ms: float) -> Any:
+    return in_a_process(rate, burst, latency_ms)
 
 
-def stats(api: str) -> dict[str, Any]:
-    found: dict[str, Any] = httpx.get(f"{api}/stats", timeout=10).json()
-    return found
+stats = stats_of
 
 
 async def empty_database(backend: str, args: Any) -> tuple[AsyncEngine, str]:

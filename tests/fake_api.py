@@ -22,11 +22,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 REASONS = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 400: "Bad Request"}
@@ -199,6 +205,39 @@ class Serving:
 async def serve(api: FakeApi, host: str = "127.0.0.1", port: int = 0) -> Serving:
     """Start serving ``api``; ``async with`` the result, or ``close()`` it."""
     return await Serving(api).start(host, port)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def in_a_process(
+    per_second: float | None, burst: int = 1, latency_ms: float = 20.0
+) -> Iterator[str]:
+    """This server in a process of its own (``per_second`` ``None``: no limit); its base URL."""
+    command = [sys.executable, "-m", "tests.fake_api", "--latency-ms", str(latency_ms)]
+    if per_second is not None:
+        command += ["--per-second", str(per_second), "--burst", str(burst)]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        assert url.startswith("http://"), f"the fake API did not start: {url!r}"
+        yield url
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+def stats_of(url: str) -> dict[str, Any]:
+    """What the server at ``url`` saw (its ``/stats``)."""
+    import httpx  # only the callers that read stats need it
+
+    found: dict[str, Any] = httpx.get(f"{url}/stats", timeout=10).json()
+    return found
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ measures the sustained rate and the speed-up of ``p.map`` at full size.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -29,11 +28,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
+from tests.fake_api import in_a_process, stats_of
 from tests.support import REPO, SQL_BACKENDS, run_in_thread
 
 EXAMPLE = REPO / "examples" / "walk_api_politely.py"
@@ -50,32 +49,12 @@ def environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
-@contextlib.contextmanager
-def fake_api(per_second: float, burst: int) -> Iterator[str]:
+def fake_api(per_second: float, burst: int) -> Any:
     """The stand-in API in a process of its own; its base URL."""
-    command = [sys.executable, "-m", "tests.fake_api", "--per-second", str(per_second)]
-    server = subprocess.Popen(
-        [*command, "--burst", str(burst)],
-        cwd=REPO,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        assert url.startswith("http://"), f"the fake API did not start: {url!r}"
-        yield url
-    finally:
-        server.kill()
-        server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
+    return in_a_process(per_second, burst)
 
 
-def stats(api: str) -> dict[str, Any]:
-    found: dict[str, Any] = httpx.get(f"{api}/stats", timeout=10).json()
-    return found
+stats = stats_of
 
 
 def example(url: str, api: str, *options: str) -> list[str]:
