@@ -27,29 +27,28 @@ each hands its lease back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
-import json
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
 from jobrun._core.fair import ClaimTurns
-from jobrun._core.formats import format_instant
+from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.observe import (
     LOG_PASSES,
     PassObserver,
-    PassStart,
-    PassWatch,
     observe_all,
 )
 from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
@@ -59,21 +58,28 @@ from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
+from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
+from jobrun._worker_listen import Listening
+from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
+from jobrun.sql.kept_connections import keep_at_most
+from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.sql.tenancy import notify_channel
+from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 log = logging.getLogger("jobrun.worker")
 
-FIRST_IDLE_DELAY_S = 0.05
 DEFAULT_INTERVAL_S = 5.0
 # How often each database is asked for due runs of jobs this worker does not
 # register (never less than the interval): a read of its own, so the claim,
 # and an idle database's one claim per interval, stay as they are.
 UNREGISTERED_CHECK_S = 60.0
+DEFAULT_MAX_CONNECTIONS_PER_DATABASE = 2
+"""Pool connections at once per Postgres database the worker made from a URL."""
+CONNECT_TIMEOUT_S = 10
 FAILED_DRIVE_RETRY_S = 1.0
 """How soon a driver whose drive failed tries again (never later than the interval)."""
 PRUNE_INTERVAL_S = 600.0
@@ -82,77 +88,10 @@ MAX_SCHEDULE_SLEEP_S = 60.0
 """The scheduler looks again at least this often (a clock that jumps is noticed)."""
 
 HealthCallback = Callable[[str, JobRunHealth], None]
+_Database = ServedDatabase
 
 
-def database_label(engine: AsyncEngine) -> str:
-    """The engine's URL with its password hidden: how logs and metrics name a database."""
-    return engine.url.render_as_string(hide_password=True)
-
-
-class _Database:
-    """One database's drivers: who is idle, who polls, and how long the poller waits."""
-
-    def __init__(self, store: SqlJobRunStore, clock: Clock) -> None:
-        self.store = store
-        self.engine = store.engine
-        self.clock = clock
-        label = database_label(store.engine)
-        self.label = label if store.schema is None else f"{label} schema {store.schema}"
-        # One tenant's starts wake only that tenant's drivers.
-        self.channel = notify_channel(store.schema)
-        self.delay_s = FIRST_IDLE_DELAY_S
-        self.polling = False
-        # A wake-up that found nobody idle: the next driver to go idle claims again.
-        self.pending = False
-        # Monotonic instants: when the drives began to fail, and the last warning.
-        self.failing_since: float | None = None
-        self.warned_at = 0.0
-        self._idle: deque[asyncio.Future[None]] = deque()
-
-    def wake_one(self) -> None:
-        while self._idle:
-            waiter = self._idle.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    def wake_all(self) -> None:
-        if not self._idle:
-            self.pending = True
-        while self._idle:
-            waiter = self._idle.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def idle(self, timeout_s: float | None) -> None:
-        """Wait to be woken, or ``timeout_s`` (``None``: only when woken)."""
-        if self.pending:
-            self.pending = False
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._idle.append(waiter)
-        try:
-            async with self.clock.timeout(timeout_s):
-                await waiter
-        except TimeoutError:
-            pass
-        finally:
-            with contextlib.suppress(ValueError):
-                self._idle.remove(waiter)
-
-
-class _WakeSiblings:
-    """An observer that wakes one idle driver of the database whenever a pass starts."""
-
-    def __init__(self, database: _Database) -> None:
-        self._database = database
-
-    def pass_started(self, start: PassStart) -> PassWatch | None:
-        self._database.wake_one()
-        return None
-
-
-class _Worker:
+class _Worker(DatabaseTurns, Listening):
     def __init__(
         self,
         databases: list[_Database],
@@ -166,6 +105,8 @@ class _Worker:
         clock: Clock,
         prune_after: timedelta | None,
         prune_unregistered_after: timedelta | None = None,
+        max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
+        max_databases: int | None = None,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -180,53 +121,102 @@ class _Worker:
         unregistered = check_prune_after(prune_unregistered_after, "prune_unregistered_after")
         self.prune_unregistered_after = unregistered
         self.slots = asyncio.Semaphore(concurrency)
+        self.open_stores = OpenStores(max_open_sqlite)
+        # What woke idle databases, by cause (for logs, metrics and tests).
+        self.wakeups: collections.Counter[str] = collections.Counter()
+        self._by_path: dict[Path, _Database] = {}
+        self._writes: WriteWatch | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self.max_databases = max_databases
+        self._serving: set[_Database] = set()
+        self.schema: str | None = None
+        self.make_database: Callable[[Database], _Database] = cannot_make
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._stopper())
-            for database in self.databases:
-                base = LOG_PASSES if self.options.observer is None else self.options.observer
-                observer = observe_all(base, _WakeSiblings(database))
-                for number in range(self.concurrency):
-                    group.create_task(self._drive(database, observer, number))
-                if self.on_health is not None:
-                    group.create_task(self._health(database, self.on_health))
-                if _listens(database.engine):
-                    group.create_task(self._listen(database))
-                group.create_task(self._watch_unregistered(database))
-                if self.registry.schedules():
-                    group.create_task(self._schedule(database))
-                else:
-                    group.create_task(self._forget_schedules(database))
-                if retains(self.registry, self.prune_after, self.prune_unregistered_after):
-                    group.create_task(self._prune(database))
+    async def run(self, reloads: asyncio.Queue[Sequence[Database]] | None = None) -> None:
+        self._writes = WriteWatch(self._written, self._wake_every_file)
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._stopper())
+                if reloads is not None:
+                    group.create_task(self._reload(reloads))
+                for database in self.databases:
+                    group.create_task(self._serve(database))
+        finally:
+            self._writes.close()
+
+    async def _serve(self, database: _Database) -> None:
+        """Every task of one database, until the worker stops or the database is dropped."""
+        if database.path is not None and self._writes is not None:
+            database.watched = self._writes.add(database.path)
+            self._by_path[database.path] = database
+        if database.path is not None and database.owned:
+            self.open_stores.manage(database.engine)
+        try:
+            if self.max_databases is None:
+                async with asyncio.TaskGroup() as group:
+                    self._database_tasks(database, group)
+            else:
+                await self._serve_in_turns(database)
+        finally:
+            if self._by_path.get(database.path) is database:  # type: ignore[arg-type]
+                del self._by_path[database.path]  # type: ignore[arg-type]
+            if database.owned:
+                await self.open_stores.forget(database.engine)
+                await database.engine.dispose()
+
+    def _database_tasks(self, database: _Database, group: asyncio.TaskGroup) -> None:
+        base = LOG_PASSES if self.options.observer is None else self.options.observer
+        observer = observe_all(base, WakeSiblings(database))
+        for number in range(self.concurrency):
+            group.create_task(self._drive(database, observer, number))
+        if self.on_health is not None:
+            group.create_task(self._health(database, self.on_health))
+        if _listens(database.engine):
+            database.awaiting_listen = True
+            group.create_task(self._listen(database))
+        # A database that can be woken (inotify, LISTEN) is looked at for unregistered
+        # jobs when a drive of it takes nothing, and forgets removed schedules at its
+        # first drive: nothing at start-up for each of a thousand databases.
+        database.lazy = database.watched or database.awaiting_listen
+        if not database.lazy:
+            group.create_task(self._watch_unregistered(database))
+        if self.registry.schedules():
+            group.create_task(self._schedule(database))
+        elif not database.lazy:
+            group.create_task(self._forget_schedules(database))
+        if retains(self.registry, self.prune_after, self.prune_unregistered_after):
+            group.create_task(self._prune(database))
 
     async def _stopper(self) -> None:
         await self.stop.wait()
         for database in self.databases:
+            database.gone.set()
+            database.stop.set()
             database.wake_all()
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _sleep(self, seconds: float, stop: asyncio.Event) -> None:
         with contextlib.suppress(TimeoutError):
             async with self.clock.timeout(seconds):
-                await self.stop.wait()
+                await stop.wait()
 
     async def _repeat(
         self,
+        database: _Database,
         round_: Callable[[], Awaitable[float | None]],
         failed: Callable[[Exception], float],
     ) -> None:
-        """Run ``round_`` until the worker stops, sleeping after each round (on the
+        """Run ``round_`` until the database's stop, sleeping after each round (on the
         worker's clock; a stop ends the sleep) the seconds it returned (``None``: no
         sleep). A round that raises is logged by ``failed``, which says how long to
         sleep before the next."""
-        while not self.stop.is_set():
+        while not database.stop.is_set():
             try:
                 wait_s = await round_()
             except Exception as error:
                 wait_s = failed(error)
             if wait_s is not None:
-                await self._sleep(wait_s)
+                await self._sleep(wait_s, database.stop)
 
     async def _drive(self, database: _Database, observer: PassObserver, number: int) -> None:
         driver = f"{self.driver_name}/{number}" if self.concurrency > 1 else self.driver_name
@@ -235,6 +225,7 @@ class _Worker:
         # Its own count of claims, kept across rounds: one in FAIR_EVERY goes by age.
         turns = ClaimTurns()
         await self._repeat(
+            database,
             functools.partial(self._drive_round, database, options, turns),
             functools.partial(self._drive_failed, database),
         )
@@ -242,21 +233,24 @@ class _Worker:
     async def _drive_round(
         self, database: _Database, options: DriveOptions, turns: ClaimTurns
     ) -> float | None:
-        """One drive of the due runs, then, if it found none, a wait for more."""
+        """One drive of the due runs, then, if it found none, a wait for more. A
+        woken database is driven only when its probe finds something due."""
         database.pending = False
+        # Writes this process still owes (a release the store refused) go first:
+        # the probe cannot see them, and the next drive sends them again.
+        owing = len(database.store.owed_releases) > 0
+        if database.awaiting_listen and not owing:
+            # (A LISTEN that takes longer than the interval: drive without it.)
+            if not await database.idle(self.interval_s):
+                database.awaiting_listen = False
+            return None
+        if database.woken and not owing and not await self._due_now(database):
+            return None
         try:
-            async with self.slots:
-                if self.stop.is_set():
+            async with self.slots, self.open_stores.use(database.engine):
+                if database.stop.is_set():
                     return None
-                report = await drive_due_jobs(
-                    database.store,
-                    self.registry,
-                    options,
-                    SYSTEM_SOURCES,
-                    stop=self.stop,
-                    on_user_exit=functools.partial(_log_user_exit, database),
-                    turns=turns,
-                )
+                report = await self._drive_once(database, options, turns)
         except asyncio.CancelledError as error:
             task = asyncio.current_task()
             if task is None or task.cancelling() > 0:
@@ -273,11 +267,65 @@ class _Worker:
         database.failing_since = None
         if report.attempted:
             database.delay_s = FIRST_IDLE_DELAY_S
-        elif not self.stop.is_set():
+        elif not database.stop.is_set():
             # (Stopped while driving: the stopper's wake-up may have come and gone
             # already, so waiting now could wait forever.)
             await self._wait_for_work(database)
         return None
+
+    async def _drive_once(
+        self, database: _Database, options: DriveOptions, turns: ClaimTurns
+    ) -> Any:
+        if database.lazy and not database.schedules_forgotten:
+            database.schedules_forgotten = True
+            await self._forget_schedules(database)
+        report = await drive_due_jobs(
+            database.store,
+            self.registry,
+            options,
+            SYSTEM_SOURCES,
+            stop=database.stop,
+            on_user_exit=functools.partial(_log_user_exit, database),
+            turns=turns,
+        )
+        checked_at = database.unregistered_checked_at
+        looked_lately = (
+            checked_at is not None and self.clock.monotonic() - checked_at < UNREGISTERED_CHECK_S
+        )
+        if database.lazy and not report.attempted and not looked_lately:
+            await self.look_for_unregistered(database)
+        return report
+
+    async def _due_now(self, database: _Database) -> bool:
+        """A woken database: whether a run is due now; if none is, wait (until the
+        next due instant, a wake-up or the sweep) and say no."""
+        try:
+            if database.path is not None:
+                due_at = sqlite_next_due_at(database.path)
+            else:
+                due_at = await postgres_next_due_at(database.store)
+        except Exception as error:
+            # Drive it: the drive says what is wrong, in the usual way.
+            log.debug("reading when %s is next due failed: %s", database.label, error)
+            return True
+        now = self.clock.now()
+        due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
+        if due_in_s is not None and due_in_s <= 0:
+            return True
+        database.delay_s = FIRST_IDLE_DELAY_S
+        if database.polling:
+            await database.idle(None)
+            return False
+        database.polling = True
+        try:
+            timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
+            if orphans.leases_held(database.store):
+                timeout_s = min(timeout_s, orphans.SCAN_INTERVAL_S)
+            if not await database.idle(timeout_s):
+                self.wakeups["timer"] += 1
+        finally:
+            database.polling = False
+        return False
 
     async def _wait_for_work(self, database: _Database) -> None:
         if database.polling:
@@ -324,60 +372,67 @@ class _Worker:
 
     async def _health(self, database: _Database, record: HealthCallback) -> None:
         async def read() -> float:
-            record(database.label, await job_run_health(database.store))
+            async with self.open_stores.use(database.engine):
+                record(database.label, await job_run_health(database.store))
             return self.interval_s
 
         failed = _warning(database, "reading the health of %s failed: %s", self.interval_s)
-        await self._repeat(read, failed)
+        await self._repeat(database, read, failed)
 
     async def _watch_unregistered(self, database: _Database) -> None:
         """Warn, once per job per check, about due runs no driver here can take."""
         wait_s = max(self.interval_s, UNREGISTERED_CHECK_S)
 
         async def look() -> float:
-            due = await database.store.due_by_job(format_instant(self.clock.now()))
-            for (module_id, job), count in sorted(due.items()):
-                if (module_id, job) not in self.registry:
-                    _warn_unregistered(database, module_id, job, count)
+            await self.look_for_unregistered(database)
             return wait_s
 
         def failed(error: Exception) -> float:
             log.debug("reading due runs per job on %s failed: %s", database.label, error)
             return wait_s
 
-        await self._repeat(look, failed)
+        await self._repeat(database, look, failed)
+
+    async def look_for_unregistered(self, database: _Database) -> None:
+        database.unregistered_checked_at = self.clock.monotonic()
+        due = await database.store.due_by_job(format_instant(self.clock.now()))
+        for (module_id, job), count in sorted(due.items()):
+            if (module_id, job) not in self.registry:
+                _warn_unregistered(database, module_id, job, count)
 
     async def _schedule(self, database: _Database) -> None:
         """Start each due slot's run, then sleep until the next slot."""
         schedules = self.registry.schedules()
 
         async def start() -> float:
-            if await start_scheduled_runs(database.store, self.registry, clock=self.clock):
+            async with self.open_stores.use(database.engine):
+                started = await start_scheduled_runs(
+                    database.store, self.registry, clock=self.clock
+                )
+            if started:
                 database.wake_all()
             now = self.clock.now()
             upcoming = min(schedule.next_slot(now) for schedule in schedules)
             return min(MAX_SCHEDULE_SLEEP_S, (upcoming - now).total_seconds())
 
         message = "starting the scheduled runs of %s failed: %s; trying again in %.1f s"
-        await self._repeat(start, _warning(database, message, self.interval_s, self.interval_s))
+        await self._repeat(
+            database, start, _warning(database, message, self.interval_s, self.interval_s)
+        )
 
     async def _forget_schedules(self, database: _Database) -> None:
         """No schedules here: forget, once, those that this registry's jobs had (a
         registry that schedules nothing starts nothing, so once at start suffices)."""
         try:
-            await start_scheduled_runs(database.store, self.registry, clock=self.clock)
+            async with self.open_stores.use(database.engine):
+                await start_scheduled_runs(database.store, self.registry, clock=self.clock)
         except Exception as error:
             _warning(database, "forgetting the removed schedules of %s failed: %s", 0.0)(error)
 
     async def _prune(self, database: _Database) -> None:
         async def prune() -> float:
-            deleted = await prune_by_retention(
-                database.store,
-                self.registry,
-                prune_after=self.prune_after,
-                prune_unregistered_after=self.prune_unregistered_after,
-                sources=SYSTEM_SOURCES,
-            )
+            async with self.open_stores.use(database.engine):
+                deleted = await self._prune_once(database)
             if deleted:
                 log.info(
                     "pruned %d finished runs of %s",
@@ -387,62 +442,21 @@ class _Worker:
                 )
             return PRUNE_INTERVAL_S
 
-        await self._repeat(prune, _warning(database, "pruning %s failed: %s", PRUNE_INTERVAL_S))
+        message = "pruning %s failed: %s"
+        await self._repeat(database, prune, _warning(database, message, PRUNE_INTERVAL_S))
 
-    def _wanted(self, payload: str) -> bool:
-        try:
-            module_id, job = json.loads(payload)
-        except (ValueError, TypeError):
-            return True
-        return (module_id, job) in self.registry
+    async def _prune_once(self, database: _Database) -> int:
+        return await prune_by_retention(
+            database.store,
+            self.registry,
+            prune_after=self.prune_after,
+            prune_unregistered_after=self.prune_unregistered_after,
+            sources=SYSTEM_SOURCES,
+        )
 
-    async def _listen(self, database: _Database) -> None:
-        """LISTEN for new runs on a connection of its own; reconnect when it is lost."""
 
-        async def listen() -> float:
-            await self._listen_once(database)
-            return self.interval_s
-
-        message = "listening on %s failed: %s; polling every %.1f s meanwhile"
-        await self._repeat(listen, _warning(database, message, self.interval_s, self.interval_s))
-
-    async def _listen_once(self, database: _Database) -> None:
-        """Listen until the worker stops (returns) or the connection is lost (returns too)."""
-        lost = asyncio.Event()
-
-        def notified(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
-            if self._wanted(payload):
-                database.wake_all()
-
-        # The store's presence connection (see ``jobrun.sql.presence``): a connection
-        # of its own, never one of the host's pool, which a small pool could not spare.
-        raw = await database.store.presence_connection()
-        assert raw is not None
-
-        def on_lost(_connection: Any) -> None:
-            lost.set()
-
-        raw.add_termination_listener(on_lost)
-        store = database.store
-        await store.on_presence_connection(lambda raw: raw.add_listener(database.channel, notified))
-        log.debug("listening for new runs on %s", database.label)
-        # Anything started before the LISTEN took effect: look now.
-        database.wake_all()
-        stopping = asyncio.ensure_future(self.stop.wait())
-        losing = asyncio.ensure_future(lost.wait())
-        try:
-            await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            losing.cancel()
-            raw.remove_termination_listener(on_lost)
-        if lost.is_set():
-            log.warning("lost the listening connection to %s", database.label)
-            return
-        with contextlib.suppress(Exception):
-            await store.on_presence_connection(
-                lambda raw: raw.remove_listener(database.channel, notified)
-            )
+def _checked_cap(max_databases: int | None) -> int | None:
+    return None if max_databases is None else checked_count(max_databases, "max_databases")
 
 
 def _warning(
@@ -507,6 +521,10 @@ async def run_worker(
     prune_after: timedelta | None = None,
     prune_unregistered_after: timedelta | None = None,
     schema: str | None = None,
+    max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
+    max_connections_per_database: int = DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
+    max_databases: int | None = None,
+    reloads: asyncio.Queue[Sequence[Database]] | None = None,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
@@ -525,15 +543,15 @@ async def run_worker(
     is its run's failed attempt, logged. On Postgres, ``schema`` is the tenant's
     schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is used.
-
     Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
     registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
+
+    Many databases (docs/how-to/many-drivers.md): ``max_open_sqlite``,
+    ``max_connections_per_database``, ``max_databases`` (``jobrun.database_leases``);
+    each list put on ``reloads`` becomes the set served, checked at first use.
     """
     chosen = _worker_options(options, keywords)
-    if not databases:
-        raise refuse("databases", "must name at least one database: run_worker needs one")
-    if not isinstance(registry, JobRegistry):
-        raise refuse_type("registry", f"must be a JobRegistry, got {type(registry).__name__}")
+    _check_what_to_drive(databases, registry)
     timing = resolve_clock(chosen.clock)
     worker = _Worker(
         [],
@@ -546,15 +564,41 @@ async def run_worker(
         clock=timing,
         prune_after=prune_after,
         prune_unregistered_after=prune_unregistered_after,
+        max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),
+        max_databases=max_databases and checked_count(max_databases, "max_databases"),
     )
+    keep = checked_count(max_connections_per_database, "max_connections_per_database")
+    await _serve_all(worker, databases, schema, keep, reloads)
+
+
+def _check_what_to_drive(databases: Sequence[Database], registry: JobRegistry) -> None:
+    if not databases:
+        raise refuse("databases", "must name at least one database: run_worker needs one")
+    if not isinstance(registry, JobRegistry):
+        raise refuse_type("registry", f"must be a JobRegistry, got {type(registry).__name__}")
+
+
+async def _serve_all(
+    worker: _Worker,
+    databases: Sequence[Database],
+    schema: str | None,
+    keep: int,
+    reloads: asyncio.Queue[Sequence[Database]] | None,
+) -> None:
     async with contextlib.AsyncExitStack() as owned:
-        for database in databases:
-            store = _store_of(database, schema, owned)
-            worker.databases.append(_Database(store, timing))
-        for state in worker.databases:
-            # The schema check (and a first connection) before any driver starts.
-            await job_run_health(state.store)
-        await _run_logged(worker)
+
+        def make(database: Database) -> _Database:
+            store = _store_of(database, schema, owned, keep)
+            return _Database(store, worker.clock, owned=isinstance(database, str))
+
+        worker.make_database = make
+        worker.schema = schema
+        worker.databases.extend(make(database) for database in databases)
+        if reloads is None:
+            for state in worker.databases:
+                # The schema check (and a first connection) before any driver starts.
+                await job_run_health(state.store)
+        await _run_logged(worker, reloads)
 
 
 def _worker_options(options: DriveOptions | None, keywords: DriveKeywords) -> DriveOptions:
@@ -566,7 +610,7 @@ def _worker_options(options: DriveOptions | None, keywords: DriveKeywords) -> Dr
 
 
 def _store_of(
-    database: Database, schema: str | None, owned: contextlib.AsyncExitStack
+    database: Database, schema: str | None, owned: contextlib.AsyncExitStack, keep: int
 ) -> SqlJobRunStore:
     """The store for one of ``databases``; an engine made from a URL is disposed of on exit."""
     if isinstance(database, SqlJobRunStore):
@@ -578,7 +622,13 @@ def _store_of(
             )
         return database
     if isinstance(database, str):
-        engine = create_async_engine(make_url(database))
+        url = make_url(database)
+        postgres = url.get_backend_name() == "postgresql"
+        # No pool: an idle database holds no connection (Postgres: its presence only).
+        connect_args = {"timeout": CONNECT_TIMEOUT_S} if postgres else {}
+        engine = create_async_engine(url, poolclass=NullPool, connect_args=connect_args)
+        if postgres:
+            keep_at_most(engine, keep)
         owned.push_async_callback(engine.dispose)
         return SqlJobRunStore(engine, schema=schema)
     if isinstance(database, AsyncEngine):
@@ -591,19 +641,20 @@ def _store_of(
     )
 
 
-async def _run_logged(worker: _Worker) -> None:
+async def _run_logged(worker: _Worker, reloads: Any) -> None:
     labels = [state.label for state in worker.databases]
     began = worker.clock.monotonic()
+    shown = ", ".join(labels) if len(labels) <= 5 else f"{len(labels)} databases"
     log.info(
         "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
-        ", ".join(labels),
+        shown,
         len(worker.registry),
         worker.concurrency,
         worker.interval_s,
         extra={"databases": labels},
     )
     try:
-        await worker.run()
+        await worker.run(reloads)
     finally:
         log.info(
             "worker stopped after %.1f s",

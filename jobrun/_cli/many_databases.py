@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import IO, TypeVar
 
 import click
@@ -51,13 +51,15 @@ def many_urls_options(command: F) -> F:
     )(command)
 
 
+def urls_in(lines: Iterable[str]) -> list[str]:
+    """The URLs of a URLs file: one a line, blank lines and ``#`` comments skipped."""
+    return [text for text in (line.strip() for line in lines) if text and not text.startswith("#")]
+
+
 def chosen_urls(urls: tuple[str, ...], urls_file: IO[str] | None) -> list[str]:
     chosen = list(urls)
     if urls_file is not None:
-        for line in urls_file:
-            text = line.strip()
-            if text and not text.startswith("#"):
-                chosen.append(text)
+        chosen += urls_in(urls_file)
     if not chosen:
         raise click.UsageError("no database: pass --url (repeatable) or --urls-file")
     return chosen

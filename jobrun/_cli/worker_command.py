@@ -29,12 +29,12 @@ from jobrun._cli.connect import (
     URL_ENVVAR,
     OneLineUsageError,
     first_line,
-    make_engine,
     outdated_message,
     parse_url,
     schema_option,
     sqlite_file,
 )
+from jobrun._cli.many_databases import urls_in
 from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.options import DriveOptions
@@ -45,7 +45,13 @@ from jobrun.errors import (
     SchemaOutdatedError,
     StoreError,
 )
-from jobrun.worker import DEFAULT_INTERVAL_S, HealthCallback, run_worker
+from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE
+from jobrun.worker import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
+    HealthCallback,
+    run_worker,
+)
 
 log = logging.getLogger("jobrun.worker")
 
@@ -171,39 +177,74 @@ class _Stopping:
             self._task.cancel()
 
 
+def _reread(source: _Urls, reloads: asyncio.Queue[Any]) -> None:
+    """SIGHUP: read the URLs file again; the worker serves what it lists now."""
+    try:
+        urls = source.read()
+        _check_sqlite_files(tuple(urls))
+    except (OSError, click.ClickException) as error:
+        log.error("SIGHUP: cannot read %s (%s); serving the same databases", source.file, error)
+        return
+    log.info("SIGHUP: %s lists %d databases", source.file, len(urls))
+    reloads.put_nowait(urls)
+
+
 async def _work(
-    urls: tuple[str, ...],
+    source: _Urls,
     registry: JobRegistry,
     options: DriveOptions,
     worker_options: dict[str, Any],
     lifetime: _Lifetime,
 ) -> bool:
     """Run the worker until a signal; ``True`` when it stopped gracefully."""
-    engines = [make_engine(parse_url(url)) for url in urls]
+    urls = source.read()
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
     stopping = _Stopping(task, lifetime.drain_timeout_s)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.on_signal, signum)
+    reloads: asyncio.Queue[Any] | None = None
+    if source.file is not None:
+        reloads = asyncio.Queue()
+        loop.add_signal_handler(signal.SIGHUP, _reread, source, reloads)
     beating = None
     if lifetime.heartbeat is not None:
         beating = loop.create_task(heartbeat.beat(lifetime.heartbeat))
     try:
-        await run_worker(engines, registry, options=options, stop=stopping.stop, **worker_options)
+        await run_worker(
+            urls, registry, options=options, stop=stopping.stop, reloads=reloads, **worker_options
+        )
     except asyncio.CancelledError:
         if not stopping.forced:
             raise
         task.uncancel()
         return False
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
         if beating is not None:
             beating.cancel()
-        for engine in engines:
-            await engine.dispose()
     return True
+
+
+@dataclass(frozen=True)
+class _Urls:
+    """Where the worker's databases come from: ``--url`` options, and a file read at
+    start and again at each SIGHUP."""
+
+    urls: tuple[str, ...]
+    file: Path | None
+
+    def read(self) -> list[str]:
+        found = list(self.urls)
+        if self.file is not None:
+            with self.file.open(encoding="utf-8") as lines:
+                found += urls_in(lines)
+        if not found:
+            raise click.UsageError("no database: pass --url (repeatable) or --urls-file")
+        # Spelled as the worker makes its engines (sqlite:/// gets aiosqlite, ...).
+        return [parse_url(url).render_as_string(hide_password=False) for url in found]
 
 
 @cli.command("worker")
@@ -211,12 +252,46 @@ async def _work(
     "--url",
     "urls",
     multiple=True,
-    required=True,
     envvar=URL_ENVVAR,
     show_envvar=True,
     metavar="URL",
     help="A database to drive; repeat for several (each gets its own drivers). "
     f"{URL_ENVVAR} may hold several, separated by spaces.",
+)
+@click.option(
+    "--urls-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="A file of database URLs, one a line (# comments allowed), as for `jobrun db "
+    "upgrade`; read again on SIGHUP (added databases start, removed ones stop).",
+)
+@click.option(
+    "--max-open-sqlite",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_OPEN_SQLITE,
+    show_default=True,
+    help="SQLite databases open at once (each an aiosqlite thread and 3 files); an idle "
+    "one is closed, least recently used first, when another needs its place.",
+)
+@click.option(
+    "--max-databases",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Serve at most N of the databases, each only while holding its serving lease "
+    "(SQLite: a lock on <file>.jobrun-worker; Postgres: an advisory lock on the presence "
+    "session), so several workers over one set split it; a dead worker's databases are "
+    "taken by others with room within about 5 s. Default: serve all, shared with any "
+    "other worker.",
+)
+@click.option(
+    "--max-connections-per-database",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
+    show_default=True,
+    help="Postgres: connections at once per database for passes, opened when needed "
+    "and closed when idle; beside them, one session per database for presence and LISTEN.",
 )
 @click.option(
     "--app",
@@ -346,16 +421,15 @@ def worker(
     watchdog: bool,
     drain_timeout: float | None,
     heartbeat_file: Path | None,
+    **many: Any,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
     The first signal stops gracefully: nothing new is claimed, passes in flight
     finish, exit status 0. A second signal, or --drain-timeout running out,
     cancels the passes in flight (each hands its lease back at once) and exits
-    with status 1. --heartbeat-file is for liveness probes. On Postgres the worker
-    LISTENs for new runs and starts them at once; otherwise an idle database is
-    polled once per --interval. The app's schedules are started at each slot,
-    once per slot however many workers run.
+    with status 1. --heartbeat-file is for liveness probes. Idle databases are not
+    polled (NOTIFY, inotify, due times wake them); SIGHUP reads --urls-file again.
 
     \b
     Example:
@@ -363,7 +437,7 @@ def worker(
           --concurrency 4 --metrics-port 9464
     """
     registry = load_registry(app)
-    _check_sqlite_files(urls)
+    source = _checked_urls(urls, many.pop("urls_file"))  # the rest: the --max-... options
     _configure_logging(log_level, log_format)
     observer, on_health = _watchers(metrics_port, metrics_host)
     with _one_line_errors():
@@ -382,16 +456,17 @@ def worker(
             "prune_after": prune_after,
             "prune_unregistered_after": prune_unregistered_after,
             "schema": schema,
+            **many,
         }
         graceful = _run(
-            urls, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)
+            source, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)
         )
     if not graceful:
         sys.exit(1)
 
 
 def _run(
-    urls: tuple[str, ...],
+    source: _Urls,
     registry: JobRegistry,
     options: DriveOptions,
     worker_options: dict[str, Any],
@@ -400,7 +475,7 @@ def _run(
     if lifetime.heartbeat is not None:
         heartbeat.first_beat(lifetime.heartbeat)
     try:
-        return asyncio.run(_work(urls, registry, options, worker_options, lifetime))
+        return asyncio.run(_work(source, registry, options, worker_options, lifetime))
     finally:
         if lifetime.heartbeat is not None:
             heartbeat.remove(lifetime.heartbeat)
@@ -419,6 +494,12 @@ def _one_line_errors() -> Iterator[None]:
         raise click.ClickException(error.message) from error
     except OSError as error:
         raise click.ClickException(f"database error: {first_line(error)}") from error
+
+
+def _checked_urls(urls: tuple[str, ...], urls_file: Path | None) -> _Urls:
+    source = _Urls(urls, urls_file)
+    _check_sqlite_files(tuple(source.read()))
+    return source
 
 
 def _check_sqlite_files(urls: tuple[str, ...]) -> None:

@@ -245,6 +245,16 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+_keep_limits: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+
+
+def keep_at_most(engine: AsyncEngine, limit: int) -> None:
+    """At most ``limit`` connections out at once on ``engine``, whatever its pool (the
+    worker's own engines have no pool to size: ``--max-connections-per-database``).
+    Call before the engine's first operation."""
+    _keep_limits[engine.sync_engine] = limit
+
+
 class _PostgresEngineConnections:
     """Per engine, shared by all its stores: the kept connections of each event loop."""
 
@@ -262,6 +272,7 @@ class _PostgresEngineConnections:
             self.limit = max(1, min(pool.size(), (self.capacity or pool.size() + 1) - 1))
         elif isinstance(pool, StaticPool | SingletonThreadPool | AssertionPool):
             self.limit = 1  # one connection in all: never two operations on it at once
+        self.limit = _keep_limits.get(engine.sync_engine, self.limit)
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PostgresConnections] = (
             weakref.WeakKeyDictionary()
         )

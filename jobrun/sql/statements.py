@@ -557,6 +557,24 @@ def prune_runs(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
     return delete(job_runs).where(runs.id.in_(doomed), not_(is_live())).returning(runs.id)
 
 
+def next_due_statement() -> Any:
+    """The earliest due instant of the live runs (a lease's expiry among them: while
+    a run is leased, its due instant is the lease's end): when an idle worker looks
+    again (see ``jobrun.wakeups``)."""
+    return select(func.min(due_at())).where(is_live())
+
+
+def take_database_statement() -> Any:
+    """Postgres: try the session advisory lock that says "a worker serves this database"
+    (the two-key form, so it is never read as a presence key: those are one bigint)."""
+    return select(func.pg_try_advisory_lock(bindparam("lease_class"), bindparam("lease_key")))
+
+
+def release_database_statement() -> Any:
+    """Postgres: let go of the lock of :func:`take_database_statement`."""
+    return select(func.pg_advisory_unlock(bindparam("lease_class"), bindparam("lease_key")))
+
+
 def collation_statement() -> Any:
     """Postgres: the database's collation (its text columns' default)."""
     return text("SELECT datcollate FROM pg_database WHERE datname = current_database()")

@@ -184,6 +184,27 @@ def _fence_values(run_id: str, token: str) -> dict[str, Any]:
     return {"fence_id": run_id, "fence_token": token}
 
 
+# Compiled statements by dialect and schema: a worker over a thousand databases makes
+# a thousand stores, and compiling the fixed statements takes tens of ms per store.
+_COMPILED: dict[tuple[Any, ...], tuple[Statements, Shapes]] = {}
+
+
+def _compiled_for(engine: AsyncEngine, schema: str | None) -> tuple[Statements, Shapes]:
+    dialect = engine.dialect
+    key = (
+        type(dialect),
+        dialect.paramstyle,
+        getattr(dialect, "server_version_info", None),
+        schema,
+    )
+    found = _COMPILED.get(key)
+    if found is None:
+        compile_ = Compiler(dialect, None if schema is None else {None: schema})
+        is_postgres = dialect.name == "postgresql"
+        found = _COMPILED[key] = (Statements(compile_, is_postgres), Shapes(compile_))
+    return found
+
+
 class SqlJobRunStore:
     """Runs and step ledgers in a SQLite or Postgres database reached through ``engine``.
 
@@ -237,9 +258,7 @@ class SqlJobRunStore:
         if not self._is_postgres:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
         # In a schema, every compiled statement names it (rendered once, here).
-        compile_ = Compiler(engine.dialect, None if self._schema is None else {None: self._schema})
-        self._statements = Statements(compile_, self._is_postgres)
-        self._shapes = Shapes(compile_)
+        self._statements, self._shapes = _compiled_for(engine, self._schema)
         self._limit_operations = SqlLimits(
             self._executor, self._shapes, self._is_postgres, self._schema
         )

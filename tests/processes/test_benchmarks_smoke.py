@@ -67,6 +67,40 @@ def test_bench_map(tmp_path: Path) -> None:
     assert all(value > 0 for value in sqlite.values())
 
 
+def test_bench_many_databases(tmp_path: Path) -> None:
+    # --quick: 50 SQLite files (and, with Postgres, 3 databases); here SQLite only.
+    results = run_quick("bench_many_databases.py", tmp_path)
+    assert isinstance(results["first_drive_s"], float)
+    assert results["sizes"] == {"sqlite": 50, "postgres": 0, "starts": 10}
+    pickups = results["pickup_sqlite"]
+    assert isinstance(pickups, dict)
+    assert pickups["picked"] == pickups["asked"] == 10
+    assert isinstance(results["threads"], int)
+
+
+@pytest.mark.postgres
+def test_bench_many_databases_with_postgres(tmp_path: Path) -> None:
+    # The CI's small version: 50 SQLite files and 3 Postgres databases.
+    completed = subprocess.run(
+        [
+            *(sys.executable, str(REPO / "benchmarks" / "bench_many_databases.py")),
+            *("--quick", "--out-dir", str(tmp_path)),
+        ],
+        cwd=REPO / "benchmarks",
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    [found] = tmp_path.glob("*-quick.json")
+    results = json.loads(found.read_text())
+    assert results["sizes"] == {"sqlite": 50, "postgres": 3, "starts": 10}
+    for dialect in ("sqlite", "postgres"):
+        assert results[f"pickup_{dialect}"]["picked"] == 5
+    assert isinstance(results["postgres_connections_idle"], int)
+
+
 def test_bench_external_walk(tmp_path: Path) -> None:
     sqlite = run_quick("bench_external_walk.py", tmp_path)["sqlite"]
     assert isinstance(sqlite, dict)

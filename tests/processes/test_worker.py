@@ -27,6 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+import jobrun.wakeups
 import jobrun.worker
 from jobrun.sql.schema import job_runs
 from jobrun.testing import FakeClock
@@ -247,6 +248,9 @@ async def test_bad_options_are_refused_before_anything_runs(options: dict[str, A
 async def test_an_idle_database_costs_one_claim_per_interval(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ):
+    # Where nothing can wake it (no inotify, no LISTEN), an idle database is polled.
+    monkeypatch.setattr(jobrun.wakeups, "open_watch", lambda: None)
+    monkeypatch.setattr(jobrun.worker, "_listens", lambda engine: False)
     interval = 0.25
     log = log_worker_statements(monkeypatch)
     # Four drivers: only one of them polls while the database is idle.
@@ -273,20 +277,37 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     assert len(scans) <= elapsed_s + 2, (len(scans), elapsed_s)
 
 
-# --- waking on Postgres ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_an_idle_database_that_can_be_woken_is_not_polled(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+):
+    # SQLite: inotify sees writes to the file; Postgres: LISTEN. Either way the idle
+    # database is read for its next due instant (no live run: the sweep's 60 s) and
+    # not claimed from again until something wakes it.
+    log = log_worker_statements(monkeypatch)
+    worker = Worker([engine], interval_s=0.1, concurrency=2)
+    # sleep: the first looks settle (Postgres: polls until its LISTEN is set up)
+    await asyncio.sleep(1.0)
+    before = len(_claims(log.seen))
+    # sleep: an idle window ten intervals long, in which a poller would claim ten times
+    await asyncio.sleep(1.0)
+    after = len(_claims(log.seen))
+    await worker.finish()
+    assert after == before
+
+
+# --- waking on Postgres NOTIFY and on SQLite writes --------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("backend", "wakes"),
-    [("sqlite", False), pytest.param("postgres", True, marks=pytest.mark.postgres)],
-    indirect=["backend"],
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
-async def test_a_new_run_wakes_an_idle_worker_on_postgres(
-    engine: AsyncEngine, wakes: bool, monkeypatch: pytest.MonkeyPatch
-):
+async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch):
     # The worker's idle waits are on a test clock that moves only when told (set a
     # minute ahead, so runs started now are due to it): while it stands still, only
-    # a notification can make the worker look again.
+    # a wake-up (Postgres: NOTIFY; SQLite: inotify sees the write) makes it look again.
     clock = FakeClock(datetime.now(UTC) + timedelta(minutes=1))
     log = log_worker_statements(monkeypatch)
     looked = asyncio.Event()
@@ -296,19 +317,28 @@ async def test_a_new_run_wakes_an_idle_worker_on_postgres(
             looked.set()
 
     log.after = after
+    # The first look at an idle database is a read of its next due instant (SQLite:
+    # of the file; Postgres: once the LISTEN stands, on the presence session).
+    sqlite_probe = jobrun.worker.sqlite_next_due_at
+    postgres_probe = jobrun.worker.postgres_next_due_at
+
+    def probed(path: Path) -> str | None:
+        looked.set()
+        return sqlite_probe(path)
+
+    async def probed_postgres(store: jobrun.SqlJobRunStore) -> str | None:
+        found = await postgres_probe(store)
+        looked.set()
+        return found
+
+    monkeypatch.setattr(jobrun.worker, "sqlite_next_due_at", probed)
+    monkeypatch.setattr(jobrun.worker, "postgres_next_due_at", probed_postgres)
     worker = Worker([engine], interval_s=30, clock=clock)
-    # Its first claim has read and found nothing: the run started next is news to it.
+    # Its first look has found nothing: the run started next is news to it.
     await asyncio.wait_for(looked.wait(), 60)
     await start_pages(engine, 1, pages=1)
-    if wakes:
-        # The deadline only bounds a hang: the clock never moved, so this was the NOTIFY.
-        await eventually(lambda: all_done(engine), timeout_s=60)
-    else:
-        # asyncio.sleep: a look for a wake-up that must not come (load cannot fake one).
-        await asyncio.sleep(0.5)
-        assert not await all_done(engine), "without NOTIFY the run waits for the next poll"
-        clock.advance(seconds=30)
-        await eventually(lambda: all_done(engine), timeout_s=60)
+    # The deadline only bounds a hang: the clock never moved, so this was the wake-up.
+    await eventually(lambda: all_done(engine), timeout_s=60)
     await worker.finish()
 
 

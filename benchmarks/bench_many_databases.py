@@ -1,0 +1,319 @@
+"""One ``jobrun worker`` over many scope databases: what it holds, what it costs idle,
+how soon it drives and how soon it picks up a run another process started.
+
+Run on demand (results to ``benchmarks/results/``, outside git)::
+
+    cd benchmarks
+    ../.venv/bin/python bench_many_databases.py --sqlite 300 --postgres 10
+    ../.venv/bin/python bench_many_databases.py --sqlite 1000 --postgres 50
+    ../.venv/bin/python bench_many_databases.py --quick      # 50 files, 3 databases
+
+N SQLite files (one migrated, then copied) and M Postgres databases
+(``jobrun_many_0`` ... on the server of ``--postgres-url``, made afresh each run)
+are listed in a URLs file. One run is started in the last database
+listed, then one worker is started as a subprocess (``--urls-file`` when the
+checkout's worker has it, else every URL in ``JOBRUN_DATABASE_URL``, so the same
+script measures a checkout from before). Measured: seconds from the spawn to
+that run's pass ("first drive"); over ``--idle-s`` of idleness, the worker's CPU
+(utime + stime from ``/proc/PID/stat``) as a share of one core; then its RSS,
+open descriptors, threads, and its Postgres connections (``pg_stat_activity`` on
+the benchmark's databases; the benchmark holds none meanwhile); then
+``--starts`` runs started by this process, one every ``--gap-s`` seconds, each in
+a database picked at random (SQLite and Postgres in turn): the pickup latency
+(wall clock from just before ``start_job_run`` to the start of the run's pass,
+written by the job itself, ``many_app.py``), median, p99 and max per dialect.
+The load average is recorded before and after. "first drive" is also given from
+the worker's "worker started" log line (its imports and set-up behind it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import DEFAULT_POSTGRES, HERE, driver_dsn, options, save, table
+from sqlalchemy import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+import jobrun
+
+DATABASE_PREFIX = "jobrun_many_"
+
+
+def server_dsn(url: str, database: str) -> str:
+    return driver_dsn(create_async_engine(make_url(url).set(database=database)))
+
+
+async def sqlite_urls(directory: Path, count: int) -> list[str]:
+    template = directory / "template.db"
+    engine = create_async_engine(f"sqlite+aiosqlite:///{template}", poolclass=NullPool)
+    await jobrun.upgrade(engine)
+    await engine.dispose()
+    urls = []
+    for number in range(count):
+        path = directory / f"scope-{number:05d}.db"
+        shutil.copyfile(template, path)
+        urls.append(f"sqlite+aiosqlite:///{path}")
+    template.unlink()
+    return urls
+
+
+async def postgres_urls(base: str, count: int) -> list[str]:
+    import asyncpg
+
+    admin = await asyncpg.connect(server_dsn(base, "postgres"))
+    try:
+        urls = []
+        for number in range(count):
+            name = f"{DATABASE_PREFIX}{number}"
+            # Made afresh each run: a database left by an earlier run of other code
+            # may hold another schema under the same revision id.
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            url = make_url(base).set(database=name).render_as_string(hide_password=False)
+            engine = create_async_engine(url, poolclass=NullPool)
+            await jobrun.upgrade(engine)
+            await engine.dispose()
+            urls.append(url)
+        return urls
+    finally:
+        await admin.close()
+
+
+async def start_pickup(url: str, log: Path, label: str) -> None:
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        store = jobrun.SqlJobRunStore(engine)
+        payload = {"started": time.time(), "log": str(log), "label": label}
+        await jobrun.start_job_run(
+            store, module_id="bench", job="pickup", instance=label, payload=payload
+        )
+    finally:
+        await engine.dispose()
+
+
+def picked(log: Path) -> dict[str, float]:
+    """label -> pickup latency in seconds, from the job's own lines."""
+    found = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            started, at, label = line.split(" ", 2)
+            found[label] = float(at) - float(started)
+    return found
+
+
+def process_figures(pid: int) -> dict[str, Any]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
+        "threads": int(fields["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 (1-based), after pid and (comm).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def postgres_connections(base: str) -> int:
+    import asyncpg
+
+    admin = await asyncpg.connect(server_dsn(base, "postgres"))
+    try:
+        return int(
+            await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname LIKE $1",
+                DATABASE_PREFIX + "%",
+            )
+        )
+    finally:
+        await admin.close()
+
+
+def has_urls_file() -> bool:
+    shown = subprocess.run(
+        [sys.executable, "-m", "jobrun", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        env=_child_env(),
+        check=False,
+    )
+    return "--urls-file" in shown.stdout
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(HERE.parent)}
+
+
+def spawn(urls_file: Path, urls: list[str], extra: list[str], log: Path) -> subprocess.Popen[str]:
+    env = _child_env()
+    command = [sys.executable, "-m", "jobrun", "worker", "--app", "many_app:registry"]
+    command += ["--log-level", "info", *extra]
+    if has_urls_file():
+        command += ["--urls-file", str(urls_file)]
+    else:
+        env["JOBRUN_DATABASE_URL"] = " ".join(urls)
+    return subprocess.Popen(
+        command, cwd=HERE, env=env, stderr=log.open("w"), stdout=subprocess.DEVNULL, text=True
+    )
+
+
+async def wait_for(log: Path, labels: set[str], timeout_s: float) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = picked(log)
+        if labels <= set(found) or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)
+
+
+def latency_summary(values: list[float], asked: int) -> dict[str, Any]:
+    if not values:
+        return {"asked": asked, "picked": 0}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {
+        "asked": asked,
+        "picked": len(values),
+        "median_s": round(statistics.median(ordered), 3),
+        "p99_s": round(p99, 3),
+        "max_s": round(ordered[-1], 3),
+    }
+
+
+async def scenario(args: Any) -> None:
+    sizes = (
+        (50, 3, 10, 3.0) if args.quick else (args.sqlite, args.postgres, args.starts, args.idle_s)
+    )
+    sqlite_count, postgres_count, starts, idle_s = sizes
+    if args.sqlite_only:
+        postgres_count = 0
+    directory = Path(tempfile.mkdtemp(prefix="jobrun-many-"))
+    load_before = os.getloadavg()
+    try:
+        urls = await sqlite_urls(directory, sqlite_count)
+        urls += await postgres_urls(args.postgres_url, postgres_count)
+        urls_file = directory / "urls.txt"
+        urls_file.write_text("# the benchmark's scope databases\n" + "\n".join(urls) + "\n")
+        pickups = directory / "pickups.log"
+        await start_pickup(urls[-1], pickups, "first")
+        extra = args.worker_args.split() if args.worker_args else []
+        spawned_at = time.time()
+        worker = spawn(urls_file, urls, extra, directory / "worker.log")
+        try:
+            results = await measure(args, worker, urls, pickups, spawned_at, starts, idle_s)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        results["worker_log_tail"] = (directory / "worker.log").read_text()[-2000:]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    results["sizes"] = {"sqlite": sqlite_count, "postgres": postgres_count, "starts": starts}
+    results["load_before"] = [round(value, 2) for value in load_before]
+    results["load_after"] = [round(value, 2) for value in os.getloadavg()]
+    report(results)
+    save(args, "many_databases", results)
+
+
+async def measure(
+    args: Any,
+    worker: subprocess.Popen[str],
+    urls: list[str],
+    pickups: Path,
+    spawned_at: float,
+    starts: int,
+    idle_s: float,
+) -> dict[str, Any]:
+    log = pickups.with_name("worker.log")
+    began_at = None
+    deadline = time.monotonic() + args.spawn_timeout_s
+    while began_at is None and time.monotonic() < deadline:
+        if log.exists() and "worker started" in log.read_text():
+            began_at = time.time()
+        else:
+            await asyncio.sleep(0.02)
+    first = await wait_for(pickups, {"first"}, args.spawn_timeout_s)
+    if began_at is not None and "first" in first:
+        results_began = round(time.time() - began_at, 2)
+    else:
+        results_began = None
+    results: dict[str, Any] = {
+        "first_drive_s": round(time.time() - spawned_at, 2)
+        if "first" in first
+        else f"none within {args.spawn_timeout_s} s",
+        "first_drive_after_started_line_s": results_began,
+    }
+    # (Measured to the end of the wait: the job's own time stamp is about the same.)
+    await asyncio.sleep(2.0)
+    cpu_before = cpu_seconds(worker.pid)
+    await asyncio.sleep(idle_s)
+    results["idle_cpu_percent"] = round(100 * (cpu_seconds(worker.pid) - cpu_before) / idle_s, 2)
+    results |= process_figures(worker.pid)
+    postgres = [url for url in urls if url.startswith("postgresql")]
+    if postgres:
+        results["postgres_connections_idle"] = await postgres_connections(args.postgres_url)
+    chosen = random.Random(args.seed)
+    labels: dict[str, str] = {}
+    sqlite = [url for url in urls if not url.startswith("postgresql")]
+    for number in range(starts):
+        # Alternately a SQLite file and a Postgres database, each picked at random.
+        url = chosen.choice(postgres if number % 2 and postgres else sqlite or postgres)
+        label = f"start-{number}"
+        labels[label] = "postgres" if url.startswith("postgresql") else "sqlite"
+        await start_pickup(url, pickups, label)
+        await asyncio.sleep(args.gap_s * (0.5 + chosen.random()))
+    found = await wait_for(pickups, set(labels), 30.0)
+    for dialect in ("sqlite", "postgres"):
+        asked = [label for label, kind in labels.items() if kind == dialect]
+        values = [found[label] for label in asked if label in found]
+        results[f"pickup_{dialect}"] = latency_summary(values, len(asked))
+    results |= {f"{key}_after_starts": value for key, value in process_figures(worker.pid).items()}
+    if postgres:
+        results["postgres_connections_after_starts"] = await postgres_connections(args.postgres_url)
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    rows = [
+        [key, value]
+        for key, value in results.items()
+        if key not in ("worker_log_tail",) and not isinstance(value, dict)
+    ]
+    rows += [[key, value] for key, value in results.items() if isinstance(value, dict)]
+    table("one worker over many databases", ["figure", "value"], rows)
+
+
+if __name__ == "__main__":
+    arguments = options(
+        __doc__.splitlines()[0],
+        sqlite=300,
+        postgres=10,
+        starts=50,
+        idle_s=10.0,
+        gap_s=0.2,
+        seed=7,
+        worker_args="",
+        spawn_timeout_s=120.0,
+    )
+    if arguments.postgres_url == DEFAULT_POSTGRES:
+        arguments.postgres_url = DEFAULT_POSTGRES.rsplit("/", 1)[0] + "/postgres"
+    asyncio.run(scenario(arguments))
