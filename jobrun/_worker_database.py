@@ -80,7 +80,14 @@ class ServedDatabase:
                 waiter.set_result(None)
 
     async def idle(self, timeout_s: float | None) -> bool:
-        """Wait to be woken (``True``), or ``timeout_s`` (``False``; ``None``: only when woken)."""
+        """Wait to be woken (``True``), or ``timeout_s`` (``False``; ``None``: only when woken).
+
+        A stopped database never waits: the stopper's one ``wake_all`` may have gone to
+        other drivers already (it leaves nothing pending when someone was idle), so a
+        driver that reaches here after the stop, from a read it was awaiting, would
+        otherwise wait for a wake-up that never comes."""
+        if self.stop.is_set():
+            return True
         if self.pending:
             self.pending = False
             return True

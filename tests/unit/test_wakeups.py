@@ -3,6 +3,7 @@ the open-store bound, and the URLs file's lines."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
 from pathlib import Path
@@ -14,7 +15,10 @@ from sqlalchemy.pool import NullPool
 
 from jobrun._cli.many_databases import urls_in
 from jobrun._inotify import database_of, open_watch
+from jobrun._system import resolve_clock
+from jobrun._worker_database import ServedDatabase
 from jobrun.sql.next_due import sqlite_next_due_at
+from jobrun.sql.store import SqlJobRunStore
 from jobrun.wakeups import OpenStores
 
 
@@ -68,3 +72,21 @@ async def test_at_most_limit_engines_stay_open(sqlite_template: Path, tmp_path: 
     finally:
         for engine in engines:
             await engine.dispose()
+
+
+async def test_a_driver_that_goes_idle_after_the_stop_does_not_wait(tmp_path: Path) -> None:
+    # The race behind a worker that once did not return after its stop: driver A is idle
+    # when the stop comes, so the stopper's one wake_all goes to A and leaves nothing
+    # pending; driver B, back from a read it was awaiting, then goes idle with no timeout.
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'scope.db'}", poolclass=NullPool)
+    database = ServedDatabase(SqlJobRunStore(engine), resolve_clock(None))
+    first = asyncio.create_task(database.idle(None))
+    await asyncio.sleep(0)  # sleep: lets A reach its wait
+    database.stop.set()
+    database.wake_all()
+    assert await first is True
+    assert database.pending is False
+    second = asyncio.create_task(database.idle(None))
+    # A ceiling for a hang, not a speed goal.
+    assert await asyncio.wait_for(second, 5) is True
+    await engine.dispose()
