@@ -140,9 +140,7 @@ class _Worker(DatabaseTurns, Listening):
                 group.create_task(self._stopper())
                 if reloads is not None:
                     group.create_task(self._reload(reloads))
-                # Servers first: their connections open while the loop reads the
-                # SQLite files (a read each, in this thread), not after all of them.
-                for database in sorted(self.databases, key=lambda each: each.path is not None):
+                for database in self.databases:
                     group.create_task(self._serve(database))
         finally:
             self._writes.close()
