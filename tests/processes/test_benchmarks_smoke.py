@@ -6,32 +6,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support import REPO
 
 
-def run_quick(script: str, tmp_path: Path, *extra: str) -> dict[str, object]:
+def run_quick(
+    script: str, tmp_path: Path, *extra: str, sqlite_only: bool = True, timeout_s: float = 100
+) -> dict[str, Any]:
+    only = ["--sqlite-only"] if sqlite_only else []
+    command = [sys.executable, str(REPO / "benchmarks" / script), "--quick", *only]
     completed = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / script),
-            "--quick",
-            "--sqlite-only",
-            "--out-dir",
-            str(tmp_path),
-            *extra,
-        ],
+        [*command, "--out-dir", str(tmp_path), *extra],
         cwd=REPO / "benchmarks",
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=timeout_s,
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     [found] = tmp_path.glob("*-quick.json")
-    results: dict[str, object] = json.loads(found.read_text())
+    results: dict[str, Any] = json.loads(found.read_text())
     assert script in str(results["meta"])
     return results
 
@@ -81,20 +78,7 @@ def test_bench_many_databases(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_bench_many_databases_with_postgres(tmp_path: Path) -> None:
     # The CI's small version: 50 SQLite files and 3 Postgres databases.
-    completed = subprocess.run(
-        [
-            *(sys.executable, str(REPO / "benchmarks" / "bench_many_databases.py")),
-            *("--quick", "--out-dir", str(tmp_path)),
-        ],
-        cwd=REPO / "benchmarks",
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    [found] = tmp_path.glob("*-quick.json")
-    results = json.loads(found.read_text())
+    results = run_quick("bench_many_databases.py", tmp_path, sqlite_only=False, timeout_s=150)
     assert results["sizes"] == {"sqlite": 50, "postgres": 3, "starts": 10}
     for dialect in ("sqlite", "postgres"):
         assert results[f"pickup_{dialect}"]["picked"] == 5
