@@ -1,4 +1,5 @@
-"""The benchmarks still run (quick, SQLite-only), so they cannot rot unnoticed."""
+"""The benchmarks still run (quick, SQLite-only; the Postgres-only ones on a fresh
+Postgres database), so they cannot rot unnoticed."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import pytest
 from tests.support import REPO
 
 
-def run_quick(script: str, tmp_path: Path, *extra: str) -> dict[str, object]:
+def run_quick(
+    script: str, tmp_path: Path, *extra: str, postgres_url: str | None = None
+) -> dict[str, object]:
+    """``script --quick``, SQLite only unless given a Postgres database of its own."""
+    where = ["--sqlite-only"] if postgres_url is None else ["--postgres-url", postgres_url]
     completed = subprocess.run(
         [
             sys.executable,
             str(REPO / "benchmarks" / script),
             "--quick",
-            "--sqlite-only",
+            *where,
             "--out-dir",
             str(tmp_path),
             *extra,
@@ -100,3 +105,20 @@ def test_bench_compare_resume(tmp_path: Path) -> None:
     # At least once: only the body in flight at the kill may run again.
     assert jobrun["bodies run twice"] <= 1
     assert 0 < jobrun["first new body, s"] <= jobrun["done, s"]
+
+
+@pytest.mark.postgres
+def test_bench_postgres_ceiling(tmp_path: Path, empty_postgres_url: str) -> None:
+    results = run_quick("bench_postgres_ceiling.py", tmp_path, postgres_url=empty_postgres_url)
+    points = results["points"]
+    assert isinstance(points, dict)
+    assert set(points) == {"steps-1", "steps-2", "passes-1", "passes-2"}
+    for point in points.values():
+        assert point["passes"] > 0
+        assert point["not_committed"] == 0  # every pass claimed, stepped and committed
+        assert point["steps_per_s"] >= point["passes_per_s"] > 0
+        assert point["wal_bytes_per_pass"] > 0
+        assert point["driver_cpu_us_per_pass"] > 0
+        # The server's CPU is read from /proc only when it runs on this host.
+        backend = point["backend_cpu_us_per_pass"]
+        assert backend is None or backend >= 0
