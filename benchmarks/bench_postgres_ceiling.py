@@ -31,13 +31,17 @@ held), between two snapshots taken while every driver's connections are open:
 On a small machine the drivers share the CPUs with the server: the figures say
 how the CPU time was split, so the ceiling is read as "this much server CPU per
 step", not as a rate another machine would see. Rounds alternate the order of
-the points; medians over rounds are reported. ``--quick`` runs 1 and 2 processes
-for a second each. Postgres only (``--sqlite-only`` is refused).
+the points; medians over rounds are reported. ``--count-statements`` also counts
+the statements each pass sent, by store operation (through ``statement_hook``,
+which costs the drivers a little CPU: keep it out of the CPU figures). ``--quick``
+runs 1 and 2 processes for a second each. Postgres only (``--sqlite-only`` is
+refused).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -45,6 +49,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -102,28 +107,40 @@ async def drive_until(
     return totals
 
 
-async def driver(url: str, in_flight: int, steps: int, seconds: float, pipe: Any) -> None:
+async def driver(
+    url: str, in_flight: int, steps: int, seconds: float, count: bool, pipe: Any
+) -> None:
     engine = create_async_engine(
         url,
         pool_size=in_flight,
         max_overflow=0,
         connect_args={"server_settings": {"application_name": APPLICATION}},
     )
-    store = jobrun.SqlJobRunStore(engine)
+    sent: Counter[str] = Counter()
+
+    @contextlib.asynccontextmanager
+    async def counting(operation: str, sql: str, parameters: Any) -> AsyncIterator[None]:
+        sent[f"statements: {operation}"] += 1
+        yield
+
+    store = jobrun.SqlJobRunStore(engine, statement_hook=counting if count else None)
     registry = registry_of(steps)
     try:
         await drive_until(store, registry, in_flight, time.monotonic() + WARMUP_S)
         pipe.send("ready")
         await asyncio.to_thread(pipe.recv)  # go
+        sent.clear()
         totals = await drive_until(store, registry, in_flight, time.monotonic() + seconds)
-        pipe.send(dict(totals))
+        pipe.send(dict(totals + sent))
         await asyncio.to_thread(pipe.recv)  # measured: close
     finally:
         await engine.dispose()
 
 
-def driver_process(url: str, in_flight: int, steps: int, seconds: float, pipe: Any) -> None:
-    asyncio.run(driver(url, in_flight, steps, seconds, pipe))
+def driver_process(
+    url: str, in_flight: int, steps: int, seconds: float, count: bool, pipe: Any
+) -> None:
+    asyncio.run(driver(url, in_flight, steps, seconds, count, pipe))
 
 
 async def snapshot(admin: Any, database: str, drivers: list[int]) -> dict[str, Any]:
@@ -173,7 +190,14 @@ async def measure(
         ours, theirs = context.Pipe()
         child = context.Process(
             target=driver_process,
-            args=(args.postgres_url, args.in_flight, steps, args.seconds, theirs),
+            args=(
+                args.postgres_url,
+                args.in_flight,
+                steps,
+                args.seconds,
+                args.count_statements,
+                theirs,
+            ),
         )
         child.start()
         pipes.append(ours)
@@ -211,7 +235,7 @@ async def measure(
     }
 
 
-def figures(measured: dict[str, Any], steps: int, wal_reader: WalReader) -> dict[str, Any]:
+def figures(measured: dict[str, Any], steps: int, database_wal: int | None) -> dict[str, Any]:
     """Rates, CPU and WAL per step and per pass, and how the machine's CPU was shared."""
     before, after, wall_s = measured["before"], measured["after"], measured["wall_s"]
     passes = measured["counted"].get("passes", 0)
@@ -224,7 +248,6 @@ def figures(measured: dict[str, Any], steps: int, wal_reader: WalReader) -> dict
     }
     # Not visible from here: a server on another host or in another pid namespace.
     visible = bool(after["backends"])
-    database_wal = wal_reader.database_bytes(before["lsn"], after["lsn"])
     found = {
         "steps_per_s": done_steps / wall_s,
         "passes_per_s": passes / wall_s,
@@ -240,6 +263,9 @@ def figures(measured: dict[str, Any], steps: int, wal_reader: WalReader) -> dict
         "backend_share": spent["backends"] / capacity_s if visible else None,
         "background_share": spent["background"] / capacity_s if visible else None,
     }
+    for name, sent in measured["counted"].items():
+        if name.startswith("statements: "):
+            found[f"{name.removeprefix('statements: ')} statements per pass"] = sent / passes
     per = {"step": done_steps, "pass": passes}
     for unit, count in per.items():
         found[f"driver_cpu_us_per_{unit}"] = spent["drivers"] * 1e6 / count
@@ -256,11 +282,12 @@ def figures(measured: dict[str, Any], steps: int, wal_reader: WalReader) -> dict
 
 def medians(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds (None where it could not be measured)."""
+    names = {name: None for sample in samples for name in sample}
     return {
         name: None
-        if any(sample[name] is None for sample in samples)
+        if any(sample.get(name) is None for sample in samples)
         else statistics.median(sample[name] for sample in samples)
-        for name in samples[0]
+        for name in names
     }
 
 
@@ -361,6 +388,24 @@ def report(points: dict[str, dict[str, Any]], counts: list[int], steps: int) -> 
     return derived
 
 
+def statements_table(points: dict[str, dict[str, Any]], counts: list[int]) -> None:
+    """With ``--count-statements``: the statements a pass sent, by store operation."""
+    suffix = " statements per pass"
+    operations = sorted(
+        {name for point in points.values() for name in point if name.endswith(suffix)}
+    )
+    if not operations:
+        return
+    rows = [
+        [workload, processes]
+        + [cell(points[f"{workload}-{processes}"].get(name), 2) for name in operations]
+        for workload in ("steps", "passes")
+        for processes in counts
+    ]
+    header = ["workload", "processes"] + [name.removesuffix(suffix) for name in operations]
+    table("statements sent per committed pass, by store operation", header, rows)
+
+
 async def sweep(
     args: Any, store: jobrun.SqlJobRunStore, admin: Any, database: str, counts: list[int]
 ) -> tuple[dict[str, list[dict[str, Any]]], WalReader]:
@@ -373,7 +418,9 @@ async def sweep(
         for workload, processes in plan if round_number % 2 == 0 else reversed(plan):
             await fresh_runs(store, admin, RUNS_PER_TASK * processes * args.in_flight)
             measured = await measure(args, admin, database, processes, workloads[workload])
-            found = figures(measured, workloads[workload], wal_reader)
+            lsns = measured["before"]["lsn"], measured["after"]["lsn"]
+            database_wal = await wal_reader.database_bytes(admin, *lsns)
+            found = figures(measured, workloads[workload], database_wal)
             samples.setdefault(f"{workload}-{processes}", []).append(found)
             print(
                 f"round {round_number + 1}: {workload}, {processes} processes: "
@@ -412,6 +459,7 @@ async def scenario(args: Any) -> None:
         "seconds": args.seconds,
         "cpus": os.cpu_count(),
         "wal_attributed_by_pg_waldump": wal_reader.usable,
+        "wal_attribution_last_error": wal_reader.last_error,
     }
     found = {"settings": settings, "load_before": load_before, "points": points}
     found["marginal"] = report(points, counts, args.steps)
@@ -421,5 +469,14 @@ async def scenario(args: Any) -> None:
 
 if __name__ == "__main__":
     asyncio.run(
-        scenario(options(__doc__ or "", steps=50, in_flight=8, seconds=6.0, processes="1,2,4,8"))
+        scenario(
+            options(
+                __doc__ or "",
+                steps=50,
+                in_flight=8,
+                seconds=6.0,
+                processes="1,2,4,8",
+                count_statements=False,
+            )
+        )
     )

@@ -9,11 +9,14 @@
   (``pg_wal_lsn_diff``), which counts every database's writes on a shared server;
   and, where ``pg_waldump`` and the server's ``pg_wal`` directory are readable from
   here, the bytes of the records of one database alone: records that touch its
-  relations, and every record (commits included) of a transaction that did.
+  relations, and every record (commits included) of a transaction that did. A
+  temporary physical replication slot keeps those WAL files from being recycled
+  until they are read (a shared server's ``DROP DATABASE`` forces checkpoints).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -126,6 +129,8 @@ class WalReader:
         self.waldump = waldump
         self.wal_directory = wal_directory
         self.database_oid = database_oid
+        self.slot: str | None = None
+        self.last_error: str | None = None
 
     @staticmethod
     async def open(connection: Any, database: str) -> WalReader:
@@ -140,19 +145,42 @@ class WalReader:
         waldump = shutil.which("pg_waldump") or _packaged_waldump(major)
         wal = data / "pg_wal"
         usable = waldump is not None and os.access(wal, os.R_OK | os.X_OK)
-        return WalReader(waldump if usable else None, wal if usable else None, oid)
+        reader = WalReader(waldump if usable else None, wal if usable else None, oid)
+        if usable:
+            await reader._keep_wal(connection)
+        return reader
+
+    async def _keep_wal(self, connection: Any) -> None:
+        """A temporary slot (gone with ``connection``) that keeps the WAL until read."""
+        name = f"jobrun_bench_wal_{os.getpid()}"
+        try:
+            await connection.execute(
+                "SELECT pg_create_physical_replication_slot($1, true, true)", name
+            )
+        except Exception as error:  # no replication privilege or no free slot: best effort
+            self.last_error = f"no slot: {error}"
+            return
+        self.slot = name
 
     @property
     def usable(self) -> bool:
         return self.waldump is not None
 
-    def database_bytes(self, start_lsn: str, end_lsn: str) -> int | None:
-        """WAL bytes between the two positions that belong to this database's work."""
+    async def database_bytes(self, connection: Any, start_lsn: str, end_lsn: str) -> int | None:
+        """WAL bytes between the two positions that belong to this database's work;
+        the WAL before ``end_lsn`` is then let go."""
         if self.waldump is None or self.wal_directory is None:
             return None
         command = [self.waldump, "-p", str(self.wal_directory), "-s", start_lsn, "-e", end_lsn]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = await asyncio.to_thread(
+            subprocess.run, command, capture_output=True, text=True, check=False
+        )
+        if self.slot is not None:
+            await connection.execute(
+                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)", self.slot, end_lsn
+            )
         if not done.stdout:
+            self.last_error = done.stderr.strip()[:300]
             return None
         return self._attributed(done.stdout.splitlines())
 
