@@ -380,6 +380,7 @@ def report(points: dict[str, dict[str, Any]], counts: list[int], steps: int) -> 
                 for per in ("per_step", "per_pass_alone")
             ]
         )
+    statements_table(points, counts)
     table(
         "one more step, and a pass alone (claim + commit), from the two workloads",
         MARGINAL_HEADER,
