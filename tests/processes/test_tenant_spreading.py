@@ -136,7 +136,9 @@ async def test_tenants_spread_over_servers_by_placement(servers: list[str], tmp_
     # One worker per server, given only its server's URL (from the same file).
     workers = [
         asyncio.ensure_future(
-            jobrun.run_worker([url], job.registry, stop=stop, concurrency=2, interval_s=0.5)
+            jobrun.run_worker(
+                [url], job.registry, stop=stop, concurrency=len(TENANTS), interval_s=0.5
+            )
         )
         for url in sorted(set(placement.values()))
     ]
@@ -150,6 +152,7 @@ async def test_tenants_spread_over_servers_by_placement(servers: list[str], tmp_
         job.release.set()
         await until_done(tenants, runs, timeout_s=60)
     finally:
+        job.release.set()  # so that no pass in flight keeps a worker from stopping
         stop.set()
         await asyncio.gather(*workers)
     try:
