@@ -1,4 +1,5 @@
-"""The benchmarks still run (quick, SQLite-only), so they cannot rot unnoticed."""
+"""The benchmarks still run (quick, SQLite-only; the Postgres-only ones on a fresh
+Postgres database), so they cannot rot unnoticed."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from tests.support import REPO
 
 
 def run_quick(
-    script: str, tmp_path: Path, *extra: str, sqlite_only: bool = True, timeout_s: float = 100
+    script: str,
+    tmp_path: Path,
+    *extra: str,
+    postgres_url: str | None = None,
+    sqlite_only: bool = True,
+    timeout_s: float = 100,
 ) -> dict[str, Any]:
-    only = ["--sqlite-only"] if sqlite_only else []
-    command = [sys.executable, str(REPO / "benchmarks" / script), "--quick", *only]
+    """``script --quick``: SQLite only, unless given a Postgres database of its own
+    (``postgres_url``) or told otherwise (``sqlite_only=False``: the script's default)."""
+    where = ["--postgres-url", postgres_url] if postgres_url is not None else []
+    if postgres_url is None and sqlite_only:
+        where = ["--sqlite-only"]
+    command = [sys.executable, str(REPO / "benchmarks" / script), "--quick", *where]
     completed = subprocess.run(
         [*command, "--out-dir", str(tmp_path), *extra],
         cwd=REPO / "benchmarks",
@@ -118,3 +128,20 @@ def test_bench_compare_resume(tmp_path: Path) -> None:
     # At least once: only the body in flight at the kill may run again.
     assert jobrun["bodies run twice"] <= 1
     assert 0 < jobrun["first new body, s"] <= jobrun["done, s"]
+
+
+@pytest.mark.postgres
+def test_bench_postgres_ceiling(tmp_path: Path, empty_postgres_url: str) -> None:
+    results = run_quick("bench_postgres_ceiling.py", tmp_path, postgres_url=empty_postgres_url)
+    points = results["points"]
+    assert isinstance(points, dict)
+    assert set(points) == {"steps-1", "steps-2", "passes-1", "passes-2"}
+    for point in points.values():
+        assert point["passes"] > 0
+        assert point["not_committed"] == 0  # every pass claimed, stepped and committed
+        assert point["steps_per_s"] >= point["passes_per_s"] > 0
+        assert point["wal_bytes_per_pass"] > 0
+        assert point["driver_cpu_us_per_pass"] > 0
+        # The server's CPU is read from /proc only when it runs on this host.
+        backend = point["backend_cpu_us_per_pass"]
+        assert backend is None or backend >= 0
