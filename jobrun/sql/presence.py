@@ -59,6 +59,29 @@ _HELD_KEYS = (
 )
 
 
+# Whether this session holds advisory lock ``$1`` (the presence's check). A plain
+# round trip would prove a connection, not the lock: behind a pooler in
+# transaction mode (PgBouncer) the lock stays on whichever server session took it,
+# which may end while the client's own connection, and a ``SELECT 1``, go on.
+_HOLDS_KEY = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND objsubid = 1 AND pid = pg_backend_pid() "
+    "AND ((classid::bigint << 32) | objid::bigint) = $1)"
+)
+
+
+class PresenceNotHeld(Exception):
+    """The presence's lock is not held by the session it was taken on."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the presence's advisory lock is not held by this session: is a pooler in "
+            "transaction mode (such as PgBouncer) between jobrun and Postgres? Workers "
+            "must connect directly or through session pooling "
+            "(docs/explanation/scaling-out.md)"
+        )
+
+
 def application_name() -> str:
     """What a presence session calls itself (``pg_stat_activity.application_name``):
     ``jobrun presence host=<node> pid=<pid>``, within Postgres's 63 bytes."""
@@ -173,25 +196,26 @@ class Presence:
             await _keep_session(raw)
             # Autocommit: the lock lives in the session, no transaction stays open.
             await connection.execute(select(func.pg_advisory_lock(key)))
+            await _check_held(raw, key)
         except BaseException:
             await connection.close()
             raise
         self._connection, self._raw, self._key = connection, raw, key
-        self._checker = asyncio.get_running_loop().create_task(self._check_forever(raw))
+        self._checker = asyncio.get_running_loop().create_task(self._check_forever(raw, key))
 
-    async def _check_forever(self, raw: Any) -> None:
-        """Prove the session is there every interval while it vouches for a pass; on
-        the first failure, lose it. With nothing watched no query is sent (an idle
-        host stays silent): a pass's lease names a token newer than any look a
-        claimer took, so its grace starts after the watch, and the first check
-        comes within one interval of it."""
+    async def _check_forever(self, raw: Any, key: int) -> None:
+        """Prove the session is there, still holding the lock, every interval while it
+        vouches for a pass; on the first failure, lose it. With nothing watched no
+        query is sent (an idle host stays silent): a pass's lease names a token
+        newer than any look a claimer took, so its grace starts after the watch,
+        and the first check comes within one interval of it."""
         while raw is self._raw:
             await asyncio.sleep(PRESENCE_CHECK_INTERVAL_S)
             if not self._watchers:
                 continue
             try:
                 async with asyncio.timeout(PRESENCE_CHECK_TIMEOUT_S), self._busy:
-                    await raw.fetchval("SELECT 1")
+                    await _check_held(raw, key)
             except Exception as error:
                 if raw is self._raw:
                     log.warning("lost this process's presence in the database: %r", error)
@@ -249,6 +273,11 @@ class Presence:
                 self._checker = None
             if raw is not None:
                 raw.terminate()
+
+
+async def _check_held(raw: Any, key: int) -> None:
+    if not await raw.fetchval(_HOLDS_KEY, key):
+        raise PresenceNotHeld()
 
 
 async def _discard(connection: AsyncConnection) -> None:

@@ -59,7 +59,7 @@ from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
-from jobrun.sql.presence import Presence, live_presences_statement
+from jobrun.sql.presence import Presence, PresenceNotHeld, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
 from jobrun.sql.statements import (
@@ -301,6 +301,8 @@ class SqlJobRunStore:
                 await self._check_schema()
             yield
         except self._executor.errors as error:
+            raise StoreError(name, error) from error
+        except PresenceNotHeld as error:
             raise StoreError(name, error) from error
 
     async def _check_schema(self) -> None:

@@ -282,16 +282,70 @@ async def test_the_presence_is_checked_only_while_it_vouches_for_a_pass(
     key = await store.presence()
     pid = await _presence_pid(admin, key)
 
-    async def last_query() -> str:
-        return str(await admin.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid))
+    async def last_query() -> tuple[str, Any]:
+        found = await admin.fetchrow(
+            "SELECT query, query_start FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        return str(found["query"]), found["query_start"]
 
+    opened = await last_query()
     # asyncio.sleep: three check intervals, in which an idle presence must stay silent.
     await asyncio.sleep(3 * orphans.PRESENCE_CHECK_INTERVAL_S)
-    assert "SELECT 1" not in await last_query()
+    assert await last_query() == opened
     stop = store.watch_presence(key, lambda: None)
     try:
         # asyncio.sleep: three check intervals, in which a watched one is checked.
         await asyncio.sleep(3 * orphans.PRESENCE_CHECK_INTERVAL_S)
-        assert await last_query() == "SELECT 1"
+        query, started_at = await last_query()
+        assert started_at > opened[1]
+        # The check proves the lock, held by this very session, not just a connection.
+        assert "pg_locks" in query
+        assert "pg_backend_pid()" in query
     finally:
         stop()
+
+
+@ON_POSTGRES
+async def test_a_session_that_no_longer_holds_the_lock_stops_the_pass(
+    backend: str, engine: AsyncEngine, admin: Any
+) -> None:
+    """What a pooler in transaction mode does (PgBouncer: the lock stays on a server
+    session the client no longer talks to): the connection answers, the lock is not
+    its own. The holder must stop before a claimer's grace ends, as for a lost session."""
+    in_body = asyncio.Event()
+    ended: list[str] = []
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        async def body() -> int:
+            in_body.set()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                ended.append("body")
+            return 1
+
+        await p.step("long", body)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler)
+    holder = jobrun.SqlJobRunStore(engine)
+    run_id = await start_id(holder, None, module_id=MODULE, job=JOB)
+    driving = asyncio.create_task(
+        jobrun.run_due_jobs(holder, registry, driver_name="holder", watchdog=False)
+    )
+    await asyncio.wait_for(in_body.wait(), 30)
+    key = await holder.presence()
+    assert key is not None
+    let_go_s = time.monotonic()
+    released = await holder.on_presence_connection(
+        lambda raw: raw.fetchval("SELECT pg_advisory_unlock($1)", key)
+    )
+    assert released is True
+    report = await asyncio.wait_for(driving, 30)
+    stopped_s = time.monotonic() - let_go_s
+    assert ended == ["body"]
+    assert report.superseded == 1
+    assert stopped_s < orphans.PRESENCE_GRACE_S, f"stopped {stopped_s:.2f} s after"
+    row = await row_of(holder, run_id)
+    assert (row.lease_owner, row.attempts) == (None, 0)
