@@ -7,8 +7,11 @@ one-row autocommit upserts into a table shaped like the ledger. Interleaved, in
 steps (or upserts) per second. SQLite has one writer per database, so only
 ``C = 1`` is measured there.
 
-``--profile`` prints a cProfile summary of the largest concurrency. The table also
-gives each side's CPU time per step in this process (median over the samples).
+Each rate is the median of the interleaved samples with its interquartile range;
+``floor / jobrun`` is the median [IQR] of per-round ratios (the two samples of a
+round were taken side by side). ``--profile`` prints a cProfile summary of the
+largest concurrency. The table also gives each side's CPU time per step in this
+process (median over the samples).
 """
 
 from __future__ import annotations
@@ -21,7 +24,19 @@ import uuid
 from typing import Any
 
 from bench_step import SCRATCH, UPSERT
-from harness import backends, driver_dsn, fresh_engine, interleave, options, profiled, save, table
+from harness import (
+    backends,
+    driver_dsn,
+    fresh_engine,
+    interleave_samples,
+    options,
+    profiled,
+    round_ratios,
+    save,
+    shown,
+    spread,
+    table,
+)
 
 import jobrun
 
@@ -120,22 +135,32 @@ async def scenario(args: Any) -> None:
                     jobrun_sample(store, concurrency, steps), cpu["jobrun"], concurrency * steps
                 ),
             }
-            medians = await interleave(variants, args.rounds or (1 if args.quick else 5))
+            samples = await interleave_samples(variants, args.rounds or (1 if args.quick else 9))
+            found: dict[str, Any] = {name: statistics.median(got) for name, got in samples.items()}
+            found["spread"] = {name: spread(got) for name, got in samples.items()}
+            found["floor / jobrun"] = round_ratios(samples["driver floor"], samples["jobrun"])
             if args.profile and concurrency == (1 if backend == "sqlite" else 64):
-                # The table holds timings; the profile rides along as text (hence the ignore).
-                medians["profile"] = await profiled(  # type: ignore[assignment]
+                found["profile"] = await profiled(
                     f"{backend}, {concurrency} in flight", variants["jobrun"]
                 )
             used = {name: round(statistics.median(spent)) for name, spent in cpu.items()}
-            results[f"{backend}-{concurrency}"] = medians | {"cpu_us_per_step": used}
+            results[f"{backend}-{concurrency}"] = found | {"cpu_us_per_step": used}
             await close()
-            floor, ours = medians["driver floor"], medians["jobrun"]
-            ratio, spent = f"{floor / ours:.2f}x", f"{used['driver floor']} / {used['jobrun']}"
-            rows.append([backend, concurrency, f"{floor:,.0f}", f"{ours:,.0f}", ratio, spent])
+            spent = f"{used['driver floor']} / {used['jobrun']}"
+            rows.append(
+                [
+                    backend,
+                    concurrency,
+                    shown(found["spread"]["driver floor"], 0),
+                    shown(found["spread"]["jobrun"], 0),
+                    shown(found["floor / jobrun"], 2, "x"),
+                    spent,
+                ]
+            )
             await engine.dispose()
             await floor_engine.dispose()
     table(
-        "steps per second in one process",
+        "steps per second in one process: median [interquartile range]",
         ["", "in flight", "driver floor", "jobrun", "floor / jobrun", "CPU µs/step floor / jobrun"],
         rows,
     )
