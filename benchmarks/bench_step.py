@@ -114,8 +114,9 @@ def _like_the_floor(dbapi_connection: Any, _record: Any) -> None:
 
 async def variants(
     backend: str, args: Any, engines: list[Any], n: int
-) -> tuple[dict[str, Any], Any, Raw]:
-    """The floors, each on its own database (``own_engine``) when that is a SQLite file."""
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """The floors, each on its own database (``own_engine``) when that is a SQLite file;
+    how to close them; and one operation of each raw floor, for the paired measurement."""
 
     async def own_engine() -> Any:
         # SQLite: a file per variant, so each pays the WAL checkpoints of its own
@@ -128,7 +129,7 @@ async def variants(
     raw = Raw(backend)
     await raw.open(await own_engine())
     fence_engine = await own_engine()
-    held = await held_run(jobrun.SqlJobRunStore(fence_engine), fence_engine)
+    held = await held_run(fence_engine)
     fence_raw = Raw(backend)
     await fence_raw.open(fence_engine)
     floor_engine = await own_engine()
@@ -180,8 +181,18 @@ async def variants(
         await raw.connection.close()
         await fence_raw.connection.close()
 
+    sql, arguments, step_at = step_statement(fence_engine, held)
+
+    def one_upsert() -> Any:
+        row[1] = uuid.uuid4().hex
+        return raw.execute(upsert, row)
+
+    def one_fenced() -> Any:
+        arguments[step_at] = uuid.uuid4().hex
+        return fence_raw.execute(sql, arguments)
+
     await own_engine()  # the jobrun step's file
-    return chosen, close, raw
+    return chosen, close, {"raw": one_upsert, "raw + fence": one_fenced}
 
 
 def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
@@ -207,14 +218,14 @@ def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
     return sample
 
 
-async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, float]:
-    """Each new step next to one raw upsert (order alternating) inside one pass, timed
-    one by one: both meet the same moment of a noisy machine. Microseconds per
-    operation: wall median and mean, and the event loop thread's own CPU (mean)."""
-    upsert = UPSERT.format(raw.marks(6))
-    row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
-    wall: dict[str, list[float]] = {"raw": [], "jobrun": []}
-    cpu = {"raw": 0.0, "jobrun": 0.0}
+async def paired(store: jobrun.SqlJobRunStore, floors: dict[str, Any], n: int) -> dict[str, float]:
+    """Each new step next to one raw upsert and one raw fenced statement (order
+    rotating) inside one pass, timed one by one: all meet the same moment of a noisy
+    machine. Microseconds per operation: wall median and mean, and the event loop
+    thread's own CPU (mean)."""
+    sides = [*floors, "jobrun"]
+    wall: dict[str, list[float]] = {side: [] for side in sides}
+    cpu = dict.fromkeys(sides, 0.0)
 
     async def one(side: str, operation: Any) -> None:
         started, used = time.perf_counter(), time.thread_time()
@@ -224,13 +235,12 @@ async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, fl
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         for index in range(n):
-            row[1] = uuid.uuid4().hex
-            pair: list[tuple[str, Any]] = [
-                ("raw", raw.execute(upsert, row)),
-                ("jobrun", p.step(f"s{index}", lambda: 1)),
-            ]
-            for side, operation in pair if index % 2 else reversed(pair):
-                await one(side, operation)
+            turn = index % len(sides)
+            for side in sides[turn:] + sides[:turn]:
+                if side == "jobrun":
+                    await one(side, p.step(f"s{index}", lambda: 1))
+                else:
+                    await one(side, floors[side]())
         return jobrun.PassResult(done=True)
 
     registry = jobrun.JobRegistry()
@@ -239,21 +249,27 @@ async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, fl
     gc.collect()
     assert (await jobrun.run_due_jobs(store, registry, limit=1)).completed == 1
     found: dict[str, float] = {}
-    for side in ("raw", "jobrun"):
+    for side in sides:
         found[f"{side} median"] = round(statistics.median(wall[side]), 1)
         found[f"{side} mean"] = round(statistics.mean(wall[side]), 1)
         found[f"{side} loop cpu"] = round(cpu[side] / n, 1)
     return found
 
 
-async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]:
-    """A running run leased to a token, for the fenced raw statements."""
-    run = await jobrun.start_job_run(store, module_id="bench", job="held", instance="h")
+async def held_run(engine: Any) -> tuple[str, str]:
+    """A running run leased to a token of its own, for the fenced raw statements
+    (of a job no benchmark registers, so no driver claims it)."""
+    store = jobrun.SqlJobRunStore(engine)
+    run = await jobrun.start_job_run(
+        store, module_id="bench", job="held", instance=uuid.uuid4().hex
+    )
+    token = uuid.uuid4().hex
     async with engine.begin() as connection:
         await connection.execute(
-            text("UPDATE _substrat_job_runs SET lease_owner = 'tok' WHERE id = :id"), {"id": run.id}
+            text("UPDATE _substrat_job_runs SET lease_owner = :token WHERE id = :id"),
+            {"id": run.id, "token": token},
         )
-    return run.id, "tok"
+    return run.id, token
 
 
 def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], int]:
@@ -315,7 +331,7 @@ async def python_only(store: jobrun.SqlJobRunStore, n: int, rounds: int) -> dict
 async def measure(backend: str, args: Any) -> dict[str, Any]:
     engines = [await fresh_engine(backend, args)]
     n = 20 if args.quick else args.n
-    chosen, close, chosen_raw = await variants(backend, args, engines, n)
+    chosen, close, floors = await variants(backend, args, engines, n)
     # Last engine made: the jobrun store's own file on SQLite.
     store = jobrun.SqlJobRunStore(engines[-1])
     chosen["jobrun step"] = step_runner(store, n)
@@ -331,7 +347,7 @@ async def measure(backend: str, args: Any) -> dict[str, Any]:
         ),
     }
     found["python"] = await python_only(store, n * 10, 3 if args.quick else 9)
-    found["paired"] = await paired(store, chosen_raw, n * 10)
+    found["paired"] = await paired(store, floors, n * 10)
     if args.profile:
         runner = step_runner(store, n * 10)
         found["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)
@@ -394,11 +410,14 @@ def print_tables(args: Any, results: dict[str, Any]) -> None:
     for backend in chosen:
         found = results[backend]["paired"]
         for measure_name in ("median", "mean", "loop cpu"):
-            ours, floor = found[f"jobrun {measure_name}"], found[f"raw {measure_name}"]
-            pairs.append([backend, measure_name, floor, ours, f"{ours / floor:.2f}x"])
+            floor, fenced = found[f"raw {measure_name}"], found[f"raw + fence {measure_name}"]
+            ours = found[f"jobrun {measure_name}"]
+            ratios = [f"{ours / floor:.2f}x", f"{ours / fenced:.2f}x"]
+            pairs.append([backend, measure_name, floor, fenced, ours, *ratios])
     table(
-        "paired inside one pass, µs per operation (each step next to one raw upsert)",
-        ["", "", "raw driver", "jobrun step", "ratio"],
+        "paired inside one pass, µs per operation (each step next to one raw upsert and "
+        "one raw fenced statement)",
+        ["", "", "raw driver", "raw + fence", "jobrun step", "/ raw", "/ raw + fence"],
         pairs,
     )
 

@@ -61,9 +61,12 @@ def test_bench_throughput(tmp_path: Path) -> None:
     results = run_quick("bench_throughput.py", tmp_path)
     found = results["sqlite-1"]
     assert isinstance(found, dict)
-    assert found["jobrun"] > 0
-    assert found["floor / jobrun"]["median"] > 0
-    assert set(found["spread"]) == {"driver floor", "jobrun"}
+    variants = {"driver floor", "driver floor + fence", "jobrun steps", "jobrun passes"}
+    assert set(found["spread"]) == variants
+    assert all(found[name] > 0 for name in variants)
+    assert all(found["cpu_us_per_step"][name] > 0 for name in variants)
+    assert found["ratios"]["driver floor / jobrun steps"]["median"] > 0
+    assert found["ratios"]["driver floor + fence / jobrun steps"]["median"] > 0
 
 
 @pytest.mark.parametrize("page", ["7"])
