@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 from harness import (
@@ -291,34 +292,68 @@ def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], 
     return prepared.sql, arguments, arguments.index(name)
 
 
-async def python_only(store: jobrun.SqlJobRunStore, n: int, rounds: int) -> dict[str, float]:
-    """jobrun's own Python per new step, µs of event-loop CPU: the store's driver call
-    (aiosqlite's ``execute_fetchall``, asyncpg's ``fetch``) answered at once, so no
-    I/O and no other thread; everything above the driver runs as in a real step."""
+class _Answering:
+    """Stands for a driver connection: every statement answered at once with one row."""
+
+    async def fetch(self, *_arguments: Any) -> list[tuple[int]]:
+        return [(1,)]
+
+    async def execute_fetchall(self, *_arguments: Any) -> list[tuple[int]]:
+        return [(1,)]
+
+    def is_closed(self) -> bool:
+        return False
+
+
+def a_record(index: int) -> dict[str, Any]:
+    """A typical step result that is not a scalar: a small record, as an API gives."""
+    return {
+        "id": index,
+        "name": f"object {index}",
+        "state": "ready",
+        "tags": ["alpha", "beta"],
+        "size": 12_345,
+        "ok": True,
+        "parent": None,
+        "links": {"self": f"/objects/{index}", "owner": "/users/7"},
+    }
+
+
+async def python_only(
+    store: jobrun.SqlJobRunStore, n: int, rounds: int, body: Any = None
+) -> dict[str, float]:
+    """jobrun's own Python per new step, µs of event-loop CPU: the store's driver
+    connection (aiosqlite's, or the kept asyncpg ones) swapped for one that answers
+    at once, so no I/O and no other thread; everything above the driver runs as in
+    a real step."""
     executor: Any = store._executor
     per_step: list[float] = []
 
-    async def answered(*_arguments: Any) -> list[tuple[int]]:
-        return [(1,)]
+    def swap(drivers: list[Any] | None) -> list[Any]:
+        """Put ``drivers`` in (the answering one when ``None``); the ones taken out."""
+        if store._is_postgres:
+            idle = executor._connections()._idle
+            taken = [kept.driver for kept in idle]
+            for index, kept in enumerate(idle):
+                kept.driver = _Answering() if drivers is None else drivers[index]
+            return taken
+        taken = [executor._connection.driver]
+        executor._connection.driver = _Answering() if drivers is None else drivers[0]
+        return taken
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         await p.step("first", lambda: 0)  # the pass's ledger read and connection, for real
-        if store._is_postgres:
-            executor._driver_fetch = answered
-        else:
-            executor._connection.driver.execute_fetchall = answered
+        real = swap(None)
         try:
             for round_number in range(rounds):
                 gc.collect()
                 used = time.thread_time()
                 for index in range(n):
-                    await p.step(f"r{round_number}-{index}", lambda index=index: index)
+                    fn = (lambda index=index: index) if body is None else partial(body, index)
+                    await p.step(f"r{round_number}-{index}", fn)
                 per_step.append((time.thread_time() - used) * 1e6 / n)
         finally:
-            if store._is_postgres:
-                del executor._driver_fetch
-            else:
-                del executor._connection.driver.execute_fetchall
+            swap(real)
         return jobrun.PassResult(done=True)
 
     registry = jobrun.JobRegistry()
@@ -347,6 +382,9 @@ async def measure(backend: str, args: Any) -> dict[str, Any]:
         ),
     }
     found["python"] = await python_only(store, n * 10, 3 if args.quick else 9)
+    found["python, record result"] = await python_only(
+        store, n * 10, 3 if args.quick else 9, a_record
+    )
     found["paired"] = await paired(store, floors, n * 10)
     if args.profile:
         runner = step_runner(store, n * 10)
@@ -399,6 +437,10 @@ def print_tables(args: Any, results: dict[str, Any]) -> None:
     rows.append(
         ["jobrun's Python per step, driver answering at once, µs"]
         + [shown(results[backend]["python"], 1) for backend in chosen]
+    )
+    rows.append(
+        ["the same, the step returning a small record (dict), µs"]
+        + [shown(results[backend]["python, record result"], 1) for backend in chosen]
     )
     table(
         "ms per durable one-row write: median [interquartile range] of interleaved samples; "

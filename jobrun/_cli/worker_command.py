@@ -35,6 +35,7 @@ from jobrun._cli.connect import (
     schema_option,
     sqlite_file,
 )
+from jobrun._cli.event_loop import loop_option, run_on
 from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.options import DriveOptions
@@ -321,6 +322,7 @@ async def _work(
     help=f"Touch this file every {heartbeat.HEARTBEAT_INTERVAL_S:g} s while the worker's event "
     "loop turns, whatever the databases do (for a liveness probe); removed at exit.",
 )
+@loop_option
 @click.option(
     "--watchdog/--no-watchdog",
     default=True,
@@ -346,6 +348,7 @@ def worker(
     watchdog: bool,
     drain_timeout: float | None,
     heartbeat_file: Path | None,
+    loop: str,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
 
@@ -383,9 +386,8 @@ def worker(
             "prune_unregistered_after": prune_unregistered_after,
             "schema": schema,
         }
-        graceful = _run(
-            urls, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)
-        )
+        lifetime = _Lifetime(heartbeat_file, drain_timeout)
+        graceful = _run(urls, registry, options, worker_options, lifetime, loop)
     if not graceful:
         sys.exit(1)
 
@@ -396,11 +398,14 @@ def _run(
     options: DriveOptions,
     worker_options: dict[str, Any],
     lifetime: _Lifetime,
+    loop: str = "auto",
 ) -> bool:
     if lifetime.heartbeat is not None:
         heartbeat.first_beat(lifetime.heartbeat)
     try:
-        return asyncio.run(_work(urls, registry, options, worker_options, lifetime))
+        # On uvloop when installed, unless --loop says otherwise (jobrun._cli.event_loop).
+        graceful: bool = run_on(loop, _work(urls, registry, options, worker_options, lifetime))
+        return graceful
     finally:
         if lifetime.heartbeat is not None:
             heartbeat.remove(lifetime.heartbeat)
