@@ -30,7 +30,6 @@ a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import importlib.util
 import json
@@ -47,6 +46,7 @@ from harness import (
     driver_dsn,
     fresh_engine,
     interleave_samples,
+    main,
     options,
     profiled,
     round_ratios,
@@ -465,4 +465,4 @@ def print_tables(args: Any, results: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(scenario(options(__doc__ or "", n=200, dbos=False)))
+    main(scenario, options(__doc__ or "", n=200, dbos=False))

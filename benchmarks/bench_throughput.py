@@ -40,6 +40,7 @@ from harness import (
     driver_dsn,
     fresh_engine,
     interleave_samples,
+    main,
     options,
     profiled,
     round_ratios,
@@ -288,4 +289,4 @@ def _pool(backend: str, concurrency: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    asyncio.run(scenario(options(__doc__ or "", steps=100)))
+    main(scenario, options(__doc__ or "", steps=100))

@@ -50,6 +50,12 @@ def options(description: str, **extra: Any) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile summary")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop everything runs on (uvloop: the speed extra)",
+    )
     for name, default in extra.items():
         flag = f"--{name.replace('_', '-')}"
         if isinstance(default, bool):
@@ -183,7 +189,25 @@ def machine() -> dict[str, Any]:
         "aiosqlite": aiosqlite.__version__,
         "asyncpg": asyncpg.__version__,
         "load_1min": round(os.getloadavg()[0], 2),
+        "loop": running_loop(),
+        "json": jobrun_json(),
     }
+
+
+def running_loop() -> str:
+    try:
+        return type(asyncio.get_running_loop()).__module__
+    except RuntimeError:
+        return "none"
+
+
+def jobrun_json() -> str:
+    """What writes jobrun's plain JSON here (orjson when installed; older trees: json)."""
+    try:
+        from jobrun._core.fast_json import accelerator
+    except ImportError:
+        return "json (piecewise)"
+    return accelerator()
 
 
 def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
@@ -207,4 +231,11 @@ def save(args: argparse.Namespace, name: str, results: dict[str, Any]) -> Path:
 def main(
     scenario: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace
 ) -> None:
-    asyncio.run(scenario(args))
+    """Run ``scenario`` on the loop ``--loop`` names (floors and jobrun alike)."""
+    factory = None
+    if args.loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(scenario(args))
