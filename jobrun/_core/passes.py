@@ -466,9 +466,16 @@ class JobPass:
             # Spent: nothing is called and nothing is written.
             raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
         # The step's slot and token: only now that its body is about to run.
-        held = await self._gate.enter(limits, name)
+        held = await self._gate.enter(limits, name) if limits.any else None
         try:
-            value = await self._body(fn, held)
+            if held is None and self._keeper.guard is None:
+                # Nothing to watch or let go of: the body is called here (``_body``
+                # without its coroutine, on every step of a driver without a watchdog).
+                value = fn()
+                if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
+                    value = await value
+            else:
+                value = await self._body(fn, held)
         except RetryAfter:
             # Not a failed attempt: nothing is recorded, and the pass is deferred
             # unless the handler catches it.

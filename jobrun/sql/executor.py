@@ -368,9 +368,10 @@ class PostgresExecutor(_Executor):
         self, operation: str, statement: Prepared, arguments: list[Any]
     ) -> list[Row]:
         """``fetch``, the values already a list in the statement's order."""
-        # The step path: no context-manager layers (a few µs each).
+        # The step path: no context-manager layers (a few µs each), and an idle
+        # connection taken without a coroutine when there is one.
         connections = self._connections()
-        kept = await connections.acquire()
+        kept = connections.take_idle() or await connections.acquire()
         try:
             if self._hook is None:
                 rows: list[Row] = await kept.driver.fetch(statement.sql, *arguments)
