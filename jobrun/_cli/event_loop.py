@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import click
+
+log = logging.getLogger("jobrun.worker")
 
 LOOP_ENVVAR = "JOBRUN_LOOP"
 LOOPS = ("auto", "asyncio", "uvloop")
@@ -50,6 +53,9 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run_on(choice: str, main: Any) -> Any:
-    """Run the coroutine ``main`` to its end on the chosen loop (like ``asyncio.run``)."""
-    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+    """Run the coroutine ``main`` to its end on the chosen loop (like ``asyncio.run``);
+    the loop is logged, so an operator sees which one ``auto`` took."""
+    factory = loop_factory(choice)
+    log.info("event loop: %s", "asyncio" if factory is None else "uvloop")
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)

@@ -1,4 +1,4 @@
-"""``jobrun worker --loop``: uvloop when installed (the ``speed`` extra), asyncio's own otherwise."""
+"""``jobrun worker --loop``: uvloop when installed (the ``speed`` extra), else asyncio's own."""
 
 from __future__ import annotations
 
