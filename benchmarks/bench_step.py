@@ -5,12 +5,19 @@ Per dialect, interleaved in one process, each sample N operations, ms per operat
 * raw driver: a one-row ``INSERT ... ON CONFLICT DO UPDATE`` into a table shaped
   like the step ledger, on one driver connection in autocommit (aiosqlite with
   WAL and ``synchronous=NORMAL``; asyncpg), so durable when it returns;
-* raw driver + fence: jobrun's own step statement (the upsert guarded by the
-  ``EXISTS`` on the held run, ``FOR SHARE`` on Postgres) on a connection alike;
-  and on Postgres the same without ``FOR SHARE``, to price the lock;
+* raw driver + fence: jobrun's own step statement, the exact text the store
+  sends (the upsert guarded by the ``EXISTS`` on the held run, ``FOR SHARE`` on
+  Postgres) with the same parameters, on a connection alike; and on Postgres
+  the same without ``FOR SHARE``, to price the lock;
 * SQLAlchemy floor: the raw upsert inside ``engine.begin()``;
 * jobrun step: ``await p.step(name, fn)`` with a trivial body, timed inside the
   handler over N new steps (the pass's claim and commit are outside the timing).
+
+Each figure is the median of the interleaved samples with its interquartile
+range; a ratio is the median of per-round ratios (the two samples of one round
+were taken side by side) with theirs. Then, outside the interleaving: jobrun's
+own Python per step with the store's driver call answered at once (event-loop
+CPU, no I/O), and the paired measurement.
 
 On SQLite each variant writes its own database file (all configured alike), so
 each pays the WAL checkpoints its own commits cause; the harness collects garbage
@@ -23,7 +30,6 @@ a workflow of N trivial ``@DBOS.step`` calls against a jobrun pass of N steps.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import importlib.util
 import json
@@ -32,16 +38,21 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 from harness import (
     backends,
     driver_dsn,
     fresh_engine,
-    interleave,
+    interleave_samples,
+    main,
     options,
     profiled,
+    round_ratios,
     save,
+    shown,
+    spread,
     table,
     timed_ms,
 )
@@ -59,12 +70,6 @@ UPSERT = (
     "VALUES ({0}) ON CONFLICT (run_id, step) DO UPDATE SET result = excluded.result, "
     "attempts = excluded.attempts, last_error = excluded.last_error, "
     "recorded_at = excluded.recorded_at"
-)
-FENCED = (
-    "INSERT INTO _substrat_job_steps (run_id, step, result, attempts, last_error, recorded_at) "
-    "SELECT {p1}, {p2}, '1', 1, NULL, '2026-01-01T00:00:00.000Z' WHERE EXISTS (SELECT 1 FROM "
-    "_substrat_job_runs WHERE id = {p1} AND status = 'running' AND lease_owner = {p3}{lock}) "
-    "ON CONFLICT (run_id, step) DO UPDATE SET result = excluded.result"
 )
 
 
@@ -89,20 +94,16 @@ class Raw:
         await self.execute(SCRATCH, [])
 
     async def execute(self, sql: str, values: list[Any]) -> None:
+        # Executed and fetched, as jobrun's executor does (its step write returns a row).
         if self.backend == "sqlite":
             await self.connection.execute_fetchall(sql, values)
         else:
-            await self.connection.execute(sql, *values)
+            await self.connection.fetch(sql, *values)
 
     def marks(self, count: int) -> str:
         if self.backend == "sqlite":
             return ", ".join("?" * count)
         return ", ".join(f"${n}" for n in range(1, count + 1))
-
-    def fenced(self, lock: bool) -> str:
-        if self.backend == "sqlite":
-            return FENCED.format(p1="?1", p2="?2", p3="?3", lock="")
-        return FENCED.format(p1="$1", p2="$2", p3="$3", lock=" FOR SHARE" if lock else "")
 
 
 def _like_the_floor(dbapi_connection: Any, _record: Any) -> None:
@@ -114,8 +115,9 @@ def _like_the_floor(dbapi_connection: Any, _record: Any) -> None:
 
 async def variants(
     backend: str, args: Any, engines: list[Any], n: int
-) -> tuple[dict[str, Any], Any, Raw]:
-    """The floors, each on its own database (``own_engine``) when that is a SQLite file."""
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """The floors, each on its own database (``own_engine``) when that is a SQLite file;
+    how to close them; and one operation of each raw floor, for the paired measurement."""
 
     async def own_engine() -> Any:
         # SQLite: a file per variant, so each pays the WAL checkpoints of its own
@@ -128,7 +130,7 @@ async def variants(
     raw = Raw(backend)
     await raw.open(await own_engine())
     fence_engine = await own_engine()
-    held = await held_run(jobrun.SqlJobRunStore(fence_engine), fence_engine)
+    held = await held_run(fence_engine)
     fence_raw = Raw(backend)
     await fence_raw.open(fence_engine)
     floor_engine = await own_engine()
@@ -149,12 +151,15 @@ async def variants(
         return timed_ms(started, n)
 
     def fenced(lock: bool) -> Any:
-        sql = fence_raw.fenced(lock)
+        sql, arguments, step_at = step_statement(fence_engine, held)
+        if not lock:
+            sql = sql.replace(" FOR SHARE", "")
 
         async def sample() -> float:
             started = time.perf_counter()
             for _ in range(n):
-                await fence_raw.execute(sql, [held[0], uuid.uuid4().hex, held[1]])
+                arguments[step_at] = uuid.uuid4().hex
+                await fence_raw.execute(sql, arguments)
             return timed_ms(started, n)
 
         return sample
@@ -177,8 +182,18 @@ async def variants(
         await raw.connection.close()
         await fence_raw.connection.close()
 
+    sql, arguments, step_at = step_statement(fence_engine, held)
+
+    def one_upsert() -> Any:
+        row[1] = uuid.uuid4().hex
+        return raw.execute(upsert, row)
+
+    def one_fenced() -> Any:
+        arguments[step_at] = uuid.uuid4().hex
+        return fence_raw.execute(sql, arguments)
+
     await own_engine()  # the jobrun step's file
-    return chosen, close, raw
+    return chosen, close, {"raw": one_upsert, "raw + fence": one_fenced}
 
 
 def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
@@ -204,14 +219,14 @@ def step_runner(store: jobrun.SqlJobRunStore, n: int) -> Any:
     return sample
 
 
-async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, float]:
-    """Each new step next to one raw upsert (order alternating) inside one pass, timed
-    one by one: both meet the same moment of a noisy machine. Microseconds per
-    operation: wall median and mean, and the event loop thread's own CPU (mean)."""
-    upsert = UPSERT.format(raw.marks(6))
-    row = ["r", "", '"x"', 1, None, "2026-01-01T00:00:00.000Z"]
-    wall: dict[str, list[float]] = {"raw": [], "jobrun": []}
-    cpu = {"raw": 0.0, "jobrun": 0.0}
+async def paired(store: jobrun.SqlJobRunStore, floors: dict[str, Any], n: int) -> dict[str, float]:
+    """Each new step next to one raw upsert and one raw fenced statement (order
+    rotating) inside one pass, timed one by one: all meet the same moment of a noisy
+    machine. Microseconds per operation: wall median and mean, and the event loop
+    thread's own CPU (mean)."""
+    sides = [*floors, "jobrun"]
+    wall: dict[str, list[float]] = {side: [] for side in sides}
+    cpu = dict.fromkeys(sides, 0.0)
 
     async def one(side: str, operation: Any) -> None:
         started, used = time.perf_counter(), time.thread_time()
@@ -221,13 +236,12 @@ async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, fl
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         for index in range(n):
-            row[1] = uuid.uuid4().hex
-            pair: list[tuple[str, Any]] = [
-                ("raw", raw.execute(upsert, row)),
-                ("jobrun", p.step(f"s{index}", lambda: 1)),
-            ]
-            for side, operation in pair if index % 2 else reversed(pair):
-                await one(side, operation)
+            turn = index % len(sides)
+            for side in sides[turn:] + sides[:turn]:
+                if side == "jobrun":
+                    await one(side, p.step(f"s{index}", lambda: 1))
+                else:
+                    await one(side, floors[side]())
         return jobrun.PassResult(done=True)
 
     registry = jobrun.JobRegistry()
@@ -236,41 +250,149 @@ async def paired(store: jobrun.SqlJobRunStore, raw: Raw, n: int) -> dict[str, fl
     gc.collect()
     assert (await jobrun.run_due_jobs(store, registry, limit=1)).completed == 1
     found: dict[str, float] = {}
-    for side in ("raw", "jobrun"):
+    for side in sides:
         found[f"{side} median"] = round(statistics.median(wall[side]), 1)
         found[f"{side} mean"] = round(statistics.mean(wall[side]), 1)
         found[f"{side} loop cpu"] = round(cpu[side] / n, 1)
     return found
 
 
-async def held_run(store: jobrun.SqlJobRunStore, engine: Any) -> tuple[str, str]:
-    """A running run leased to a token, for the fenced raw statements."""
-    run = await jobrun.start_job_run(store, module_id="bench", job="held", instance="h")
+async def held_run(engine: Any) -> tuple[str, str]:
+    """A running run leased to a token of its own, for the fenced raw statements
+    (of a job no benchmark registers, so no driver claims it)."""
+    store = jobrun.SqlJobRunStore(engine)
+    run = await jobrun.start_job_run(
+        store, module_id="bench", job="held", instance=uuid.uuid4().hex
+    )
+    token = uuid.uuid4().hex
     async with engine.begin() as connection:
         await connection.execute(
-            text("UPDATE _substrat_job_runs SET lease_owner = 'tok' WHERE id = :id"), {"id": run.id}
+            text("UPDATE _substrat_job_runs SET lease_owner = :token WHERE id = :id"),
+            {"id": run.id, "token": token},
         )
-    return run.id, "tok"
+    return run.id, token
+
+
+def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], int]:
+    """The exact SQL text jobrun's store sends for a new step, its parameter list
+    (built as the store builds it) and where the step's name sits in that list."""
+    prepared = jobrun.SqlJobRunStore(engine)._statements.record_step
+    name = object()
+    values = {
+        "fence_id": held[0],
+        "fence_token": held[1],
+        "step_run_id": held[0],
+        "step_step": name,
+        "step_result": "1",
+        "step_attempts": 1,
+        "step_last_error": None,
+        "step_recorded_at": "2026-01-01T00:00:00.000Z",
+    }
+    arguments = prepared.arguments(values)
+    return prepared.sql, arguments, arguments.index(name)
+
+
+class _Answering:
+    """Stands for a driver connection: every statement answered at once with one row."""
+
+    async def fetch(self, *_arguments: Any) -> list[tuple[int]]:
+        return [(1,)]
+
+    async def execute_fetchall(self, *_arguments: Any) -> list[tuple[int]]:
+        return [(1,)]
+
+    def is_closed(self) -> bool:
+        return False
+
+
+def a_record(index: int) -> dict[str, Any]:
+    """A typical step result that is not a scalar: a small record, as an API gives."""
+    return {
+        "id": index,
+        "name": f"object {index}",
+        "state": "ready",
+        "tags": ["alpha", "beta"],
+        "size": 12_345,
+        "ok": True,
+        "parent": None,
+        "links": {"self": f"/objects/{index}", "owner": "/users/7"},
+    }
+
+
+async def python_only(
+    store: jobrun.SqlJobRunStore, n: int, rounds: int, body: Any = None
+) -> dict[str, float]:
+    """jobrun's own Python per new step, µs of event-loop CPU: the store's driver
+    connection (aiosqlite's, or the kept asyncpg ones) swapped for one that answers
+    at once, so no I/O and no other thread; everything above the driver runs as in
+    a real step."""
+    executor: Any = store._executor
+    per_step: list[float] = []
+
+    def swap(drivers: list[Any] | None) -> list[Any]:
+        """Put ``drivers`` in (the answering one when ``None``); the ones taken out."""
+        if store._is_postgres:
+            idle = executor._connections()._idle
+            taken = [kept.driver for kept in idle]
+            for index, kept in enumerate(idle):
+                kept.driver = _Answering() if drivers is None else drivers[index]
+            return taken
+        taken = [executor._connection.driver]
+        executor._connection.driver = _Answering() if drivers is None else drivers[0]
+        return taken
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("first", lambda: 0)  # the pass's ledger read and connection, for real
+        real = swap(None)
+        try:
+            for round_number in range(rounds):
+                gc.collect()
+                used = time.thread_time()
+                for index in range(n):
+                    fn = (lambda index=index: index) if body is None else partial(body, index)
+                    await p.step(f"r{round_number}-{index}", fn)
+                per_step.append((time.thread_time() - used) * 1e6 / n)
+        finally:
+            swap(real)
+        return jobrun.PassResult(done=True)
+
+    registry = jobrun.JobRegistry()
+    registry.register("bench", "python", handler)
+    await jobrun.start_job_run(store, module_id="bench", job="python", instance=uuid.uuid4().hex)
+    assert (await jobrun.run_due_jobs(store, registry, limit=1)).completed == 1
+    return spread(per_step)
 
 
 async def measure(backend: str, args: Any) -> dict[str, Any]:
     engines = [await fresh_engine(backend, args)]
     n = 20 if args.quick else args.n
-    chosen, close, chosen_raw = await variants(backend, args, engines, n)
+    chosen, close, floors = await variants(backend, args, engines, n)
     # Last engine made: the jobrun store's own file on SQLite.
     store = jobrun.SqlJobRunStore(engines[-1])
     chosen["jobrun step"] = step_runner(store, n)
-    medians = await interleave(chosen, args.rounds or (2 if args.quick else 9))
-    # The table holds timings; the paired figures ride along (hence the ignore).
-    medians["paired"] = await paired(store, chosen_raw, n * 10)  # type: ignore[assignment]
+    samples = await interleave_samples(chosen, args.rounds or (2 if args.quick else 15))
+    found: dict[str, Any] = {name: statistics.median(values) for name, values in samples.items()}
+    found["spread"] = {name: spread(values) for name, values in samples.items()}
+    ours = samples["jobrun step"]
+    found["ratios"] = {
+        "jobrun step / raw driver": round_ratios(ours, samples["raw driver"]),
+        "jobrun step / raw driver + fence": round_ratios(ours, samples["raw driver + fence"]),
+        "raw driver + fence / raw driver": round_ratios(
+            samples["raw driver + fence"], samples["raw driver"]
+        ),
+    }
+    found["python"] = await python_only(store, n * 10, 3 if args.quick else 9)
+    found["python, record result"] = await python_only(
+        store, n * 10, 3 if args.quick else 9, a_record
+    )
+    found["paired"] = await paired(store, floors, n * 10)
     if args.profile:
         runner = step_runner(store, n * 10)
-        # The table holds timings; the profile rides along as text (hence the ignore).
-        medians["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)  # type: ignore[assignment]
+        found["profile"] = await profiled(f"{backend}: {n * 10} new steps", runner)
     await close()
     for engine in engines:
         await engine.dispose()
-    return medians
+    return found
 
 
 def dbos_child(backend: str, args: Any) -> dict[str, Any]:
@@ -289,18 +411,6 @@ async def scenario(args: Any) -> None:
         results[backend] = await measure(backend, args)
         if args.dbos and importlib.util.find_spec("dbos") is not None:
             results[backend]["dbos"] = dbos_child(backend, args)
-    rows = []
-    extras = ("profile", "dbos", "paired")
-    names = [name for name in results[backends(args)[0]] if name not in extras]
-    for name in names + ["raw driver + fence, no FOR SHARE"] * (not args.sqlite_only):
-        if name in [row[0] for row in rows]:
-            continue
-        cells = [name]
-        for backend in backends(args):
-            value = results[backend].get(name)
-            raw = results[backend]["raw driver"]
-            cells.append("–" if value is None else f"{value:.3f} ({value / raw:.2f}x)")
-        rows.append(cells)
     for backend in backends(args):
         dbos = results[backend].get("dbos")
         if dbos and "dbos_ms_per_step" in dbos:
@@ -308,20 +418,51 @@ async def scenario(args: Any) -> None:
                 f"{backend}: DBOS {dbos['dbos_ms_per_step']:.3f} ms/step, jobrun in the same "
                 f"child {dbos['jobrun_ms_per_step']:.3f} ({dbos['dbos_over_jobrun']:.1f}x)"
             )
-    table("ms per durable one-row write (ratio to the raw driver)", ["", *backends(args)], rows)
-    pairs = []
-    for backend in backends(args):
-        found = results[backend]["paired"]
-        for measure_name in ("median", "mean", "loop cpu"):
-            ours, floor = found[f"jobrun {measure_name}"], found[f"raw {measure_name}"]
-            pairs.append([backend, measure_name, floor, ours, f"{ours / floor:.2f}x"])
-    table(
-        "paired inside one pass, µs per operation (each step next to one raw upsert)",
-        ["", "", "raw driver", "jobrun step", "ratio"],
-        pairs,
-    )
+    print_tables(args, results)
     save(args, "step", results)
 
 
+def print_tables(args: Any, results: dict[str, Any]) -> None:
+    chosen = backends(args)
+    names = list(results[chosen[-1]]["spread"])
+    rows = []
+    for name in names:
+        cells = [name]
+        for backend in chosen:
+            found = results[backend]["spread"].get(name)
+            cells.append("–" if found is None else shown(found))
+        rows.append(cells)
+    for name in results[chosen[0]]["ratios"]:
+        rows.append([f"**{name}**", *(shown(results[b]["ratios"][name], 2, "x") for b in chosen)])
+    rows.append(
+        ["jobrun's Python per step, driver answering at once, µs"]
+        + [shown(results[backend]["python"], 1) for backend in chosen]
+    )
+    rows.append(
+        ["the same, the step returning a small record (dict), µs"]
+        + [shown(results[backend]["python, record result"], 1) for backend in chosen]
+    )
+    table(
+        "ms per durable one-row write: median [interquartile range] of interleaved samples; "
+        "ratios: median [IQR] of per-round ratios",
+        ["", *chosen],
+        rows,
+    )
+    pairs = []
+    for backend in chosen:
+        found = results[backend]["paired"]
+        for measure_name in ("median", "mean", "loop cpu"):
+            floor, fenced = found[f"raw {measure_name}"], found[f"raw + fence {measure_name}"]
+            ours = found[f"jobrun {measure_name}"]
+            ratios = [f"{ours / floor:.2f}x", f"{ours / fenced:.2f}x"]
+            pairs.append([backend, measure_name, floor, fenced, ours, *ratios])
+    table(
+        "paired inside one pass, µs per operation (each step next to one raw upsert and "
+        "one raw fenced statement)",
+        ["", "", "raw driver", "raw + fence", "jobrun step", "/ raw", "/ raw + fence"],
+        pairs,
+    )
+
+
 if __name__ == "__main__":
-    asyncio.run(scenario(options(__doc__ or "", n=200, dbos=False)))
+    main(scenario, options(__doc__ or "", n=200, dbos=False))

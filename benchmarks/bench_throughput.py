@@ -1,14 +1,27 @@
-"""Steps per second with 1, 8 and 64 runs in flight in one process, against the driver floor.
+"""Steps per second with 1, 8 and 64 passes in flight in one process, against the driver floor.
 
-jobrun: ``C`` runs, each driven by its own ``run_due_jobs`` task (``limit=1``), each
-pass doing ``S`` new trivial steps; the engine's pool is sized ``C``. Floor: ``C``
-tasks, each on its own asyncpg connection from the same engine's pool, doing
-one-row autocommit upserts into a table shaped like the ledger. Interleaved, in
-steps (or upserts) per second. SQLite has one writer per database, so only
-``C = 1`` is measured there.
+Per dialect and concurrency ``C``, interleaved in one process, in steps (or
+statements) per second:
 
-``--profile`` prints a cProfile summary of the largest concurrency. The table also
-gives each side's CPU time per step in this process (median over the samples).
+* driver floor: ``C`` tasks, each on its own driver connection (on Postgres from
+  the same engine's pool, sized ``C``), each doing ``S`` one-row autocommit
+  upserts into a table shaped like the ledger;
+* driver floor + fence: the same, each task sending jobrun's exact step
+  statement (the upsert fenced on a run it holds, one run per task) with the
+  parameters the store builds;
+* jobrun steps: ``C`` runs, each driven by its own ``run_due_jobs`` task
+  (``limit=1``), each pass doing ``S`` new trivial steps; timed from the moment
+  all ``C`` handlers are running until all have done their steps (claims and
+  commits outside the timing, as in ``bench_step.py``);
+* jobrun passes: the same, timed from the first claim to the last commit, so
+  ``C`` claims at once, the commits and the runs' starts count too.
+
+SQLite has one writer per database, so only ``C = 1`` is measured there. Each
+rate is the median of the interleaved samples with its interquartile range; a
+ratio is the median [IQR] of per-round ratios (the samples of one round were
+taken side by side). The CPU time per step of this process is measured over
+each variant's own timed window (median over the samples). ``--profile`` prints a
+cProfile summary of jobrun's steps at the largest concurrency.
 """
 
 from __future__ import annotations
@@ -18,41 +31,128 @@ import contextlib
 import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench_step import SCRATCH, UPSERT
-from harness import backends, driver_dsn, fresh_engine, interleave, options, profiled, save, table
+from bench_step import SCRATCH, UPSERT, held_run, step_statement
+from harness import (
+    backends,
+    driver_dsn,
+    fresh_engine,
+    interleave_samples,
+    main,
+    options,
+    profiled,
+    round_ratios,
+    save,
+    shown,
+    spread,
+    table,
+)
 
 import jobrun
 
+Spent = list[float]
 
-def jobrun_sample(store: jobrun.SqlJobRunStore, concurrency: int, steps: int) -> Any:
+
+class Window:
+    """A timed window: wall and this process's CPU time between ``open`` and ``close``."""
+
+    def __init__(self) -> None:
+        self.wall_started = self.cpu_started = 0.0
+        self.wall_s = self.cpu_s = 0.0
+
+    def open(self) -> None:
+        self.wall_started, self.cpu_started = time.perf_counter(), time.process_time()
+
+    def close(self) -> None:
+        self.wall_s = time.perf_counter() - self.wall_started
+        self.cpu_s = time.process_time() - self.cpu_started
+
+    def rate(self, count: int, spent: Spent) -> float:
+        spent.append(self.cpu_s * 1e6 / count)
+        return count / self.wall_s
+
+
+def jobrun_steps(
+    store: jobrun.SqlJobRunStore, concurrency: int, steps: int, spent: Spent
+) -> Callable[[], Awaitable[float]]:
+    """Steps in flight: every handler waits until all ``C`` run, then the clock runs
+    until all have done their ``S`` steps (each then waits, so no commit overlaps)."""
     registry = jobrun.JobRegistry()
+    window = Window()
+    state: dict[str, Any] = {}
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        state["arrived"] += 1
+        if state["arrived"] == concurrency:
+            window.open()
+            state["go"].set()
+        await state["go"].wait()
+        for index in range(steps):
+            await p.step(f"s{index}", lambda index=index: index)
+        state["finished"] += 1
+        if state["finished"] == concurrency:
+            window.close()
+            state["done"].set()
+        await state["done"].wait()
+        return jobrun.PassResult(done=True)
+
+    registry.register("bench", "steps", handler)
+
+    async def sample() -> float:
+        state.update(arrived=0, finished=0, go=asyncio.Event(), done=asyncio.Event())
+        await start_runs(store, "steps", concurrency)
+        await drive(store, registry, concurrency)
+        return window.rate(concurrency * steps, spent)
+
+    return sample
+
+
+def jobrun_passes(
+    store: jobrun.SqlJobRunStore, concurrency: int, steps: int, spent: Spent
+) -> Callable[[], Awaitable[float]]:
+    """Whole passes: ``C`` drivers claim at once, step, commit; the starts count too."""
+    registry = jobrun.JobRegistry()
+    window = Window()
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         for index in range(steps):
             await p.step(f"s{index}", lambda index=index: index)
         return jobrun.PassResult(done=True)
 
-    registry.register("bench", "flight", handler)
+    registry.register("bench", "passes", handler)
 
     async def sample() -> float:
-        for _ in range(concurrency):
-            await jobrun.start_job_run(
-                store, module_id="bench", job="flight", instance=uuid.uuid4().hex
-            )
-        started = time.perf_counter()
-        reports = await asyncio.gather(
-            *(jobrun.run_due_jobs(store, registry, limit=1) for _ in range(concurrency))
-        )
-        elapsed = time.perf_counter() - started
-        assert sum(report.completed for report in reports) == concurrency, reports
-        return concurrency * steps / elapsed
+        window.open()
+        await start_runs(store, "passes", concurrency)
+        wall_started = time.perf_counter()
+        await drive(store, registry, concurrency)
+        window.close()
+        # The wall clock from the first claim (the starts are not steps in flight).
+        window.wall_s = time.perf_counter() - wall_started
+        return window.rate(concurrency * steps, spent)
 
     return sample
 
 
-async def floor_sample(backend: str, engine: Any, concurrency: int, steps: int) -> Any:
+async def start_runs(store: jobrun.SqlJobRunStore, job: str, concurrency: int) -> None:
+    for _ in range(concurrency):
+        await jobrun.start_job_run(store, module_id="bench", job=job, instance=uuid.uuid4().hex)
+
+
+async def drive(store: jobrun.SqlJobRunStore, registry: jobrun.JobRegistry, count: int) -> None:
+    reports = await asyncio.gather(
+        *(jobrun.run_due_jobs(store, registry, limit=1) for _ in range(count))
+    )
+    assert sum(report.completed for report in reports) == count, reports
+
+
+async def floor_sample(
+    backend: str, engine: Any, concurrency: int, steps: int, spent: Spent, fenced: bool
+) -> tuple[Callable[[], Awaitable[float]], Callable[[], Awaitable[None]]]:
+    """``C`` writers on driver connections: the plain upsert, or jobrun's fenced statement."""
+    window = Window()
     if backend == "sqlite":
         import aiosqlite
 
@@ -60,99 +160,128 @@ async def floor_sample(backend: str, engine: Any, concurrency: int, steps: int) 
         for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "busy_timeout = 30000"):
             await connection.execute(f"PRAGMA {pragma}")
         await connection.execute(SCRATCH)
-        sql, run = UPSERT.format("?, ?, ?, ?, ?, ?"), connection.execute_fetchall
-        pool = None
+        plain = UPSERT.format("?, ?, ?, ?, ?, ?")
     else:
-        # The floor borrows its connections from the same engine's pool (sized C),
-        # so both sides hold the same number of server connections.
-        pool = engine
-        async with engine.connect() as connection:
-            raw = await connection.get_raw_connection()
+        async with engine.connect() as borrowed:
+            raw = await borrowed.get_raw_connection()
             await raw.driver_connection.execute(SCRATCH)
-        sql = UPSERT.format("$1, $2, $3, $4, $5, $6")
+        plain = UPSERT.format("$1, $2, $3, $4, $5, $6")
+    # One held run per writer, as each jobrun pass holds its own.
+    statements: list[tuple[str, list[Any], int]] = []
+    for _ in range(concurrency):
+        if fenced:
+            statements.append(step_statement(engine, await held_run(engine)))
+        else:
+            statements.append((plain, ["r", "", "1", 1, None, "2026-01-01T00:00:00.000Z"], 1))
 
-    async def writer(driver: Any) -> None:
-        values = ["r", "", "1", 1, None, "2026-01-01T00:00:00.000Z"]
+    async def writer(driver: Any, statement: tuple[str, list[Any], int]) -> None:
+        sql, values, step_at = statement
         for _ in range(steps):
-            values[1] = uuid.uuid4().hex
+            values[step_at] = uuid.uuid4().hex
             if driver is None:
-                await run(sql, values)
+                await connection.execute_fetchall(sql, values)
             else:
-                await driver.execute(sql, *values)
+                await driver.fetch(sql, *values)
 
     async def sample() -> float:
         async with contextlib.AsyncExitStack() as borrowed:
             drivers: list[Any] = [None] * concurrency
-            if pool is not None:
-                # Borrowed before the clock starts: jobrun hands the connections it
-                # kept back to the pool only after a second unused, and the floor
-                # must not time that wait.
+            if backend == "postgres":
+                # The floor borrows its connections from the same engine's pool (sized
+                # C), so both sides hold as many server connections; borrowed before the
+                # clock starts: jobrun hands the connections it kept back to the pool
+                # only after a second unused, and the floor must not time that wait.
                 for index in range(concurrency):
-                    connection = await borrowed.enter_async_context(pool.connect())
-                    drivers[index] = (await connection.get_raw_connection()).driver_connection
-            started = time.perf_counter()
-            await asyncio.gather(*(writer(driver) for driver in drivers))
-            return concurrency * steps / (time.perf_counter() - started)
+                    pooled = await borrowed.enter_async_context(engine.connect())
+                    drivers[index] = (await pooled.get_raw_connection()).driver_connection
+            window.open()
+            await asyncio.gather(*map(writer, drivers, statements))
+            window.close()
+            return window.rate(concurrency * steps, spent)
 
     async def close() -> None:
-        if pool is None:
+        if backend == "sqlite":
             await connection.close()
 
     return sample, close
 
 
+async def measure(backend: str, concurrency: int, args: Any, steps: int) -> dict[str, Any]:
+    engine = await fresh_engine(backend, args, **_pool(backend, concurrency))
+    store = jobrun.SqlJobRunStore(engine)
+    # SQLite: each floor writes its own file, so each side pays the WAL checkpoints
+    # of its own commits (see bench_step.py).
+    floor_engines = [await fresh_engine(backend, args) for _ in range(2)]
+    if backend == "postgres":
+        floor_engines = [engine, engine]
+    cpu: dict[str, Spent] = {name: [] for name in NAMES}
+    floor, close_floor = await floor_sample(
+        backend, floor_engines[0], concurrency, steps, cpu[NAMES[0]], fenced=False
+    )
+    fence, close_fence = await floor_sample(
+        backend, floor_engines[1], concurrency, steps, cpu[NAMES[1]], fenced=True
+    )
+    variants = {
+        NAMES[0]: floor,
+        NAMES[1]: fence,
+        NAMES[2]: jobrun_steps(store, concurrency, steps, cpu[NAMES[2]]),
+        NAMES[3]: jobrun_passes(store, concurrency, steps, cpu[NAMES[3]]),
+    }
+    samples = await interleave_samples(variants, args.rounds or (1 if args.quick else 9))
+    found: dict[str, Any] = {name: statistics.median(got) for name, got in samples.items()}
+    found["spread"] = {name: spread(got) for name, got in samples.items()}
+    found["ratios"] = {
+        f"{floor_name} / {ours}": round_ratios(samples[floor_name], samples[ours])
+        for floor_name, ours in RATIOS
+    }
+    found["cpu_us_per_step"] = {
+        name: round(statistics.median(spent)) for name, spent in cpu.items()
+    }
+    if args.profile and concurrency == (1 if backend == "sqlite" else 64):
+        runner = jobrun_steps(store, concurrency, steps, [])
+        found["profile"] = await profiled(f"{backend}, {concurrency} in flight", runner)
+    await close_floor()
+    await close_fence()
+    await engine.dispose()
+    for floor_engine in floor_engines:
+        await floor_engine.dispose()
+    return found
+
+
+NAMES = ("driver floor", "driver floor + fence", "jobrun steps", "jobrun passes")
+RATIOS = [(NAMES[0], NAMES[2]), (NAMES[1], NAMES[2]), (NAMES[0], NAMES[3])]
+
+
 async def scenario(args: Any) -> None:
     steps = 10 if args.quick else args.steps
     results: dict[str, Any] = {}
-    rows = []
     for backend in backends(args):
         for concurrency in [1] if backend == "sqlite" else [1, 8, 64]:
-            engine = await fresh_engine(backend, args, **_pool(backend, concurrency))
-            store = jobrun.SqlJobRunStore(engine)
-            # SQLite: the floor writes its own file, so each side pays the WAL
-            # checkpoints of its own commits (see bench_step.py).
-            floor_engine = await fresh_engine(backend, args) if backend == "sqlite" else engine
-            floor, close = await floor_sample(backend, floor_engine, concurrency, steps)
-            cpu: dict[str, list[float]] = {"driver floor": [], "jobrun": []}
-            variants = {
-                "driver floor": with_cpu(floor, cpu["driver floor"], concurrency * steps),
-                "jobrun": with_cpu(
-                    jobrun_sample(store, concurrency, steps), cpu["jobrun"], concurrency * steps
-                ),
-            }
-            medians = await interleave(variants, args.rounds or (1 if args.quick else 5))
-            if args.profile and concurrency == (1 if backend == "sqlite" else 64):
-                # The table holds timings; the profile rides along as text (hence the ignore).
-                medians["profile"] = await profiled(  # type: ignore[assignment]
-                    f"{backend}, {concurrency} in flight", variants["jobrun"]
-                )
-            used = {name: round(statistics.median(spent)) for name, spent in cpu.items()}
-            results[f"{backend}-{concurrency}"] = medians | {"cpu_us_per_step": used}
-            await close()
-            floor, ours = medians["driver floor"], medians["jobrun"]
-            ratio, spent = f"{floor / ours:.2f}x", f"{used['driver floor']} / {used['jobrun']}"
-            rows.append([backend, concurrency, f"{floor:,.0f}", f"{ours:,.0f}", ratio, spent])
-            await engine.dispose()
-            await floor_engine.dispose()
+            results[f"{backend}-{concurrency}"] = await measure(backend, concurrency, args, steps)
+    rates, ratios = [], []
+    for key, found in results.items():
+        backend, concurrency = key.split("-")
+        used = found["cpu_us_per_step"]
+        rates.append(
+            [backend, concurrency]
+            + [shown(found["spread"][name], 0) for name in NAMES]
+            + [" / ".join(str(used[name]) for name in NAMES)]
+        )
+        ratios.append(
+            [backend, concurrency]
+            + [shown(found["ratios"][f"{a} / {b}"], 2, "x") for a, b in RATIOS]
+        )
     table(
-        "steps per second in one process",
-        ["", "in flight", "driver floor", "jobrun", "floor / jobrun", "CPU µs/step floor / jobrun"],
-        rows,
+        "steps per second in one process: median [interquartile range]",
+        ["", "in flight", *NAMES, "CPU µs/step, in that order"],
+        rates,
+    )
+    table(
+        "ratios, median [IQR] of per-round ratios",
+        ["", "in flight", *(f"{a} / {b}" for a, b in RATIOS)],
+        ratios,
     )
     save(args, "throughput", results)
-
-
-def with_cpu(sample: Any, spent: list[float], count: int) -> Any:
-    """``sample``, also recording this process's CPU time per step (a loaded machine
-    stretches wall time, not the CPU a step costs; a jobrun sample's starts count too)."""
-
-    async def timed() -> float:
-        started = time.process_time()
-        rate: float = await sample()
-        spent.append((time.process_time() - started) * 1e6 / count)
-        return rate
-
-    return timed
 
 
 def _pool(backend: str, concurrency: int) -> dict[str, Any]:
@@ -160,4 +289,4 @@ def _pool(backend: str, concurrency: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    asyncio.run(scenario(options(__doc__ or "", steps=100)))
+    main(scenario, options(__doc__ or "", steps=100))

@@ -50,6 +50,12 @@ def options(description: str, **extra: Any) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile summary")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop everything runs on (uvloop: the speed extra)",
+    )
     for name, default in extra.items():
         flag = f"--{name.replace('_', '-')}"
         if isinstance(default, bool):
@@ -103,8 +109,8 @@ async def _create_database(url: str) -> None:
         await admin.close()
 
 
-async def interleave(variants: dict[str, Sample], rounds: int) -> dict[str, float]:
-    """Median of ``rounds`` samples per variant, one of each per round, order flipped."""
+async def interleave_samples(variants: dict[str, Sample], rounds: int) -> dict[str, list[float]]:
+    """``rounds`` samples per variant, one of each per round, order flipped every round."""
     samples: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for name in names:
@@ -115,7 +121,39 @@ async def interleave(variants: dict[str, Sample], rounds: int) -> dict[str, floa
             # previous variant's garbage made due (tens of ms) is not charged to this one.
             gc.collect()
             samples[name].append(await variants[name]())
+    return samples
+
+
+async def interleave(variants: dict[str, Sample], rounds: int) -> dict[str, float]:
+    """Median of ``rounds`` samples per variant, one of each per round, order flipped."""
+    samples = await interleave_samples(variants, rounds)
     return {name: round(statistics.median(values), 4) for name, values in samples.items()}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, interquartile range and extremes of some samples (or per-round ratios)."""
+    ordered = sorted(values)
+    if len(ordered) >= 2:
+        low, _, high = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        low = high = ordered[0]
+    return {
+        "median": round(statistics.median(ordered), 4),
+        "q1": round(low, 4),
+        "q3": round(high, 4),
+        "min": round(ordered[0], 4),
+        "max": round(ordered[-1], 4),
+    }
+
+
+def round_ratios(numerators: list[float], denominators: list[float]) -> dict[str, float]:
+    """The spread of per-round ratios: each round's two samples were taken side by side."""
+    return spread([top / bottom for top, bottom in zip(numerators, denominators, strict=True)])
+
+
+def shown(found: dict[str, float], digits: int = 3, unit: str = "") -> str:
+    """``median [q1–q3]``: a figure and its interquartile range, for a table cell."""
+    return f"{found['median']:.{digits}f}{unit} [{found['q1']:.{digits}f}–{found['q3']:.{digits}f}]"
 
 
 def timed_ms(started: float, count: int = 1) -> float:
@@ -151,7 +189,25 @@ def machine() -> dict[str, Any]:
         "aiosqlite": aiosqlite.__version__,
         "asyncpg": asyncpg.__version__,
         "load_1min": round(os.getloadavg()[0], 2),
+        "loop": running_loop(),
+        "json": jobrun_json(),
     }
+
+
+def running_loop() -> str:
+    try:
+        return type(asyncio.get_running_loop()).__module__
+    except RuntimeError:
+        return "none"
+
+
+def jobrun_json() -> str:
+    """What writes jobrun's plain JSON here (orjson when installed; older trees: json)."""
+    try:
+        from jobrun._core.fast_json import accelerator
+    except ImportError:
+        return "json (piecewise)"
+    return accelerator()
 
 
 def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
@@ -175,4 +231,11 @@ def save(args: argparse.Namespace, name: str, results: dict[str, Any]) -> Path:
 def main(
     scenario: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace
 ) -> None:
-    asyncio.run(scenario(args))
+    """Run ``scenario`` on the loop ``--loop`` names (floors and jobrun alike)."""
+    factory = None
+    if args.loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(scenario(args))

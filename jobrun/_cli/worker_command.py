@@ -34,6 +34,7 @@ from jobrun._cli.connect import (
     schema_option,
     sqlite_file,
 )
+from jobrun._cli.event_loop import loop_option, run_on
 from jobrun._cli.many_databases import urls_in
 from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
@@ -396,6 +397,7 @@ class _Urls:
     help=f"Touch this file every {heartbeat.HEARTBEAT_INTERVAL_S:g} s while the worker's event "
     "loop turns, whatever the databases do (for a liveness probe); removed at exit.",
 )
+@loop_option
 @click.option(
     "--watchdog/--no-watchdog",
     default=True,
@@ -421,6 +423,7 @@ def worker(
     watchdog: bool,
     drain_timeout: float | None,
     heartbeat_file: Path | None,
+    loop: str,
     **many: Any,
 ) -> None:
     """Drive the due runs of the given databases until SIGTERM or SIGINT.
@@ -458,9 +461,8 @@ def worker(
             "schema": schema,
             **many,
         }
-        graceful = _run(
-            source, registry, options, worker_options, _Lifetime(heartbeat_file, drain_timeout)
-        )
+        lifetime = _Lifetime(heartbeat_file, drain_timeout)
+        graceful = _run(source, registry, options, worker_options, lifetime, loop)
     if not graceful:
         sys.exit(1)
 
@@ -471,11 +473,14 @@ def _run(
     options: DriveOptions,
     worker_options: dict[str, Any],
     lifetime: _Lifetime,
+    loop: str = "auto",
 ) -> bool:
     if lifetime.heartbeat is not None:
         heartbeat.first_beat(lifetime.heartbeat)
     try:
-        return asyncio.run(_work(source, registry, options, worker_options, lifetime))
+        # On uvloop when installed, unless --loop says otherwise (jobrun._cli.event_loop).
+        graceful: bool = run_on(loop, _work(source, registry, options, worker_options, lifetime))
+        return graceful
     finally:
         if lifetime.heartbeat is not None:
             heartbeat.remove(lifetime.heartbeat)

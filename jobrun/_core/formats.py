@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from jobrun._core.fast_json import plain_text
 from jobrun._core.refusals import is_number, refuse
 
 
@@ -108,6 +109,10 @@ def encode_json_within(value: Any, max_bytes: int) -> str:
         if size > max_bytes:
             raise OverCapError(max_bytes, size)
         return text
+    # A plain value (most are) in one call, byte for byte the same (fast_json.py).
+    whole = plain_text(value, max_bytes)
+    if whole is not None:
+        return whole
     chunks: list[str] = []
     size = 0
     for chunk in _ENCODER.iterencode(value):

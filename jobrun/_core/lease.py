@@ -120,6 +120,8 @@ class LeaseKeeper:
         guard: BodyGuard | None = None,
     ) -> None:
         self._lease = lease
+        # Fixed for the keeper's life; read by fenced() before every step body.
+        self._stop_margin_s = lease.stop_margin_s()
         self._clock = clock
         self._extend = extend
         self._run_id = run_id
@@ -148,7 +150,7 @@ class LeaseKeeper:
 
     def stop_at_s(self) -> float:
         """When this holder stops its bodies unless a renewal moves it on."""
-        return self.safe_until_s - self._lease.stop_margin_s()
+        return self.safe_until_s - self._stop_margin_s
 
     @property
     def presence_fd(self) -> int | None:
@@ -161,7 +163,7 @@ class LeaseKeeper:
 
     def fenced(self) -> bool:
         """Whether no step body may start now: the lease is lost, or past the self-fence."""
-        if not self.lost and self._clock.monotonic() >= self.stop_at_s():
+        if not self.lost and self._clock.monotonic() >= self.safe_until_s - self._stop_margin_s:
             self.lose()
         return self.lost
 

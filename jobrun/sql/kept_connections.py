@@ -29,6 +29,9 @@ IDLE_RETURN_S = 1.0
 # its operation once it has been out this long: the host's own waiters wait for
 # about this much, not for jobrun to fall idle.
 FULL_POOL_TURN_S = 0.1
+# How long what the pool's count said holds (so a connection goes back to a full
+# pool at most this much later than FULL_POOL_TURN_S).
+POOL_LOOK_S = 0.01
 # How many connections jobrun keeps on an engine whose pool has no size (NullPool):
 # SQLAlchemy's default pool size.
 _UNSIZED_POOL_KEEPS = 5
@@ -69,7 +72,17 @@ class PostgresConnections:
         self._waiters: collections.deque[asyncio.Future[_Kept | None]] = collections.deque()
         self._returner: asyncio.TimerHandle | None = None
         self._returning: set[asyncio.Task[None]] = set()
+        self._pool_looked_at = -POOL_LOOK_S
+        self._pool_was_full = False
         self.closed = False
+
+    def take_idle(self) -> _Kept | None:
+        """An idle connection still open, at once, or ``None`` (then ``acquire``):
+        the step's path, which usually finds one, needs no coroutine for it."""
+        idle = self._idle
+        if idle and not idle[-1].driver.is_closed():
+            return idle.pop()
+        return None
 
     async def acquire(self) -> _Kept:
         idle = self._idle
@@ -130,7 +143,7 @@ class PostgresConnections:
         if (
             now - kept.taken_at >= FULL_POOL_TURN_S
             and self._capacity is not None
-            and self._pool.checkedout() >= self._capacity
+            and self._pool_full(now)
         ):
             # The pool has nothing left to give: checked back in now and then, so
             # whoever waits for it (the host too) gets it in turn.
@@ -145,6 +158,15 @@ class PostgresConnections:
         self._idle.append(kept)
         if self._returner is None:
             self._returner = self._loop.call_later(IDLE_RETURN_S, self._return_idle)
+
+    def _pool_full(self, now: float) -> bool:
+        """Whether the host's pool has nothing left to give, looked at no more than
+        once per ``POOL_LOOK_S`` (the pool's count costs a µs, and every operation
+        of a connection kept past ``FULL_POOL_TURN_S`` asks)."""
+        if now - self._pool_looked_at >= POOL_LOOK_S:
+            self._pool_looked_at = now
+            self._pool_was_full = self._pool.checkedout() >= (self._capacity or 0)
+        return self._pool_was_full
 
     def _hand_on(self, kept: _Kept | None) -> None:
         """Give a connection, or with ``None`` a free slot (theirs to open), to the

@@ -189,21 +189,41 @@ def dialect_insert(is_postgres: bool, table: Any) -> Any:
 
 
 def _record_step(is_postgres: bool) -> Any:
-    held = select(literal(1)).where(_fence())
+    """The step write: the ledger row taken from the run's own row, so that the run,
+    still running, still held by this token, is both the fence and the source of
+    ``run_id`` (no row, nothing written). Seven parameters, all given by the caller
+    in :data:`RECORD_STEP_ORDER` (the constants are written into the text): the
+    step's path builds that list directly and binds no more than it must."""
+    runs = job_runs.c
+    given = (bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in STEP_COLUMNS[1:])
+    held = select(runs.id, *given).where(
+        runs.id == bindparam("fence_id"),
+        runs.status == literal_column(f"'{RUNNING}'"),
+        runs.lease_owner == bindparam("fence_token"),
+    )
     if is_postgres:
         # Lock the run row for the statement: a claim that would take the run over
         # (an UPDATE of that row) waits until this write commits, so the check and
         # the write cannot come apart. SQLite's writer holds the database's write
         # lock for the whole statement.
         held = held.with_for_update(read=True)
-    values = select(
-        *(bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in STEP_COLUMNS)
-    ).where(exists(held))
-    upsert = dialect_insert(is_postgres, job_steps).from_select(list(STEP_COLUMNS), values)
+    upsert = dialect_insert(is_postgres, job_steps).from_select(list(STEP_COLUMNS), held)
     return upsert.on_conflict_do_update(
         index_elements=[job_steps.c.run_id, job_steps.c.step],
         set_={name: upsert.excluded[name] for name in STEP_COLUMNS[2:]},
-    ).returning(literal(1))
+    ).returning(literal_column("1"))
+
+
+RECORD_STEP_ORDER = (
+    "step_step",
+    "step_result",
+    "step_attempts",
+    "step_last_error",
+    "step_recorded_at",
+    "fence_id",
+    "fence_token",
+)
+"""The step write's parameters, in the order the store passes them."""
 
 
 def start_insert(is_postgres: bool) -> Any:
@@ -255,7 +275,7 @@ class Statements:
             .cte("dropped_ledger")
         )
         self.commit_in_one = compile_(select(written.c.id).add_cte(dropped))
-        self.record_step = compile_(_record_step(is_postgres))
+        self.record_step = compile_(_record_step(is_postgres)).in_order(RECORD_STEP_ORDER)
         self.extend_lease = compile_(
             update(job_runs)
             # Not expired: an expired lease is never renewed back to life.

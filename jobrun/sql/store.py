@@ -571,17 +571,19 @@ class SqlJobRunStore:
 
     async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
         # The one write that makes a step durable: one statement, committed on return.
-        values = {
-            "fence_id": run_id,
-            "fence_token": token,
-            "step_run_id": run_id,
-            "step_step": row.step,
-            "step_result": row.result,
-            "step_attempts": row.attempts,
-            "step_last_error": row.last_error,
-            "step_recorded_at": recorded_at,
-        }
-        return await self._lone_write("record_step", self._statements.record_step, values)
+        # The step's path, so written flat: its values straight into a list in the
+        # statement's order (RECORD_STEP_ORDER), and _lone_write's steps inline.
+        arguments = [row.step, row.result, row.attempts, row.last_error, recorded_at, run_id, token]
+        if not self._schema_checked:
+            async with self._operation("record_step"):
+                pass
+        try:
+            written = await self._executor.fetch_in_order(
+                "record_step", self._statements.record_step, arguments
+            )
+        except self._executor.errors as error:
+            raise StoreError("record_step", error) from error
+        return bool(written)
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}

@@ -417,3 +417,23 @@ async def test_a_failed_store_operation_is_named_to_the_hook_and_in_the_error(
     # A transaction's failed BEGIN is followed by its ROLLBACK, under the same name.
     assert hook.operations[0] == operation
     assert set(hook.operations) == {operation}
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_the_step_write_binds_its_seven_values_in_the_order_the_store_passes_them(
+    engine: AsyncEngine, backend: str, clock: FakeClock
+) -> None:
+    """The step's path builds its parameter list directly (no mapping): the statement
+    takes exactly those values, the constants written into its text."""
+    store, log = logged_store(engine)
+    await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    log.seen.clear()
+    # No run is held by "T": the fenced write applies nowhere and says so.
+    assert not await store.record_step("R", StepRow("s", '{"a":1}', 2, "e"), _NOW, "T")
+    [(operation, sql, parameters)] = log.seen
+    assert operation == "record_step"
+    assert list(parameters) == ["s", '{"a":1}', 2, "e", _NOW, "R", "T"]
+    assert "'running'" in sql
+    prepared = store._statements.record_step
+    with pytest.raises(TypeError, match="expected the parameters"):
+        prepared.in_order(("fence_id", "fence_token"))

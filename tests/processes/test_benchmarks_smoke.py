@@ -46,9 +46,19 @@ def run_quick(
 def test_bench_step(tmp_path: Path) -> None:
     sqlite = run_quick("bench_step.py", tmp_path)["sqlite"]
     assert isinstance(sqlite, dict)
-    assert {"raw driver", "raw driver + fence", "SQLAlchemy floor", "jobrun step"} <= set(sqlite)
-    paired = sqlite.pop("paired")
-    assert all(value > 0 for value in sqlite.values())
+    variants = {"raw driver", "raw driver + fence", "SQLAlchemy floor", "jobrun step"}
+    assert variants <= set(sqlite)
+    assert all(sqlite[name] > 0 for name in variants)
+    # Each figure with its spread; the step against the raw driver with and without the fence.
+    spreads, ratios = sqlite["spread"], sqlite["ratios"]
+    assert isinstance(spreads, dict)
+    assert isinstance(ratios, dict)
+    assert set(spreads) == variants
+    assert {"jobrun step / raw driver", "jobrun step / raw driver + fence"} <= set(ratios)
+    for found in [*spreads.values(), *ratios.values(), sqlite["python"]]:
+        assert 0 < found["min"] <= found["q1"] <= found["median"] <= found["q3"] <= found["max"]
+    paired = sqlite["paired"]
+    assert isinstance(paired, dict)
     # Each step next to one raw upsert: both sides timed, wall and loop CPU.
     assert {"raw median", "jobrun median", "raw loop cpu", "jobrun loop cpu"} <= set(paired)
     assert all(value > 0 for value in paired.values())
@@ -56,7 +66,14 @@ def test_bench_step(tmp_path: Path) -> None:
 
 def test_bench_throughput(tmp_path: Path) -> None:
     results = run_quick("bench_throughput.py", tmp_path)
-    assert results["sqlite-1"]["jobrun"] > 0  # type: ignore[index]
+    found = results["sqlite-1"]
+    assert isinstance(found, dict)
+    variants = {"driver floor", "driver floor + fence", "jobrun steps", "jobrun passes"}
+    assert set(found["spread"]) == variants
+    assert all(found[name] > 0 for name in variants)
+    assert all(found["cpu_us_per_step"][name] > 0 for name in variants)
+    assert found["ratios"]["driver floor / jobrun steps"]["median"] > 0
+    assert found["ratios"]["driver floor + fence / jobrun steps"]["median"] > 0
 
 
 @pytest.mark.parametrize("page", ["7"])

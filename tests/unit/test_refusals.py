@@ -25,7 +25,7 @@ REFUSALS = {"JobValidationError", "ArgumentTypeError", "HandlerMistakeError"}
 # Raised on purpose, and not refusals of a caller's input:
 PLAIN_RAISES_ALLOWED = {
     # jobrun's own statements break a rule of the executor: a bug in jobrun, not input.
-    ("sql/executor.py", "TypeError"): 2,
+    ("sql/executor.py", "TypeError"): 3,
     # json's hooks: json.loads/dumps turn these into their own errors, which the
     # callers translate (a malformed stored column, a bad --payload).
     ("_core/formats.py", "ValueError"): 3,
