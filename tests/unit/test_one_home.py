@@ -41,7 +41,7 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     ),
     (
         "live: status is running (stores, core, SQL)",
-        r"status\s*[!=]=\s*(JobRunStatus\.)?RUNNING\b",
+        r"status\s*[!=]=\s*(JobRunStatus\.)?RUNNING\b|status\s*[!=]=\s*literal_column\(\s*f?[\"']'\{?RUNNING",
         {PREDICATES: {"is_live"}, STATEMENTS: {"is_live"}},
     ),
     (
