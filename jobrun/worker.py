@@ -505,6 +505,11 @@ def _listens(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql" and engine.dialect.driver == "asyncpg"
 
 
+def _loop_name() -> str:
+    """``asyncio`` or ``uvloop`` (``jobrun worker --loop auto`` takes uvloop when installed)."""
+    return type(asyncio.get_running_loop()).__module__.split(".", 1)[0]
+
+
 Database: TypeAlias = str | AsyncEngine | SqlJobRunStore
 """What :func:`run_worker` drives: a URL, an engine, or a store."""
 
@@ -646,11 +651,12 @@ async def _run_logged(worker: _Worker, reloads: Any) -> None:
     began = worker.clock.monotonic()
     shown = ", ".join(labels) if len(labels) <= 5 else f"{len(labels)} databases"
     log.info(
-        "worker started on %s (%d jobs, concurrency %d, interval %.1f s)",
+        "worker started on %s (%d jobs, concurrency %d, interval %.1f s, event loop: %s)",
         shown,
         len(worker.registry),
         worker.concurrency,
         worker.interval_s,
+        _loop_name(),
         extra={"databases": labels},
     )
     try:

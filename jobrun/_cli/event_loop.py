@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import click
-
-log = logging.getLogger("jobrun.worker")
 
 LOOP_ENVVAR = "JOBRUN_LOOP"
 LOOPS = ("auto", "asyncio", "uvloop")
@@ -53,9 +50,9 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run_on(choice: str, main: Any) -> Any:
-    """Run the coroutine ``main`` to its end on the chosen loop (like ``asyncio.run``);
-    the loop is logged, so an operator sees which one ``auto`` took."""
+    """Run the coroutine ``main`` to its end on the chosen loop (like ``asyncio.run``).
+    The worker's "worker started" line names the loop, so an operator sees which one
+    ``auto`` took (logged there, not here: a refusal before the start is one line)."""
     factory = loop_factory(choice)
-    log.info("event loop: %s", "asyncio" if factory is None else "uvloop")
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
