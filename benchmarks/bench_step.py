@@ -94,7 +94,8 @@ class Raw:
         await self.execute(SCRATCH, [])
 
     async def execute(self, sql: str, values: list[Any]) -> None:
-        # Executed and fetched, as jobrun's executor does (its step write returns a row).
+        # Executed and fetched (jobrun's step write returns a row on Postgres; on
+        # SQLite it returns none and jobrun reads the change count instead).
         if self.backend == "sqlite":
             await self.connection.execute_fetchall(sql, values)
         else:
@@ -293,7 +294,7 @@ def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], 
 
 
 class _Answering:
-    """Stands for a driver connection: every statement answered at once with one row."""
+    """Stands for a driver connection: every statement answered at once (one row; applied)."""
 
     async def fetch(self, *_arguments: Any) -> list[tuple[int]]:
         return [(1,)]
@@ -301,8 +302,20 @@ class _Answering:
     async def execute_fetchall(self, *_arguments: Any) -> list[tuple[int]]:
         return [(1,)]
 
+    async def execute(self, *_arguments: Any) -> _Applied:
+        return _APPLIED
+
     def is_closed(self) -> bool:
         return False
+
+
+class _Applied:
+    """aiosqlite's cursor after a write that changed one row (SQLite's step write)."""
+
+    rowcount = 1
+
+
+_APPLIED = _Applied()
 
 
 def a_record(index: int) -> dict[str, Any]:

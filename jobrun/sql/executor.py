@@ -4,7 +4,8 @@ Every store operation goes through one executor, chosen when the store is built
 from the engine's dialect; there is no other path. Statements are SQLAlchemy Core
 constructs compiled once per store (:class:`Compiler`) into the driver's own SQL
 text; at run time only the parameter list is built and the driver is called
-(aiosqlite's ``execute_fetchall``, asyncpg's ``fetch``, which keeps a prepared
+(aiosqlite's ``execute_fetchall``, or ``execute`` for the step write, whose
+answer is its change count; asyncpg's ``fetch``, which keeps a prepared
 statement per connection and SQL text). SQLAlchemy's statement events therefore
 never fire for these statements; :data:`StatementHook` is jobrun's own hook for
 counting, tracing and fault injection, called around every statement sent,
@@ -16,7 +17,8 @@ counting, tracing and fault injection, called around every statement sent,
   asyncio lock, kept even when nobody waits: it is what stops a lone statement
   from landing inside another operation's transaction). A lone statement, the
   step write among them, is one hop to aiosqlite's thread (``execute_fetchall``
-  executes and fetches there in one call), the same as the raw driver's own
+  executes and fetches there in one call; ``execute`` executes and hands back
+  the cursor, whose change count needs no hop), the same as the raw driver's own
   durable upsert, and is committed when it returns; a cancellation while it runs
   leaves nothing open, as a statement in autocommit is its own transaction. Its
   path is written flat (no hook wrapper without a hook, no context-manager
@@ -285,6 +287,45 @@ class SqliteExecutor(_Executor):
                 raise sqlite3.OperationalError(str(error)) from error
             return rows
 
+    async def write_in_order(
+        self, operation: str, statement: Prepared, arguments: list[Any]
+    ) -> int:
+        """A write without RETURNING on its own, committed when it returns: the
+        rows it changed (sqlite3's ``rowcount``), flat as ``fetch_in_order``.
+
+        aiosqlite's ``execute`` is one hop, as ``execute_fetchall`` is; its cursor
+        is dropped unclosed (a write's statement is reset once done), since
+        ``close`` would be a second hop.
+        """
+        connection = self._connection
+        async with connection.lock():
+            driver = connection.driver
+            if driver is None:
+                driver = await connection.open()
+            if self._hook is not None:
+                return await self._send_write(self._hook, driver, operation, statement, arguments)
+            try:
+                count: int = (await driver.execute(statement.sql, arguments)).rowcount
+            except ValueError as error:
+                raise sqlite3.OperationalError(str(error)) from error
+            return count
+
+    async def _send_write(
+        self,
+        hook: StatementHook,
+        driver: Any,
+        operation: str,
+        statement: Prepared,
+        arguments: list[Any],
+    ) -> int:
+        """``_send`` for ``write_in_order``: the hook around the same driver call."""
+        async with hook(operation, statement.sql, arguments):
+            try:
+                count: int = (await driver.execute(statement.sql, arguments)).rowcount
+            except ValueError as error:
+                raise sqlite3.OperationalError(str(error)) from error
+            return count
+
     @asynccontextmanager
     async def transaction(self, operation: str) -> AsyncIterator[Session]:
         async with self._connection.turn() as driver:
@@ -382,6 +423,10 @@ class PostgresExecutor(_Executor):
             raise
         connections.release(kept)
         return rows
+
+    # The step write keeps RETURNING on Postgres (see ``_record_step``): its rows
+    # are its answer, non-empty iff it applied.
+    write_in_order = fetch_in_order
 
     @asynccontextmanager
     async def transaction(self, operation: str) -> AsyncIterator[Session]:

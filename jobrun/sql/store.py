@@ -578,11 +578,12 @@ class SqlJobRunStore:
             async with self._operation("record_step"):
                 pass
         try:
-            written = await self._executor.fetch_in_order(
+            written = await self._executor.write_in_order(
                 "record_step", self._statements.record_step, arguments
             )
         except self._executor.errors as error:
             raise StoreError("record_step", error) from error
+        # Nothing written (no row changed, none returned): the fence refused.
         return bool(written)
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:

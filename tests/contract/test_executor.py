@@ -271,7 +271,7 @@ async def test_sqlite_a_new_step_is_one_call_into_the_driver_thread(
     sqlite_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without a hook (the path users run by default) a new step costs one hop to
-    aiosqlite's thread: the statement executes and its rows are fetched there."""
+    aiosqlite's thread: the statement executes there and its change count comes back."""
     engine = create_async_engine(sqlite_url)
     hops: list[Any] = []
     queued = aiosqlite.Connection._execute
