@@ -165,35 +165,46 @@ async def _presence_pid(admin: Any, key: int) -> int:
     return int(found)
 
 
-@ON_POSTGRES
-async def test_a_terminated_presence_stops_the_pass_and_is_not_taken_for_death(
-    backend: str, engine: AsyncEngine, admin: Any
-) -> None:
-    in_body = asyncio.Event()
-    ended: list[str] = []
+class LongStep:
+    """A pass in a 30 s step body, driven by ``run_due_jobs`` in a task (the loop's own
+    presence check under test: the watchdog, which would end this very process if
+    the loop were slow, has a process test of its own)."""
 
-    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+    def __init__(self) -> None:
+        self.in_body = asyncio.Event()
+        self.ended: list[str] = []
+        self.registry = jobrun.JobRegistry()
+        self.registry.register(MODULE, JOB, self.handler)
+
+    async def handler(self, p: jobrun.JobPass) -> jobrun.PassResult:
         async def body() -> int:
-            in_body.set()
+            self.in_body.set()
             try:
                 await asyncio.sleep(30)
             finally:
-                ended.append("body")
+                self.ended.append("body")
             return 1
 
         await p.step("long", body)
         return jobrun.PassResult(done=True)
 
-    registry = jobrun.JobRegistry()
-    registry.register(MODULE, JOB, handler)
+    async def start(self, holder: Any) -> tuple[str, asyncio.Task[Any]]:
+        """Start a run and drive it until its body runs: the run's id and the drive."""
+        run_id = await start_id(holder, None, module_id=MODULE, job=JOB)
+        driving = asyncio.create_task(
+            jobrun.run_due_jobs(holder, self.registry, driver_name="holder", watchdog=False)
+        )
+        await asyncio.wait_for(self.in_body.wait(), 30)
+        return run_id, driving
+
+
+@ON_POSTGRES
+async def test_a_terminated_presence_stops_the_pass_and_is_not_taken_for_death(
+    backend: str, engine: AsyncEngine, admin: Any
+) -> None:
+    long_step = LongStep()
     holder = jobrun.SqlJobRunStore(engine)
-    run_id = await start_id(holder, None, module_id=MODULE, job=JOB)
-    # The loop's own check is under test; the watchdog (which would end this very
-    # process if the loop were slow) has a process test of its own.
-    driving = asyncio.create_task(
-        jobrun.run_due_jobs(holder, registry, driver_name="holder", watchdog=False)
-    )
-    await asyncio.wait_for(in_body.wait(), 30)
+    run_id, driving = await long_step.start(holder)
     row = await row_of(holder, run_id)
     assert row.lease_driver is not None
     assert " presence=" in row.lease_driver
@@ -202,7 +213,7 @@ async def test_a_terminated_presence_stops_the_pass_and_is_not_taken_for_death(
     await admin.execute("SELECT pg_terminate_backend($1)", await _presence_pid(admin, key))
     report = await asyncio.wait_for(driving, 30)
     stopped_s = time.monotonic() - killed_s
-    assert ended == ["body"]
+    assert long_step.ended == ["body"]
     assert report.superseded == 1
     assert stopped_s < orphans.PRESENCE_GRACE_S, f"stopped {stopped_s:.2f} s after the kill"
     # Another driver, in another engine (another process to the database), may not
@@ -312,29 +323,9 @@ async def test_a_session_that_no_longer_holds_the_lock_stops_the_pass(
     """What a pooler in transaction mode does (PgBouncer: the lock stays on a server
     session the client no longer talks to): the connection answers, the lock is not
     its own. The holder must stop before a claimer's grace ends, as for a lost session."""
-    in_body = asyncio.Event()
-    ended: list[str] = []
-
-    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
-        async def body() -> int:
-            in_body.set()
-            try:
-                await asyncio.sleep(30)
-            finally:
-                ended.append("body")
-            return 1
-
-        await p.step("long", body)
-        return jobrun.PassResult(done=True)
-
-    registry = jobrun.JobRegistry()
-    registry.register(MODULE, JOB, handler)
+    long_step = LongStep()
     holder = jobrun.SqlJobRunStore(engine)
-    run_id = await start_id(holder, None, module_id=MODULE, job=JOB)
-    driving = asyncio.create_task(
-        jobrun.run_due_jobs(holder, registry, driver_name="holder", watchdog=False)
-    )
-    await asyncio.wait_for(in_body.wait(), 30)
+    run_id, driving = await long_step.start(holder)
     key = await holder.presence()
     assert key is not None
     let_go_s = time.monotonic()
@@ -344,7 +335,7 @@ async def test_a_session_that_no_longer_holds_the_lock_stops_the_pass(
     assert released is True
     report = await asyncio.wait_for(driving, 30)
     stopped_s = time.monotonic() - let_go_s
-    assert ended == ["body"]
+    assert long_step.ended == ["body"]
     assert report.superseded == 1
     assert stopped_s < orphans.PRESENCE_GRACE_S, f"stopped {stopped_s:.2f} s after"
     row = await row_of(holder, run_id)
