@@ -189,7 +189,7 @@ async def wait_for(log: Path, labels: set[str], timeout_s: float) -> dict[str, f
         found = picked(log)
         if labels <= set(found) or time.monotonic() > deadline:
             return found
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # poll: the job's lines are a file another process writes
 
 
 def latency_summary(values: list[float], asked: int) -> dict[str, Any]:
@@ -269,7 +269,7 @@ async def measure(
         if log.exists() and "worker started" in log.read_text():
             began_at = time.time()
         else:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # poll: the worker's log is another process's file
     spawned_at, firsts = spawn
     await wait_for(pickups, firsts, args.spawn_timeout_s)
     picked_at = picked_instants(pickups)
@@ -285,9 +285,9 @@ async def measure(
             results["first_drive_after_started_line_s"] = round(last_at - began_at, 2)
     else:
         results["first_drive_s"] = f"not all within {args.spawn_timeout_s} s"
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(2.0)  # let the first drives' work settle before idle is measured
     cpu_before = cpu_seconds(worker.pid)
-    await asyncio.sleep(idle_s)
+    await asyncio.sleep(idle_s)  # the idle window whose CPU is measured
     results["idle_cpu_percent"] = round(100 * (cpu_seconds(worker.pid) - cpu_before) / idle_s, 2)
     results |= process_figures(worker.pid)
     postgres = [url for url in urls if url.startswith("postgresql")]
@@ -302,7 +302,7 @@ async def measure(
         label = f"start-{number}"
         labels[label] = "postgres" if url.startswith("postgresql") else "sqlite"
         await start_pickup(url, pickups, label)
-        await asyncio.sleep(args.gap_s * (0.5 + chosen.random()))
+        await asyncio.sleep(args.gap_s * (0.5 + chosen.random()))  # the starts' spacing
     found = await wait_for(pickups, set(labels), 30.0)
     for dialect in ("sqlite", "postgres"):
         asked = [label for label, kind in labels.items() if kind == dialect]

@@ -449,12 +449,8 @@ class JobPass:
         self._used.add(name)
         # A step's policy replaces the job's wholesale; nothing is inherited.
         policy = retry if retry is not None else self._job_policy
-        if self._ledger is None:
-            async with self._ledger_read:
-                if self._ledger is None:
-                    # The one ledger read of the pass: every later memo hit is served from it.
-                    self._ledger = await self._store.steps(self.run.id)
-        prior = self._ledger.get(name)
+        ledger = self._ledger if self._ledger is not None else await self._read_ledger()
+        prior = ledger.get(name)
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
         if self._keeper.fenced():
@@ -480,23 +476,11 @@ class JobPass:
             # Not a failed attempt: nothing is recorded, and the pass is deferred
             # unless the handler catches it.
             raise
-        except Exception as error:
-            cause = cap_error_text(describe_exception(error))
-            # Written before raising so the next pass knows how many attempts were spent.
-            await self._record(StepRow(name, None, attempts, cause))
-            raise StepFailedError(name, attempts, policy, cause) from error
         except BaseException as error:
-            if interrupts_the_pass(error):
+            raised = await self._failed_attempt(name, attempts, policy, error)
+            if raised is error:
                 raise
-            cause = cap_error_text(raised_by_user_code(error, "the step's code"))
-            await self._record(StepRow(name, None, attempts, cause))
-            failure = StepFailedError(name, attempts, policy, cause)
-            if isinstance(error, KeyboardInterrupt | SystemExit):
-                # Goes on as itself, so a handler's `except Exception` cannot keep
-                # the pass going; the handler call turns it into the failure.
-                self._exit_failure = failure
-                raise
-            raise failure from error
+            raise raised from error
         # Not storable is a mistake, not a failed attempt: retrying would run the body again.
         stored = step_result_text(name, value, self._store.limits.max_step_result_bytes)
         # The write that makes the step durable; the one round trip a new step costs
@@ -506,6 +490,36 @@ class JobPass:
             self._refused()
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
+
+    async def _read_ledger(self) -> Mapping[str, StepRow]:
+        """The one ledger read of the pass (steps started together share it): every
+        later memo hit is served from it."""
+        async with self._ledger_read:
+            if self._ledger is None:
+                self._ledger = await self._store.steps(self.run.id)
+            return self._ledger
+
+    async def _failed_attempt(
+        self, name: str, attempts: int, policy: RetryPolicy, error: BaseException
+    ) -> BaseException:
+        """A step body raised ``error``: record the failed attempt and say what the
+        step raises (``error`` itself when it interrupts the pass, or is the job's
+        own exit)."""
+        if isinstance(error, Exception):
+            cause = cap_error_text(describe_exception(error))
+        elif interrupts_the_pass(error):
+            return error
+        else:
+            cause = cap_error_text(raised_by_user_code(error, "the step's code"))
+        # Written before raising so the next pass knows how many attempts were spent.
+        await self._record(StepRow(name, None, attempts, cause))
+        failure = StepFailedError(name, attempts, policy, cause)
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            # Goes on as itself, so a handler's `except Exception` cannot keep
+            # the pass going; the handler call turns it into the failure.
+            self._exit_failure = failure
+            return error
+        return failure
 
     async def _body(self, fn: Callable[[], Any], held: HeldSlot | None = None) -> Any:
         """Run a step body, watched by the guard (if any) until it ends; then let go
