@@ -9,9 +9,10 @@ Run on demand (results to ``benchmarks/results/``, outside git)::
     ../.venv/bin/python bench_many_databases.py --quick      # 50 files, 3 databases
 
 N SQLite files (one migrated, then copied) and M Postgres databases
-(``jobrun_many_0`` ... on the server of ``--postgres-url``, made afresh each run)
-are listed in a URLs file. One run is started in the last SQLite file and one
-in the last Postgres database listed, then one worker is started as a subprocess
+(``jobrun_many_<pid>_<random>_0`` ... on the server of ``--postgres-url``, names of
+this run alone, dropped when it ends) are listed in a URLs file. One run is
+started in the last SQLite file and one in the last Postgres database listed, then
+one worker is started as a subprocess
 (``--urls-file`` when the checkout's worker has it, else every URL in
 ``JOBRUN_DATABASE_URL``, so the same script measures a checkout from before).
 Measured: seconds from the spawn to the later of those runs' passes ("first
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import secrets
 import shutil
 import signal
 import statistics
@@ -52,6 +54,12 @@ import jobrun
 DATABASE_PREFIX = "jobrun_many_"
 
 
+def unique_prefix() -> str:
+    """This run's database names: two runs on one server (CI and a benchmark, or two
+    benchmarks) never share, so neither drops the other's."""
+    return f"{DATABASE_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_"
+
+
 def server_dsn(url: str, database: str) -> str:
     return driver_dsn(create_async_engine(make_url(url).set(database=database)))
 
@@ -70,17 +78,15 @@ async def sqlite_urls(directory: Path, count: int) -> list[str]:
     return urls
 
 
-async def postgres_urls(base: str, count: int) -> list[str]:
+async def postgres_urls(base: str, names: list[str]) -> list[str]:
+    """A fresh, upgraded database of each name (``names`` fills as they are made, so
+    the caller's ``drop_databases`` drops every one made, even after a failure)."""
     import asyncpg
 
     admin = await asyncpg.connect(server_dsn(base, "postgres"))
     try:
         urls = []
-        for number in range(count):
-            name = f"{DATABASE_PREFIX}{number}"
-            # Made afresh each run: a database left by an earlier run of other code
-            # may hold another schema under the same revision id.
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for name in names:
             await admin.execute(f'CREATE DATABASE "{name}"')
             url = make_url(base).set(database=name).render_as_string(hide_password=False)
             engine = create_async_engine(url, poolclass=NullPool)
@@ -88,6 +94,20 @@ async def postgres_urls(base: str, count: int) -> list[str]:
             await engine.dispose()
             urls.append(url)
         return urls
+    finally:
+        await admin.close()
+
+
+async def drop_databases(base: str, names: list[str]) -> None:
+    """Drop this run's databases (those never made are skipped by IF EXISTS)."""
+    if not names:
+        return
+    import asyncpg
+
+    admin = await asyncpg.connect(server_dsn(base, "postgres"))
+    try:
+        for name in names:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
 
@@ -140,15 +160,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def postgres_connections(base: str) -> int:
+async def postgres_connections(base: str, urls: list[str]) -> int:
+    """Connections to this run's databases (those of ``urls``), not another run's."""
     import asyncpg
+
+    names = [make_url(url).database for url in urls if url.startswith("postgresql")]
 
     admin = await asyncpg.connect(server_dsn(base, "postgres"))
     try:
         return int(
             await admin.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname LIKE $1",
-                DATABASE_PREFIX + "%",
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY($1::text[])",
+                names,
             )
         )
     finally:
@@ -215,9 +238,11 @@ async def scenario(args: Any) -> None:
         postgres_count = 0
     directory = Path(tempfile.mkdtemp(prefix="jobrun-many-"))
     load_before = os.getloadavg()
+    prefix = unique_prefix()
+    names = [f"{prefix}{number}" for number in range(postgres_count)]
     try:
         urls = await sqlite_urls(directory, sqlite_count)
-        urls += await postgres_urls(args.postgres_url, postgres_count)
+        urls += await postgres_urls(args.postgres_url, names)
         urls_file = directory / "urls.txt"
         urls_file.write_text("# the benchmark's scope databases\n" + "\n".join(urls) + "\n")
         pickups = directory / "pickups.log"
@@ -246,6 +271,7 @@ async def scenario(args: Any) -> None:
         results["worker_log_tail"] = (directory / "worker.log").read_text()[-2000:]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        await drop_databases(args.postgres_url, names)
     results["sizes"] = {"sqlite": sqlite_count, "postgres": postgres_count, "starts": starts}
     results["load_before"] = [round(value, 2) for value in load_before]
     results["load_after"] = [round(value, 2) for value in os.getloadavg()]
@@ -292,7 +318,7 @@ async def measure(
     results |= process_figures(worker.pid)
     postgres = [url for url in urls if url.startswith("postgresql")]
     if postgres:
-        results["postgres_connections_idle"] = await postgres_connections(args.postgres_url)
+        results["postgres_connections_idle"] = await postgres_connections(args.postgres_url, urls)
     chosen = random.Random(args.seed)
     labels: dict[str, str] = {}
     sqlite = [url for url in urls if not url.startswith("postgresql")]
@@ -310,7 +336,8 @@ async def measure(
         results[f"pickup_{dialect}"] = latency_summary(values, len(asked))
     results |= {f"{key}_after_starts": value for key, value in process_figures(worker.pid).items()}
     if postgres:
-        results["postgres_connections_after_starts"] = await postgres_connections(args.postgres_url)
+        after = await postgres_connections(args.postgres_url, urls)
+        results["postgres_connections_after_starts"] = after
     return results
 
 

@@ -53,13 +53,17 @@ class Schedule:
         """Slots in ``(after, now]``, oldest first, the newest ``MAX_CATCH_UP_SLOTS`` at most."""
         from croniter import croniter  # only hosts with schedules pay its import
 
+        # Walked back from just after now so a slot exactly at now is found; one less
+        # than that interval ahead is found too and skipped (not yet due: a timer that
+        # fires early must not start, and stamp, a run before its slot).
         walk = croniter(self.cron, now + _JUST_AFTER, ret_type=datetime)
         found: list[datetime] = []
         while len(found) < MAX_CATCH_UP_SLOTS:
             slot: datetime = walk.get_prev()
             if slot <= after:
                 break
-            found.append(slot)
+            if slot <= now:
+                found.append(slot)
         found.reverse()
         return found
 

@@ -384,3 +384,17 @@ def test_with_catch_up_none_a_slot_exactly_on_time_s_old_is_still_on_time() -> N
     on_time = slot + timedelta(seconds=ON_TIME_S)
     assert schedule.slots_to_start(after, on_time) == [slot]
     assert schedule.slots_to_start(after, on_time + timedelta(milliseconds=1)) == []
+
+
+def test_a_slot_less_than_a_millisecond_ahead_is_not_yet_due() -> None:
+    # A worker's timer may fire a fraction of a millisecond before the slot; the
+    # slot must wait for it, or its run starts (and is stamped) before its instant.
+    registry = jobrun.JobRegistry()
+    registry.schedule("m", "j", "* * * * * */2")  # seconds last, as croniter reads it
+    (schedule,) = registry.schedules()
+    slot = datetime(2026, 1, 1, 10, 0, 2, tzinfo=UTC)
+    after = slot - timedelta(seconds=2)
+    for early_us in (1, 500, 999):
+        assert schedule.due_slots(after, slot - timedelta(microseconds=early_us)) == []
+    assert schedule.due_slots(after, slot) == [slot]
+    assert schedule.next_slot(slot - timedelta(microseconds=1)) == slot
