@@ -56,6 +56,7 @@ from jobrun._core.records import JobRunHealth, RunKey
 from jobrun._core.refusals import checked_count, checked_seconds, refuse, refuse_type
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
+from jobrun._core.wallsteps import lease_instants
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
@@ -308,7 +309,9 @@ class _Worker(DatabaseTurns, Listening):
             # Drive it: the drive says what is wrong, in the usual way.
             log.debug("reading when %s is next due failed: %s", database.label, error)
             return True
-        now = self.clock.now()
+        # Judged as the claim judges it: after a wall-clock step a live lease must not
+        # look due here while the claim (rightly) passes it over, in a loop.
+        now, _ = lease_instants(self.clock)
         due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
         if due_in_s is not None and due_in_s <= 0:
             return True

@@ -401,7 +401,13 @@ class Child:
     """A driver process and the JSON events it prints."""
 
     def __init__(
-        self, name: str, url: str, logs: Path, *options: str, script: Path = DRIVERS_CHILD
+        self,
+        name: str,
+        url: str,
+        logs: Path,
+        *options: str,
+        script: Path = DRIVERS_CHILD,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self._stderr_path = logs / f"{name}.stderr"
@@ -412,6 +418,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
+            env=env,
         )
         self.events: list[dict[str, Any]] = []
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()

@@ -30,6 +30,7 @@ from jobrun._core.records import (
 from jobrun._core.registry import JobRegistry, RegisteredJob
 from jobrun._core.sources import Sources
 from jobrun._core.transitions import Claimed
+from jobrun._core.wallsteps import lease_instants
 
 UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"], None]
 
@@ -68,15 +69,20 @@ async def _claim(
     presence = await store.presence()
     identity = replace(sources.host.identity(), presence=presence)
     holder = identity.describe(driver)
-    now_at = format_instant(clock.now())
-    # Where the lease's self-fence starts: its expiry is counted from ``now_at``.
+    # Where the lease's self-fence starts: its expiry is counted from ``written_at``.
     leased_at_s = clock.monotonic()
+    # Expiries judged and written on instants a wall-clock step cannot fool (wallsteps).
+    judged, written = lease_instants(clock, max((job.lease_ms for job in jobs), default=0) / 500)
+    now_at = format_instant(judged)
     dead = await orphans.dead_owners(
         store, now_at, wanted, now_s=clock.monotonic(), host=sources.host
     )
     # A fresh token per claim: the fence that makes a stale holder's writes miss.
     token = sources.mint_id()
-    request = _claim_request(jobs, now_at, token, holder, skip_ids, dead, by_age)
+    request = _claim_request(
+        jobs, now_at, format_instant(written), token, holder, skip_ids, dead, by_age
+    )
+    request = replace(request, database_clock=getattr(clock, "real_time", False))
     claimed = await _shielded_claim(store, request)
     if claimed is None:
         return None
@@ -91,6 +97,7 @@ async def _claim(
 def _claim_request(
     jobs: list[RegisteredJob],
     now_at: str,
+    written_at: str,
     token: str,
     holder: str,
     skip_ids: frozenset[str],
@@ -98,9 +105,10 @@ def _claim_request(
     by_age: bool,
 ) -> ClaimRequest:
     """What a claim asks of the store: the jobs, each with its lease's expiry and limit,
-    and whether this claim goes by age (see :mod:`jobrun._core.fair`)."""
+    and whether this claim goes by age (see :mod:`jobrun._core.fair`). Expiries are
+    judged at ``now_at`` and counted from ``written_at`` (later only after a step)."""
     expires_at = {
-        (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(now_at)
+        (job.module_id, job.name): Lease(token, holder, job.lease_ms).expiry_after(written_at)
         for job in jobs
     }
     limits = {

@@ -33,6 +33,7 @@ from jobrun._core.clock import Clock
 from jobrun._core.dbclock import CLOCK_TOLERANCE_S
 from jobrun._core.formats import add_milliseconds, format_instant
 from jobrun._core.refusals import checked_int, refuse
+from jobrun._core.wallsteps import lease_instants
 from jobrun.errors import LeaseLostError
 
 # A lost host's runs wait about a minute; renewed every 15 s, a pass survives an
@@ -222,13 +223,16 @@ class LeaseKeeper:
             await self._clock.sleep(min(interval_s, self.stop_at_s() - self._clock.monotonic()))
             if self.fenced():
                 return
-            # Read together: the new expiry is counted from ``now_at``.
+            # Read together: the new expiry is counted from ``written``; the local
+            # fence from ``sent_s``, on the monotonic clock, which no step moves.
             sent_s = self._clock.monotonic()
-            now_at = format_instant(self._clock.now())
+            judged, written = lease_instants(self._clock, self._lease.lease_ms / 500)
+            now_at = format_instant(judged)
+            expires_at = self._lease.expiry_after(format_instant(written))
             try:
                 # A renewal that hangs (a network gone quiet) must not hold up the fence.
                 async with self._clock.timeout(max(0.0, self.stop_at_s() - sent_s)):
-                    renewed = await self._extend(self._lease.expiry_after(now_at), now_at)
+                    renewed = await self._extend(expires_at, now_at)
             except Exception:
                 # A failed renewal is not a lost lease: the next one may succeed.
                 # Until one does, the self-fence instant stays where it was.

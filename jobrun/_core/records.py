@@ -128,6 +128,9 @@ class ClaimRequest:
     dead_owners: frozenset[str] = frozenset()
     by_age: bool = False
     versions: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # The driver runs on real time: a store with a clock of its own (Postgres) judges
+    # and counts this lease's expiries on it (a test clock's time is used as given).
+    database_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)

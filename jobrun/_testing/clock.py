@@ -70,6 +70,12 @@ class FakeClock:
         self._move_to(self._elapsed_ns + _nanoseconds(seconds + milliseconds / 1000))
         return self._now
 
+    def step_wall(self, *, seconds: float) -> datetime:
+        """Step the wall time alone, either way (an NTP step, a VM resumed): the
+        monotonic clock and every sleeper stay where they are."""
+        self._now += timedelta(seconds=seconds)
+        return self._now
+
     async def sleep(self, seconds: float) -> None:
         """Wait until the clock has moved ``seconds`` on (``<= 0``: just yield)."""
         if seconds <= 0:

@@ -204,6 +204,9 @@ class MemoryJobRunStore:
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         if not self._held(run_id, token) or not is_leased(self.runs[run_id], now_at):
             return False
+        if expires_at <= now_at:
+            # A renewal to an expiry already past would hand the run to the next claimer.
+            return False
         self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
         return True
 

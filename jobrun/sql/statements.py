@@ -41,6 +41,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
@@ -258,12 +259,10 @@ class Statements:
     def __init__(self, compile_: Compiler, is_postgres: bool) -> None:
         runs = job_runs.c
         by_id = runs.id == bindparam("run_id")
-        patch = (
-            update(job_runs)
-            .where(_fence())
-            .values({name: bindparam(f"new_{name}") for name in PATCH_COLUMNS})
-            .returning(runs.id)
-        )
+        patch_values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in PATCH_COLUMNS}
+        if is_postgres:
+            patch_values["next_attempt_at"] = _handed_on_expiry()
+        patch = update(job_runs).where(_fence()).values(patch_values).returning(runs.id)
         self.get = compile_(select(job_runs).where(by_id))
         self.steps = compile_(
             select(
@@ -284,13 +283,9 @@ class Statements:
         )
         self.commit_in_one = compile_(select(written.c.id).add_cte(dropped))
         self.record_step = compile_(_record_step(is_postgres)).in_order(RECORD_STEP_ORDER)
-        self.extend_lease = compile_(
-            update(job_runs)
-            # Not expired: an expired lease is never renewed back to life.
-            .where(_fence(), is_leased(bindparam("now_at", type_=Text)))
-            .values(next_attempt_at=bindparam("expires_at"))
-            .returning(runs.id)
-        )
+        self.extend_lease = compile_(_extend_lease(False))
+        # Postgres, a lease claimed on the database's clock: renewed on it too.
+        self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
         self.start = compile_(start_insert(is_postgres))
         self.live = compile_(live_run_of())
         self._operator(compile_)
@@ -451,7 +446,86 @@ def claim_read(
     return select(job_runs).where(job_runs.c.id == chosen)
 
 
-def claim_write(limited: bool) -> Any:
+# The stored instant text (jobrun._core.formats.format_instant), as Postgres writes it.
+_INSTANT_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
+
+
+def database_instant(moment: Any) -> Any:
+    """Postgres: a ``timestamptz`` expression as stored instant text (UTC, milliseconds)."""
+    return func.to_char(
+        func.timezone(literal_column("'UTC'"), moment), literal_column(f"'{_INSTANT_FORMAT}'")
+    )
+
+
+def database_now_at() -> Any:
+    """Postgres: the database's clock as the statement runs, as stored instant text.
+    The statement's start, not the transaction's: a claim waiting on a limit's lock
+    judges expiries and counts its lease from after the wait."""
+    return database_instant(func.statement_timestamp())
+
+
+def on_database_clock(statement: Any) -> Any:
+    """``statement`` with its ``now_at`` parameter read from the database's clock."""
+
+    def replace(element: Any, **_: Any) -> Any:
+        if getattr(element, "key", None) == "now_at" and element.__visit_name__ == "bindparam":
+            return database_now_at()
+        return None
+
+    options: dict[str, Any] = {}
+    return visitors.replacement_traverse(statement, options, replace)
+
+
+def _moved_to_database_clock(instant: str, counted_from: str) -> Any:
+    """Postgres: parameter ``instant``, counted on a client's clock from parameter
+    ``counted_from``, moved by that clock's distance to the database's right now."""
+
+    def moment(name: str) -> Any:
+        return cast(bindparam(name, type_=Text), TIMESTAMP(timezone=True))
+
+    return database_instant(moment(instant) + (func.statement_timestamp() - moment(counted_from)))
+
+
+def _handed_on_expiry() -> Any:
+    """Postgres: a pass commit that hands its lease to this driver's next pass
+    (``handed_on``) writes a lease expiry counted from its ``updated_at``: counted
+    on the database's clock instead. Every other patch writes its value as is."""
+    return case(
+        (
+            bindparam("handed_on", type_=Integer) == 1,
+            _moved_to_database_clock("new_next_attempt_at", "new_updated_at"),
+        ),
+        else_=bindparam("new_next_attempt_at", type_=Text),
+    )
+
+
+def claim_read_on_database_clock(*shape: Any) -> Any:
+    """Postgres: :func:`claim_read`, whose expiries are judged on the database's clock."""
+    return on_database_clock(claim_read(*shape))
+
+
+def _extend_lease(on_database_clock: bool) -> Any:
+    """Renew lease ``fence_token`` of run ``fence_id``; never an expired lease, nor to
+    an expiry already past. On the caller's clock: ``expires_at`` judged at ``now_at``
+    (see ``jobrun._core.wallsteps``). On the database's clock (Postgres): both there,
+    the new expiry ``lease_ms`` after the statement's start."""
+    if on_database_clock:
+        now_at: Any = database_now_at()
+        lease = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("lease_ms", type_=Integer) / 1000.0)
+        expires_at: Any = database_instant(func.statement_timestamp() + lease)
+    else:
+        now_at = bindparam("now_at", type_=Text)
+        expires_at = bindparam("expires_at", type_=Text)
+    return (
+        update(job_runs)
+        # Not expired: an expired lease is never renewed back to life.
+        .where(_fence(), is_leased(now_at), expires_at > now_at)
+        .values(next_attempt_at=expires_at)
+        .returning(job_runs.c.id)
+    )
+
+
+def claim_write(limited: bool, on_database_clock: bool = False) -> Any:
     """Write a claim's decision (``new_*``) on run ``fence_id``, fenced on the values the
     decision read (``was_*``): if any changed since (another claimer, a holder's
     write, an operator), nothing is written. ``limited``: and only while the run's
@@ -463,12 +537,11 @@ def claim_write(limited: bool) -> Any:
     if limited:
         most = bindparam("check_most", type_=runs.attempts.type)
         fence.append(_in_flight("check_module", "check_job") < most)
-    return (
-        update(job_runs)
-        .where(*fence)
-        .values({name: bindparam(f"new_{name}") for name in CLAIM_FIELDS})
-        .returning(*job_runs.c)
-    )
+    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in CLAIM_FIELDS}
+    if on_database_clock:
+        # The expiry the core counted from ``now_at``, moved onto the database's clock.
+        values["next_attempt_at"] = _moved_to_database_clock("new_next_attempt_at", "now_at")
+    return update(job_runs).where(*fence).values(values).returning(*job_runs.c)
 
 
 def change_statement(columns: tuple[str, ...], leased: bool) -> Any:

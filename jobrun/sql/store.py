@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import astuple
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.fair import ClaimTurns
+from jobrun._core.formats import parse_instant
 from jobrun._core.ids import first_id_at
 from jobrun._core.limits import LimitUsage
 from jobrun._core.orphans import OrphanScans, deprecated_scans
@@ -57,6 +59,7 @@ from jobrun._core.transitions import (
 from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
+from jobrun.sql.database_clock import DatabaseClockLeases
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
 from jobrun.sql.presence import Presence, PresenceNotHeld, live_presences_statement
@@ -75,6 +78,7 @@ from jobrun.sql.statements import (
     add_schedule_statement,
     change_statement,
     claim_read,
+    claim_read_on_database_clock,
     claim_write,
     clock_statement,
     collation_statement,
@@ -269,6 +273,8 @@ class SqlJobRunStore:
         self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
+        # Tokens of the leases this store claimed on the database's clock.
+        self._database_clock_leases = DatabaseClockLeases()
         # (measured at, database clock minus system clock in seconds)
         self._clock_offset: tuple[float, float] | None = None
 
@@ -395,9 +401,17 @@ class SqlJobRunStore:
         )
         async with self._operation("claim"):
             if limited and self._is_postgres:
-                return await self._claim_in_turn(request, [key for key, _ in limited])
-            fetch = partial(self._executor.fetch, "claim")
-            return await self._choose_and_lease(fetch, request, limited)
+                claimed = await self._claim_in_turn(request, [key for key, _ in limited])
+            else:
+                fetch = partial(self._executor.fetch, "claim")
+                claimed = await self._choose_and_lease(fetch, request, limited)
+        if claimed is not None and self._on_database_clock(request):
+            self._database_clock_leases.remember(request.token)
+        return claimed
+
+    def _on_database_clock(self, request: ClaimRequest) -> bool:
+        """Whether this claim's expiries are judged and counted on the database's clock."""
+        return self._is_postgres and request.database_clock
 
     async def _choose_and_lease(
         self,
@@ -439,7 +453,9 @@ class SqlJobRunStore:
             if version != 1 and job in request.expires_at
         )
         shape = (len(jobs), len(skipped), len(limited), len(dead), request.by_age, len(versioned))
-        read = self._shapes.of(claim_read, *shape)
+        # Postgres judges expiries on its own clock, at the statement.
+        build = claim_read_on_database_clock if self._on_database_clock(request) else claim_read
+        read = self._shapes.of(build, *shape)
         values: dict[str, Any] = {"now_at": request.now_at}
         values |= _pairs("", jobs) | _numbered("skip", skipped) | _numbered("dead", dead)
         values |= _pairs("versioned_", [job for job, _ in versioned])
@@ -454,7 +470,7 @@ class SqlJobRunStore:
         job = (row.module_id, row.job)
         # Taking over a dead holder's unexpired lease adds no pass in flight.
         most = None if is_orphan(row, request) else request.max_concurrent.get(job)
-        write = self._shapes.of(claim_write, most is not None)
+        write = self._shapes.of(claim_write, most is not None, self._on_database_clock(request))
         values: dict[str, Any] = {"fence_id": row.id, "now_at": request.now_at}
         for name in CLAIM_FIELDS:
             values[f"was_{name}"] = getattr(row, name)
@@ -548,12 +564,27 @@ class SqlJobRunStore:
             rows = await self._executor.fetch("list", statement, values)
         return [RunRow(*row) for row in rows]
 
-    async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+    def _patch_values(self, run_id: str, patch: RunPatch, token: str) -> dict[str, Any]:
         values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
+        if self._is_postgres:
+            # A new token, still leased: the lease handed to the next pass, whose
+            # expiry Postgres counts on its own clock (see statements._handed_on_expiry).
+            successor = patch.lease_owner if patch.lease_owner != token else None
+            handed_on = successor is not None and self._database_clock_leases.hand_on(
+                token, successor
+            )
+            values["handed_on"] = int(handed_on)
+            if patch.lease_owner != token:
+                # This token's lease ends with this write (or is already gone).
+                self._database_clock_leases.forget(token)
+        return values
+
+    async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
+        values = self._patch_values(run_id, patch, token)
         return await self._lone_write("patch", self._statements.patch, values)
 
     async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
-        values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
+        values = self._patch_values(run_id, patch, token)
         statements = self._statements
         if self._is_postgres:
             return await self._lone_write("commit_pass", statements.commit_in_one, values)
@@ -588,6 +619,12 @@ class SqlJobRunStore:
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
+        if token in self._database_clock_leases:
+            # Only the lease's length: Postgres judges and counts it on its own clock.
+            lease = parse_instant(expires_at) - parse_instant(now_at)
+            values = _fence_values(run_id, token) | {"lease_ms": lease // timedelta(milliseconds=1)}
+            statement = self._statements.extend_lease_on_database_clock
+            return await self._lone_write("extend_lease", statement, values)
         return await self._lone_write("extend_lease", self._statements.extend_lease, values)
 
     # -- limits: rate-limit buckets and concurrency slots (jobrun.sql.limit_store) -------------

@@ -200,6 +200,7 @@ class SqliteLocked(Fault):
 
 def all_scenarios() -> list[tuple[Fault, str]]:
     """Every (fault, backend) pair, the quick ones first."""
+    from tests.chaos.clock_steps import clock_steps
     from tests.chaos.cluster import DiskFull, PostgresRestart, SqliteDiskFull
 
     faults: list[Fault] = [
@@ -217,6 +218,7 @@ def all_scenarios() -> list[tuple[Fault, str]]:
         PostgresRestart("outage", outage_s=15),
         DiskFull(),
         SqliteDiskFull(),
+        *clock_steps(),
     ]
     pairs, seen = [], set()
     for fault in faults:

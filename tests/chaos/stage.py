@@ -64,6 +64,8 @@ class Stage:
     owner: str = ""  # Postgres: role that owns the database and that drivers log in as
     sqlite_dir: Path | None = None
     driver_urls: dict[int, str] = field(default_factory=dict)
+    # Extra environment per driver (a fault's clock, say), over this process's own.
+    driver_env: dict[int, dict[str, str]] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
     log: Path = Path()
     pauses: dict[int, list[Segment]] = field(default_factory=dict)
@@ -169,7 +171,8 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     options += ["--body-ms", str(BODY_MS), "--deadline-s", str(fault.deadline_s)]
     for index in range(drivers):
         url = stage.driver_urls.get(index, stage.url)
-        child = Child(f"d{index}", url, stage.workdir, *options, script=CHILD)
+        env = dict(os.environ, **stage.driver_env[index]) if index in stage.driver_env else None
+        child = Child(f"d{index}", url, stage.workdir, *options, script=CHILD, env=env)
         stage.children.append(child)
         threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
         if index == 0 and fault.first_driver_alone:

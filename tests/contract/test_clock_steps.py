@@ -1,0 +1,180 @@
+"""A wall-clock step steals no lease (issue 31 item 3).
+
+The fake clock's wall time is stepped while its monotonic clock stays put, as an
+NTP step or a resumed VM does:
+
+* memory and SQLite (every driver of a store on one host, so one clock): the
+  whole host +90 s and -90 s while a pass holds the lease: another driver takes
+  nothing, and the holder's run goes on to the end;
+* a renewal whose expiry would already be past is refused (the holder fences);
+* Postgres, drivers on real time (the database's clock decides): the claimer's
+  clock +90 s takes nothing; the holder's clock -90 s renews to an expiry that is
+  still ahead on the database's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import jobrun
+from jobrun._core.formats import add_milliseconds, format_instant
+from jobrun._core.records import ClaimRequest
+from jobrun.testing import FakeClock
+from tests.support import row_of, start_id
+
+MODULE, JOB = "steps", "walk"
+LEASE_MS = 1000
+ON_POSTGRES = pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+ONE_HOST = pytest.mark.parametrize("backend", ["memory", "sqlite"])
+
+
+class Bodies:
+    """Step bodies of one run: the first waits for ``release``; any other that
+    starts while one runs is an overlap, and returns at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.started = 0
+        self.overlaps = 0
+        self.first_started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def body(self) -> str:
+        self.started += 1
+        self.running += 1
+        try:
+            if self.running > 1:
+                self.overlaps += 1
+                return "overlap"
+            self.first_started.set()
+            await self.release.wait()
+            return "done"
+        finally:
+            self.running -= 1
+
+
+def _registry(bodies: Bodies) -> jobrun.JobRegistry:
+    registry = jobrun.JobRegistry()
+
+    @registry.job(MODULE, JOB, lease_ms=LEASE_MS)
+    async def walk(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("long", bodies.body)
+        return jobrun.PassResult(done=True)
+
+    return registry
+
+
+async def _advance(clock: FakeClock, seconds: float) -> None:
+    """Move the fake clock in small steps, letting the renewer run between them."""
+    for _ in range(round(seconds / 0.05)):
+        clock.advance(seconds=0.05)
+        # A real suspension: the keeper's renewal (a store round trip) runs here.
+        await asyncio.sleep(0.01)
+
+
+async def _step_under_a_held_lease(
+    store: Any, holder_clock: FakeClock, claimer_clock: FakeClock, step_s: float, *, holder: bool
+) -> tuple[Bodies, str]:
+    run_id = await start_id(store, holder_clock, module_id=MODULE, job=JOB)
+    bodies = Bodies()
+    registry = _registry(bodies)
+    holding = asyncio.create_task(
+        jobrun.run_due_jobs(store, registry, clock=holder_clock, driver_name="holder")
+    )
+    async with asyncio.timeout(30):  # bounds a hang only
+        await bodies.first_started.wait()
+    # Let a renewal see the clock before the step (the watch learns its basis).
+    await _advance(holder_clock, LEASE_MS / 4000 + 0.1)
+    (holder_clock if holder else claimer_clock).step_wall(seconds=step_s)
+    for _ in range(6):
+        report = await jobrun.run_due_jobs(
+            store, registry, clock=claimer_clock, driver_name="claimer"
+        )
+        assert report.attempted == 0, "the claimer took a live lease"
+        # Past several renewals of the holder, on its clock.
+        await _advance(holder_clock, LEASE_MS / 4000)
+    assert bodies.overlaps == 0
+    bodies.release.set()
+    async with asyncio.timeout(30):  # bounds a hang only
+        report = await holding
+    assert report.completed == 1
+    return bodies, run_id
+
+
+@ONE_HOST
+@pytest.mark.parametrize("step_s", [90.0, -90.0])
+async def test_a_step_of_the_whole_hosts_clock_steals_no_lease(store: Any, step_s: float) -> None:
+    clock = FakeClock()
+    bodies, run_id = await _step_under_a_held_lease(store, clock, clock, step_s, holder=True)
+    assert bodies.started == 1
+    assert (await row_of(store, run_id)).status == "done"
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
+async def test_a_renewal_to_an_expiry_already_past_is_refused(store: Any, backend: str) -> None:
+    clock = FakeClock()
+    run_id = await start_id(store, clock, module_id=MODULE, job=JOB)
+    now_at = format_instant(clock.now())
+    request = ClaimRequest(now_at, "TOKEN", "me", {(MODULE, JOB): add_milliseconds(now_at, 60_000)})
+    assert await store.claim(request) is not None
+    expires_at = (await row_of(store, run_id)).next_attempt_at
+    past_at = add_milliseconds(now_at, -1)
+    assert not await store.extend_lease(run_id, "TOKEN", past_at, now_at)
+    assert (await row_of(store, run_id)).next_attempt_at == expires_at, "nothing written"
+
+
+class RealTimeFakeClock(FakeClock):
+    """A fake clock that says it runs on real time (so Postgres's clock decides the
+    leases, as for a driver on the system clock), started at this instant."""
+
+    real_time = True
+
+    def __init__(self) -> None:
+        super().__init__(datetime.now(UTC))
+
+
+@ON_POSTGRES
+async def test_one_clients_clock_ahead_takes_no_lease_on_postgres(store: Any) -> None:
+    holder_clock, claimer_clock = RealTimeFakeClock(), RealTimeFakeClock()
+    bodies, run_id = await _step_under_a_held_lease(
+        store, holder_clock, claimer_clock, 90.0, holder=False
+    )
+    assert bodies.started == 1
+    assert (await row_of(store, run_id)).status == "done"
+
+
+@ON_POSTGRES
+async def test_the_holders_clock_behind_renews_ahead_on_postgres(
+    store: Any, engine: AsyncEngine
+) -> None:
+    holder_clock, claimer_clock = RealTimeFakeClock(), RealTimeFakeClock()
+    run_id = await start_id(store, holder_clock, module_id=MODULE, job=JOB)
+    bodies = Bodies()
+    registry = _registry(bodies)
+    holding = asyncio.create_task(
+        jobrun.run_due_jobs(store, registry, clock=holder_clock, driver_name="holder")
+    )
+    async with asyncio.timeout(30):  # bounds a hang only
+        await bodies.first_started.wait()
+    holder_clock.step_wall(seconds=-90)
+    # Past a renewal on the holder's clock.
+    await _advance(holder_clock, LEASE_MS / 4000 + 0.1)
+    async with engine.connect() as connection:
+        database_now = (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
+    expires_at = (await row_of(store, run_id)).next_attempt_at
+    assert expires_at is not None
+    assert expires_at > format_instant(database_now), "the renewal wrote an expiry already past"
+    report = await jobrun.run_due_jobs(store, registry, clock=claimer_clock, driver_name="claimer")
+    assert report.attempted == 0, "the claimer took a live lease"
+    assert bodies.overlaps == 0
+    bodies.release.set()
+    async with asyncio.timeout(30):  # bounds a hang only
+        assert (await holding).completed == 1

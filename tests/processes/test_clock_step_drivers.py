@@ -1,0 +1,51 @@
+"""A real wall-clock step steals no lease (issue 31 item 3), under libfaketime.
+
+Three driver processes of ``tests/chaos`` (3 s lease, 100-200 ms bodies), the
+wall clock stepped while a body runs and the monotonic clock left alone: the
+whole host +90 s and -90 s on SQLite, one client +90 s and the holder -90 s on
+Postgres. The referee, reading the bodies' own log on the monotonic clock, finds
+no two bodies of one run at once, and every run finishes. Before the change, the
++90 s cases and the holder's -90 s case each overlapped (the stepped claimer took
+the live lease, or the holder renewed to an expiry already past).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.clock_steps import ClockStep, clock_steps, faketime_missing
+from tests.chaos.stage import run_scenario
+
+POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL", "")
+
+
+def _cases() -> list[object]:
+    cases: list[object] = []
+    for fault in clock_steps():
+        for backend in fault.backends:
+            marks = [pytest.mark.postgres] if backend == "postgres" else []
+            name = f"{fault.whom}{fault.seconds:+d}-{backend}"
+            cases.append(pytest.param(fault, backend, id=name, marks=marks))
+    return cases
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("fault", "backend"), _cases())
+async def test_a_stepped_wall_clock_overlaps_no_bodies(
+    fault: ClockStep, backend: str, tmp_path: Path
+) -> None:
+    missing = faketime_missing()
+    if missing:
+        pytest.skip(missing)
+    outcome = await run_scenario(fault, backend, POSTGRES_URL, tmp_path)
+    verdict = outcome.verdict
+    print(f"\n{fault.name} / {backend}: {verdict}; {outcome.notes}")
+    assert not outcome.error, outcome.error
+    assert verdict.bodies > 0
+    assert verdict.overlaps == 0, verdict.overlapping
+    assert outcome.failed == 0, "a healthy run failed"
+    assert outcome.lost == 0, f"{outcome.lost} of {outcome.runs} runs not done"
