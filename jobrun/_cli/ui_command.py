@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,6 +13,7 @@ from jobrun._cli.app import cli
 from jobrun._cli.connect import (
     URL_ENVVAR,
     OneLineUsageError,
+    first_line,
     make_engine,
     parse_url,
     refuse_unusable_schema,
@@ -170,15 +172,30 @@ def ui(
       jobrun ui --url postgresql://app@db.internal/app --root-path /jobs \\
           --allowed-host jobs.example.com --forwarded-allow-ips 127.0.0.1
     """
-    serving = _checked(
-        _Serving(host, port, read_only, base_path, root_path, allowed_hosts, forwarded_allow_ips)
-    )
-    try:
+    try:  # first: checking the options imports the console, which needs the extra
         import uvicorn  # noqa: F401
 
         import jobrun.ui  # noqa: F401
     except ImportError as error:
         raise click.ClickException(
-            f"the console needs the ui extra: pip install 'jobrun[ui]' ({error})"
-        ) from error
+            f"the console needs the ui extra: pip install 'jobrun[ui]' ({first_line(error)})"
+        ) from None
+    serving = _checked(
+        _Serving(host, port, read_only, base_path, root_path, allowed_hosts, forwarded_allow_ips)
+    )
+    _refuse_busy_port(serving.host, serving.port)
     asyncio.run(_serve(urls, schema, serving))
+
+
+def _refuse_busy_port(host: str, port: int) -> None:
+    """One line, before any URL is printed, when ``host:port`` cannot be listened on."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As uvicorn binds: SO_REUSEADDR, so a port left in TIME_WAIT is not "in use".
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {error.strerror or first_line(error)}"
+        ) from None

@@ -106,6 +106,11 @@ def load_registry(spec: str) -> JobRegistry:
         raise click.BadParameter(
             f"cannot import {module_name!r}: {first_line(error)}", param_hint="--app"
         ) from error
+    except SyntaxError as error:  # the app's own file, where the user can fix it
+        where = f"{error.filename}:{error.lineno}" if error.filename else "its source"
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {error.msg} at {where}", param_hint="--app"
+        ) from None
     for part in attribute.split("."):
         try:
             found = getattr(found, part)

@@ -287,3 +287,71 @@ def test_a_payload_with_a_lone_surrogate_gets_one_line(database_url: str) -> Non
         invoke("start", "--url", database_url, "shop", "walk", "--payload", '{"k": "\\ud800"}'), 2
     )
     assert "text with a lone surrogate (not valid Unicode)" in line
+
+
+# --- the first hour: mistakes that used to print a traceback (issue 33, item 8) ------------
+
+
+def _jobrun(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real ``jobrun`` command in a child process, as a user types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "jobrun", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_syntax_error_in_the_app_module_gets_one_line_with_its_place(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "broken_app.py").write_text("import jobrun\nregistry = (\n")
+    done = _jobrun(
+        "worker", "--app", "broken_app:registry", "--url", sqlite_url,
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1, done.stderr
+    assert "broken_app.py:2" in error_lines[0]
+
+
+def test_the_console_on_a_port_in_use_says_so_in_one_line_before_any_url(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _jobrun("ui", "--url", sqlite_url, "--port", str(port), cwd=tmp_path)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr + done.stdout
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "http://" not in done.stdout + done.stderr
+
+
+def test_the_console_without_the_ui_extra_gets_one_line_naming_the_extra(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # A path entry that shadows the extra's packages with ones that cannot be
+    # imported: the environment of a user who installed jobrun without [ui].
+    blocked = tmp_path / "blocked"
+    for name in ("uvicorn", "starlette", "jinja2"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(
+            f'raise ImportError("No module named {name}")\n'
+        )
+    done = _jobrun("ui", "--url", sqlite_url, cwd=tmp_path, env={"PYTHONPATH": str(blocked)})
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "pip install 'jobrun[ui]'" in lines[0]
