@@ -249,6 +249,19 @@ async def run_scenario(
     raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
 
+async def assert_a_clean_scenario(fault: Fault, backend: str, url: str, tmp: Path) -> None:
+    """Run ``fault`` on ``backend`` and assert what every chaos test asserts: step bodies
+    ran, no two of one run overlapped, no healthy run failed and none was lost."""
+    outcome = await run_scenario(fault, backend, url, tmp)
+    verdict = outcome.verdict
+    print(f"\n{fault.name} / {backend}: {verdict}; {outcome.notes}")
+    assert not outcome.error, outcome.error
+    assert verdict.bodies > 0
+    assert verdict.overlaps == 0, verdict.overlapping
+    assert outcome.failed == 0, "a healthy run failed"
+    assert outcome.lost == 0, f"{outcome.lost} of {outcome.runs} runs not done"
+
+
 def _judge(stage: Stage) -> Verdict:
     return judge(
         stage.log,

@@ -15,6 +15,7 @@ NTP step or a resumed VM does:
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,16 +74,22 @@ def _registry(bodies: Bodies) -> jobrun.JobRegistry:
 
 
 async def _advance(clock: FakeClock, seconds: float) -> None:
-    """Move the fake clock in small steps, letting the renewer run between them."""
+    """Move the fake clock in small steps; after each, wait until every sleeper it woke
+    (the lease keeper, whose renewal is a store round trip) has gone back to sleep on
+    it, so the renewal has landed before time moves on, however loaded the machine."""
     for _ in range(round(seconds / 0.05)):
+        sleeping = clock.sleepers
         clock.advance(seconds=0.05)
-        # A real suspension: the keeper's renewal (a store round trip) runs here.
-        await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 30
+        while clock.sleepers < sleeping:
+            assert time.monotonic() < deadline, "a woken sleeper never slept again"
+            await asyncio.sleep(0.001)  # poll: the woken renewer's round trip
 
 
-async def _step_under_a_held_lease(
-    store: Any, holder_clock: FakeClock, claimer_clock: FakeClock, step_s: float, *, holder: bool
-) -> tuple[Bodies, str]:
+async def _hold(
+    store: Any, holder_clock: FakeClock
+) -> tuple[str, Bodies, jobrun.JobRegistry, asyncio.Task[jobrun.JobDriveReport]]:
+    """A run started and driven by ``holder``, its first body in flight (holding the lease)."""
     run_id = await start_id(store, holder_clock, module_id=MODULE, job=JOB)
     bodies = Bodies()
     registry = _registry(bodies)
@@ -91,6 +98,13 @@ async def _step_under_a_held_lease(
     )
     async with asyncio.timeout(30):  # bounds a hang only
         await bodies.first_started.wait()
+    return run_id, bodies, registry, holding
+
+
+async def _step_under_a_held_lease(
+    store: Any, holder_clock: FakeClock, claimer_clock: FakeClock, step_s: float, *, holder: bool
+) -> tuple[Bodies, str]:
+    run_id, bodies, registry, holding = await _hold(store, holder_clock)
     # Let a renewal see the clock before the step (the watch learns its basis).
     await _advance(holder_clock, LEASE_MS / 4000 + 0.1)
     (holder_clock if holder else claimer_clock).step_wall(seconds=step_s)
@@ -156,14 +170,7 @@ async def test_the_holders_clock_behind_renews_ahead_on_postgres(
     store: Any, engine: AsyncEngine
 ) -> None:
     holder_clock, claimer_clock = RealTimeFakeClock(), RealTimeFakeClock()
-    run_id = await start_id(store, holder_clock, module_id=MODULE, job=JOB)
-    bodies = Bodies()
-    registry = _registry(bodies)
-    holding = asyncio.create_task(
-        jobrun.run_due_jobs(store, registry, clock=holder_clock, driver_name="holder")
-    )
-    async with asyncio.timeout(30):  # bounds a hang only
-        await bodies.first_started.wait()
+    run_id, bodies, registry, holding = await _hold(store, holder_clock)
     holder_clock.step_wall(seconds=-90)
     # Past a renewal on the holder's clock.
     await _advance(holder_clock, LEASE_MS / 4000 + 0.1)

@@ -27,7 +27,7 @@ from tests.chaos.faults import (
     StopHolder,
     TerminatePresence,
 )
-from tests.chaos.stage import Fault, run_scenario
+from tests.chaos.stage import Fault, assert_a_clean_scenario
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL", "")
 POSTGRES = pytest.mark.postgres
@@ -56,11 +56,4 @@ QUICK = [
 async def test_no_two_bodies_of_a_run_overlap_and_no_run_is_lost(
     fault: Fault, backend: str, tmp_path: Path
 ) -> None:
-    outcome = await run_scenario(fault, backend, POSTGRES_URL, tmp_path)
-    verdict = outcome.verdict
-    print(f"\n{fault.name} / {backend}: {verdict}; {outcome.notes}")
-    assert not outcome.error, outcome.error
-    assert verdict.bodies > 0
-    assert verdict.overlaps == 0, verdict.overlapping
-    assert outcome.failed == 0, "a healthy run failed"
-    assert outcome.lost == 0, f"{outcome.lost} of {outcome.runs} runs not done"
+    await assert_a_clean_scenario(fault, backend, POSTGRES_URL, tmp_path)
