@@ -44,6 +44,7 @@ from jobrun._core.transitions import (
     takeovers_exceeded_reason,
     unleased,
 )
+from jobrun._core.wallsteps import lease_instants
 from jobrun.errors import (
     HandlerMistakeError,
     RetryAfter,
@@ -108,8 +109,12 @@ async def commit(
     else:
         cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
     counters_json = counters_text(counters, store.limits.max_counters_bytes)
+    # The run's stamps on the wall clock; the successor lease's expiry on the instant
+    # every expiry is written on (wallsteps): after a backward step the raw wall clock
+    # would hand on a lease that a driver not yet stepped sees as long expired.
+    _judged, written = lease_instants(clock, lease.lease_ms / 500)
     at = format_instant(clock.now())
-    # The successor lease expires counted from ``at``: its self-fence starts here.
+    # The successor lease expires counted from here: its self-fence starts here.
     leased_at_s = clock.monotonic()
     # A lease handed on gets a fresh token. Should this commit land unseen (its
     # reply lost, or the pass interrupted while awaiting it), the failure record
@@ -118,7 +123,17 @@ async def commit(
     successor = None
     if successor_token is not None and not done:
         successor = replace(lease, token=successor_token())
-    patch = committed_patch(row, cursor_json, counters_json, done, at, lease, successor, version)
+    patch = committed_patch(
+        row,
+        cursor_json,
+        counters_json,
+        done,
+        at,
+        lease,
+        successor,
+        version,
+        expires_from=format_instant(written),
+    )
     committed = patched(row, patch)
     try:
         applied = await store.commit_pass(row.id, patch, lease.token)

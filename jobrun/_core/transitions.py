@@ -265,12 +265,16 @@ def committed_patch(
     lease: Lease,
     successor: Lease | None,
     version: int,
+    *,
+    expires_from: str | None = None,
 ) -> RunPatch:
     """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
 
     One more pass committed; a lease handed on is a new holder as far as the
     outside world can tell, so it gets the next epoch, as a claim would. The run
-    is now of ``version``, the committing code's.
+    is now of ``version``, the committing code's. The lease handed on expires
+    counted from ``expires_from`` (default ``at``): the instant expiries are
+    written on, which a wall-clock step cannot move back (``wallsteps``).
     """
     kept = successor is not None
     return RunPatch(
@@ -282,7 +286,7 @@ def committed_patch(
         updated_at=at,
         # An outcome writes the real due time (now: NULL), never a lease
         # expiry, unless it hands the lease to this driver's next pass.
-        next_attempt_at=lease.expiry_after(at) if kept else None,
+        next_attempt_at=lease.expiry_after(expires_from or at) if kept else None,
         ended_at=at if done else None,
         lease_owner=successor.token if successor is not None else None,
         lease_driver=lease.driver if kept else None,

@@ -185,3 +185,35 @@ async def test_the_holders_clock_behind_renews_ahead_on_postgres(
     bodies.release.set()
     async with asyncio.timeout(30):  # bounds a hang only
         assert (await holding).completed == 1
+
+
+@ONE_HOST
+async def test_a_lease_handed_on_after_a_backward_step_stays_live_for_a_driver_not_stepped(
+    store: Any,
+) -> None:
+    # The holder's wall clock steps back during its first pass; a driver whose clock
+    # has not stepped yet (the moment between two processes' readings) must still see
+    # the lease the commit hands to the second pass as live.
+    holder_clock, claimer_clock = FakeClock(), FakeClock()
+    run_id = await start_id(store, holder_clock, module_id=MODULE, job=JOB)
+    thefts: list[bool] = []
+    registry = jobrun.JobRegistry()
+
+    @registry.job(MODULE, JOB, lease_ms=LEASE_MS)
+    async def walk(p: jobrun.JobPass) -> jobrun.PassResult:
+        if p.cursor is None:
+            holder_clock.step_wall(seconds=-90)
+            return jobrun.PassResult(cursor="handed on")
+        now_at = format_instant(claimer_clock.now())
+        request = ClaimRequest(
+            now_at, "THIEF", "claimer", {(MODULE, JOB): add_milliseconds(now_at, 60_000)}
+        )
+        thefts.append(await store.claim(request) is not None)
+        return jobrun.PassResult(done=True)
+
+    report = await jobrun.run_due_jobs(
+        store, registry, clock=holder_clock, driver_name="holder", max_passes=2
+    )
+    assert thefts == [False], "a driver not stepped took the lease handed on"
+    assert report.completed == 1
+    assert (await row_of(store, run_id)).status == "done"
