@@ -8,7 +8,7 @@ print through :mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usa
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -29,7 +29,10 @@ from jobrun._cli.render import (
 )
 from jobrun._cli.render import now as utc_now
 from jobrun._core.actions import release_job_lease
-from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
+from jobrun._core.browse import RunQuery
+from jobrun._core.formats import format_instant
+from jobrun._core.predicates import STRANDED
+from jobrun._core.records import DEFAULT_INSTANCE, JOB_RUN_LIST_MAX, JobRun, RunRow, job_run_of
 from jobrun._core.runs import get_job_run, job_runs
 from jobrun._entry import (
     cancel_job_run,
@@ -45,6 +48,27 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
 )
 run_id_argument = click.argument("run_id", metavar="RUN_ID")
+
+
+async def _stranded_runs(
+    store: SqlJobRunStore,
+    module_id: str | None,
+    job: str | None,
+    instance: str | None,
+    limit: int,
+    at: datetime,
+) -> list[JobRun]:
+    """The console's "stranded" filter: the same read, so both list the same runs."""
+    query = RunQuery(
+        module_id=module_id,
+        job=job,
+        instance_prefix=instance,
+        stranded_at=format_instant(at),
+        limit=min(limit, JOB_RUN_LIST_MAX),
+    )
+    # The browse read matches an instance by prefix; --instance means that one.
+    rows = [row for row in await store.find(query) if instance in (None, row.instance)]
+    return [job_run_of(row) for row in rows]
 
 
 async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
@@ -65,8 +89,9 @@ async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
 @click.option(
     "--status",
     "-s",
-    type=click.Choice(["running", "done", "failed", "cancelled"]),
-    help="Only this status; failed includes the cancelled runs, cancelled only them.",
+    type=click.Choice(["running", "done", "failed", "cancelled", STRANDED]),
+    help="Only this status; failed includes the cancelled runs, cancelled only them; "
+    "stranded: running runs whose lease expired with no driver taking them (as the console's).",
 )
 @click.option(
     "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True,
@@ -90,12 +115,18 @@ def runs(
       jobrun runs --json --limit 500 | jq '.[] | select(.attempts > 3) | .id'
     """
 
-    found = run_on_store(
-        url,
-        lambda store: job_runs(
-            store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
-        ),
-    )
+    if status == STRANDED:
+        at = utc_now()
+        found = run_on_store(
+            url, lambda store: _stranded_runs(store, module_id, job, instance, limit, at)
+        )
+    else:
+        found = run_on_store(
+            url,
+            lambda store: job_runs(
+                store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
+            ),
+        )
     if as_json:
         click.echo(dumps([run_json(run) for run in found]))
     elif not found:

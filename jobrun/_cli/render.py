@@ -32,12 +32,14 @@ def terminal(stderr: bool = False) -> Console:
 
     Written to a pipe or file, rich would wrap at 80 columns; a wide table reads
     better unwrapped there, so it gets 200 columns unless ``COLUMNS`` says otherwise.
+    Markup is off: what is printed is stored data (a lease's ``[jobrun host=...]``, an
+    error quoting ``[red]``), never rich's style tags; styles come as ``Text``.
     """
     from rich.console import Console
 
-    made = Console(stderr=stderr, highlight=False)
+    made = Console(stderr=stderr, highlight=False, markup=False)
     if not made.is_terminal and "COLUMNS" not in os.environ:
-        made = Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
+        made = Console(stderr=stderr, highlight=False, markup=False, width=PIPE_WIDTH)
     return made
 
 

@@ -90,6 +90,10 @@ CANCELLED = "cancelled"
 ``failed`` (a cancelled run resumes like any failed one); the stored marker
 (``cancelled``, revision 0006) tells the two apart."""
 
+STRANDED = "stranded"
+"""The filter word (CLI and console) for running runs whose lease expired untaken
+(:func:`is_stranded`); not a stored status."""
+
 
 def is_cancelled(row: RunRow) -> bool:
     """Ended ``failed`` because an operator cancelled it."""

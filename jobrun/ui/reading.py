@@ -15,13 +15,14 @@ from starlette.responses import Response
 from jobrun._core.browse import COUNT_CAP
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.holders import parse_holder
-from jobrun._core.progress import TOTAL, Poll, progress_of
+from jobrun._core.predicates import STRANDED
+from jobrun._core.progress import Poll, progress_of
 from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
 from jobrun._core.refusals import is_number
 from jobrun._core.waiting import Waiting, waiting_of
 from jobrun._core.workers import driver_name
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
-from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
+from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
 from jobrun.ui.views import instant
 
@@ -159,7 +160,7 @@ def _meaningful_rates(
     the total a progress bar measures against (``None``: show none)."""
     if not compared or poll.run.status != JobRunStatus.RUNNING:
         return {}
-    return {name: rate for name, rate in poll.rates.items() if name != TOTAL}
+    return dict(poll.work_rates())
 
 
 def waiting_text(run: JobRun) -> str | None:
