@@ -15,6 +15,7 @@ from jobrun._cli.connect import (
     OneLineUsageError,
     first_line,
     make_engine,
+    missing_sqlite_message,
     parse_url,
     refuse_unusable_schema,
     schema_option,
@@ -92,9 +93,7 @@ async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -
             refuse_unusable_schema(engine, schema)
             path = sqlite_file(parsed)
             if path is not None and not path.exists():
-                raise click.ClickException(
-                    f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
-                )
+                raise click.ClickException(missing_sqlite_message(path, url))
             name = shown_url(parsed) if schema is None else f"{shown_url(parsed)} schema {schema}"
             stores[name] = SqlJobRunStore(engine, schema=schema)
         config = uvicorn.Config(
@@ -106,7 +105,6 @@ async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -
             proxy_headers=False,  # ForwardedHeaders does it, the Host included
             root_path=serving.root,
         )
-        _audit_to_stderr()
         shown_host = f"[{serving.host}]" if ":" in serving.host else serving.host
         address = f"http://{shown_host}:{serving.port}{serving.base}/"
         click.echo(f"jobrun console on {address} (Ctrl-C stops it)")
@@ -114,23 +112,6 @@ async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -
     finally:
         for engine in engines:
             await engine.dispose()
-
-
-def _audit_to_stderr() -> None:
-    """Each console action's ``jobrun.ui`` record, one line on standard error: an
-    operator running ``jobrun ui`` has no logging set up of their own, and the
-    record is the only trace of who cancelled what."""
-    import logging
-    import sys
-
-    logger = logging.getLogger("jobrun.ui")
-    if logger.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False  # one line, not one more through a handler on the root
 
 
 @cli.command("ui")

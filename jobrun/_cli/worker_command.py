@@ -29,6 +29,7 @@ from jobrun._cli.connect import (
     URL_ENVVAR,
     OneLineUsageError,
     first_line,
+    missing_sqlite_message,
     outdated_message,
     parse_url,
     schema_option,
@@ -516,9 +517,7 @@ def _check_sqlite_files(urls: tuple[str, ...]) -> None:
     for url in urls:
         path = sqlite_file(parse_url(url))
         if path is not None and not path.exists():
-            raise click.ClickException(
-                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
-            )
+            raise click.ClickException(missing_sqlite_message(path, url))
 
 
 def _watchers(

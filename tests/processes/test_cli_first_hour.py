@@ -117,6 +117,19 @@ def test_the_worker_reads_the_url_from_the_environment(tmp_path: Path) -> None:
     )
 
 
+def test_a_relative_sqlite_path_says_from_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sqlite:///tmp/x.db (three slashes) is tmp/x.db under the current directory: the
+    # hint says so, and how to write the absolute path that was probably meant.
+    monkeypatch.chdir(tmp_path)
+    line = one_line_failure(invoke("runs", "--url", "sqlite:///tmp/x.db"), 1)
+    assert line.startswith(f"Error: no SQLite database at tmp/x.db, a path relative to {tmp_path}")
+    assert "sqlite:////tmp/x.db" in line
+    assert "`jobrun db upgrade --url sqlite:///tmp/x.db`" in line
+    assert not (tmp_path / "tmp").exists()  # reading created nothing
+
+
 # --- jobrun runs at 80 and 120 columns --------------------------------------------------------
 
 
