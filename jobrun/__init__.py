@@ -60,6 +60,7 @@ from jobrun.errors import (
     SchemaOutdatedError,
     StepFailedError,
     StepReusedError,
+    StepTimeoutError,
     StoreError,
 )
 
@@ -144,6 +145,7 @@ __all__ = [
     "StepEnd",
     "StepFailedError",
     "StepReusedError",
+    "StepTimeoutError",
     "StoreError",
     "StoreLimits",
     "UpgradeResult",
