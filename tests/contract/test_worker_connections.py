@@ -22,6 +22,7 @@ from sqlalchemy.pool import NullPool
 
 import jobrun
 from jobrun.errors import StoreError
+from tests.faultproxy import FaultProxy
 from tests.support import SQL_BACKENDS
 
 ON_POSTGRES = pytest.mark.parametrize("backend", ["postgres"])
@@ -174,3 +175,55 @@ async def test_a_worker_whose_first_reads_fail_waits_and_then_drives(
     ]
     assert warnings, caplog.text
     assert "query_wait_timeout" in warnings[0]
+
+
+class Heard(logging.Handler):
+    """Sets ``seen`` once a record whose message holds ``text`` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+@POSTGRES
+@ON_POSTGRES
+async def test_a_worker_started_while_the_network_holds_every_byte_waits_and_then_drives(
+    database_url: str,
+) -> None:
+    """A real fault: the worker's server is behind a proxy that passes nothing when it
+    starts (its connects time out), then heals."""
+    direct = create_async_engine(database_url)
+    heard = Heard("at start failed")
+    logging.getLogger("jobrun.worker").addHandler(heard)
+    async with FaultProxy() as proxy:
+        url = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
+        # A short connect timeout, so that the held connects fail soon.
+        proxied = create_async_engine(url, connect_args={"timeout": 1})
+        try:
+            await jobrun.start_job_run(
+                jobrun.SqlJobRunStore(direct), module_id=MODULE, job=JOB, instance="a"
+            )
+            proxy.blackhole()
+            stop = asyncio.Event()
+            worker = asyncio.create_task(
+                jobrun.run_worker([proxied], pages_registry(), stop=stop, interval_s=0.5)
+            )
+            async with asyncio.timeout(120):  # bounds a hang only
+                warned = asyncio.create_task(heard.seen.wait())
+                await asyncio.wait([warned, worker], return_when=asyncio.FIRST_COMPLETED)
+                if worker.done():
+                    warned.cancel()
+                    pytest.fail(f"the worker ended at its first failed read: {worker.exception()}")
+                proxy.heal()
+                await asyncio.gather(worker, all_ended(direct, stop))
+            run = (await jobrun.job_runs(jobrun.SqlJobRunStore(direct)))[0]
+            assert (run.status, run.cursor) == ("done", PAGES)
+        finally:
+            logging.getLogger("jobrun.worker").removeHandler(heard)
+            await proxied.dispose()
+            await direct.dispose()
