@@ -61,6 +61,7 @@ from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
 from jobrun._worker_listen import Listening
+from jobrun._worker_start import first_read, keep_on_given
 from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
 from jobrun.sql.kept_connections import keep_at_most
@@ -79,7 +80,8 @@ DEFAULT_INTERVAL_S = 5.0
 # and an idle database's one claim per interval, stay as they are.
 UNREGISTERED_CHECK_S = 60.0
 DEFAULT_MAX_CONNECTIONS_PER_DATABASE = 2
-"""Pool connections at once per Postgres database the worker made from a URL."""
+"""Connections jobrun keeps out at once per Postgres database, on the worker's own
+engines and on those handed in (the presence's own connection comes on top)."""
 CONNECT_TIMEOUT_S = 10
 FAILED_DRIVE_RETRY_S = 1.0
 """How soon a driver whose drive failed tries again (never later than the interval)."""
@@ -554,6 +556,9 @@ async def run_worker(
     Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
     registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
 
+    ``max_connections_per_database`` bounds the connections jobrun keeps out at
+    once on each Postgres database, on engines and stores handed in too. A store
+    that fails the first read at start is tried again with a doubling delay.
     Many databases (docs/how-to/many-drivers.md): ``max_open_sqlite``,
     ``max_connections_per_database``, ``max_databases`` (``jobrun.database_leases``);
     each list put on ``reloads`` becomes the set served, checked at first use.
@@ -605,7 +610,7 @@ async def _serve_all(
         if reloads is None:
             for state in worker.databases:
                 # The schema check (and a first connection) before any driver starts.
-                await job_run_health(state.store)
+                await first_read(state, worker.clock, worker.stop, worker.interval_s)
         await _run_logged(worker, reloads)
 
 
@@ -628,6 +633,7 @@ def _store_of(
                 f"is {schema!r} but a store given is in schema {database.schema!r}: "
                 "a store keeps its own schema",
             )
+        keep_on_given(database.engine, keep)
         return database
     if isinstance(database, str):
         url = make_url(database)
@@ -640,6 +646,7 @@ def _store_of(
         owned.push_async_callback(engine.dispose)
         return SqlJobRunStore(engine, schema=schema)
     if isinstance(database, AsyncEngine):
+        keep_on_given(database, keep)
         return SqlJobRunStore(database, schema=schema)
     raise refuse_type(
         "databases",

@@ -297,9 +297,11 @@ class JobRunHealth:
       cancelled ones included: their stored status is ``failed``.
     * ``cancelled``: of the failed runs, those an operator cancelled (so
       ``failed - cancelled`` ended by an error).
-    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited since
-      its due instant (0 when none): the number to alert on when drivers fall
-      behind or a job is registered nowhere.
+    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited (0
+      when none), counted from its backoff's end or lease's expiry, else from its
+      last write (a run released between two passes has waited since that
+      pass's commit, not since its start): the number to alert on when drivers
+      fall behind or a job is registered nowhere.
     * ``due_by_job``: ``{(module_id, job): due runs}``, the same due runs per job
       (filled when asked for with ``by_job=True``, else empty).
     * ``orphaned``: of the leased runs, those whose holder is provably dead (a

@@ -19,7 +19,6 @@ from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
 from jobrun._core.predicates import (
-    due_at,
     is_cancelled,
     is_due,
     is_failed_since,
@@ -31,6 +30,7 @@ from jobrun._core.predicates import (
     refill_on_resume,
     slot_counts,
     stored_version,
+    waiting_since,
 )
 from jobrun._core.records import (
     ClaimRequest,
@@ -270,7 +270,7 @@ class MemoryJobRunStore:
 
     async def health(self, now_at: str) -> HealthCounts:
         rows = self.runs.values()
-        waiting = [due_at(row) for row in rows if is_due(row, now_at)]
+        waiting = [waiting_since(row) for row in rows if is_due(row, now_at)]
         return HealthCounts(
             running=sum(1 for row in rows if is_live(row)),
             due=len(waiting),
@@ -416,7 +416,7 @@ class MemoryJobRunStore:
             load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
             oldest = load.oldest_due_at
             if due:
-                oldest = min(oldest or due_at(row), due_at(row))
+                oldest = min(oldest or waiting_since(row), waiting_since(row))
             loads[key] = replace(
                 load,
                 running=load.running + running,

@@ -83,6 +83,11 @@ def due_at(runs: Any = _RUNS) -> Any:
     return due_at_of(runs)
 
 
+def waiting_since(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.waiting_since` (health's oldest wait)."""
+    return func.coalesce(runs.next_attempt_at, runs.updated_at)
+
+
 def is_live(runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.is_live` (the constant written into the
     text: one parameter fewer to bind, on the step write among others)."""
@@ -321,7 +326,7 @@ class Statements:
                 func.count().filter(waiting),
                 func.count().filter(is_leased(now_at)),
                 func.count().filter(runs.status == FAILED),
-                func.min(due_at()).filter(waiting),
+                func.min(waiting_since()).filter(waiting),
                 func.count().filter(is_cancelled()),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
         )
@@ -925,7 +930,7 @@ def job_loads_statement() -> Any:
             runs.job,
             func.count().filter(live),
             func.count().filter(waiting),
-            func.min(due_at()).filter(waiting),
+            func.min(waiting_since()).filter(waiting),
             func.count().filter(is_stranded(now_at)),
             func.count().filter(failed),
         )
