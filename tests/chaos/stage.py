@@ -104,6 +104,7 @@ class Fault:
     deadline_s = 60.0
     # The fault is aimed at the first driver: it must hold a run, so it starts alone.
     first_driver_alone = False
+    lease_ms = LEASE_MS
 
     async def before_database(self, stage: Stage) -> None:
         pass
@@ -136,7 +137,12 @@ async def _make_database(stage: Stage) -> None:
         owner = f' OWNER "{stage.owner}"' if stage.owner else ""
         await admin(stage.server_url, f'CREATE DATABASE "{stage.database}"{owner}')
         drop = f'DROP DATABASE IF EXISTS "{stage.database}" WITH (FORCE)'
-        stage.stack.push_async_callback(admin, stage.server_url, drop)
+
+        async def drop_database() -> None:
+            # The server read at the end: a failover fault moves it to the promoted one.
+            await admin(stage.server_url, drop)
+
+        stage.stack.push_async_callback(drop_database)
         user = {"username": stage.owner} if stage.owner else {}
         stage.url = url_with(stage.server_url, database=stage.database, **user)
 
@@ -165,7 +171,7 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(REPO) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, paths)])
-    options = ["--log", str(stage.log), "--lease-ms", str(LEASE_MS)]
+    options = ["--log", str(stage.log), "--lease-ms", str(fault.lease_ms)]
     # One claim covers a whole run: a holder keeps its lease for seconds, the spare driver polls.
     options += ["--passes", str(fault.passes), "--max-passes", str(fault.passes)]
     options += ["--body-ms", str(BODY_MS), "--deadline-s", str(fault.deadline_s)]
