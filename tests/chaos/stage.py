@@ -105,6 +105,8 @@ class Fault:
     # The fault is aimed at the first driver: it must hold a run, so it starts alone.
     first_driver_alone = False
     lease_ms = LEASE_MS
+    # What a driver runs: a run_due_jobs loop, or (tests/processes/chaos_worker.py) a worker.
+    driver_script = CHILD
 
     async def before_database(self, stage: Stage) -> None:
         pass
@@ -178,7 +180,9 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     for index in range(drivers):
         url = stage.driver_urls.get(index, stage.url)
         env = dict(os.environ, **stage.driver_env[index]) if index in stage.driver_env else None
-        child = Child(f"d{index}", url, stage.workdir, *options, script=CHILD, env=env)
+        child = Child(
+            f"d{index}", url, stage.workdir, *options, script=fault.driver_script, env=env
+        )
         stage.children.append(child)
         threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
         if index == 0 and fault.first_driver_alone:
