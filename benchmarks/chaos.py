@@ -87,7 +87,8 @@ def header(started_at: datetime) -> str:
     return (
         f"Chaos run of {started_at:%Y-%m-%d %H:%M} UTC on commit {commit or '?'}: "
         f"lease_ms={LEASE_MS} (short, so that a scenario takes seconds); 3 drivers, "
-        f"2 runs of 6 passes (12 under idle_session_timeout and Postgres disk full) "
+        f"2 runs of 6 passes (12 under idle_session_timeout, Postgres disk full and the "
+        f"split brain, 8 under failover; the split brain's lease 15 s) "
         f"of 3 steps each, one claim a run; bodies of {BODY_MS} or {2 * BODY_MS} ms."
     )
 
