@@ -126,14 +126,16 @@ def _count_repeated(bodies: list[Body]) -> int:
 def acknowledged_repeats(lines: list[str]) -> int:
     """Steps recorded (an ``A`` line) whose body started again after the recording."""
     acknowledged: dict[tuple[str, str], int] = {}
-    repeated: set[tuple[str, str]] = set()
+    started: list[tuple[tuple[str, str], int]] = []
     for line in lines:
         kind, run, step, _pid, start_ns, *rest = line.split()
-        key = (run, step)
         if kind == "A":
-            acknowledged.setdefault(key, int(rest[0]))
-        elif kind == "B" and key in acknowledged and int(start_ns) > acknowledged[key]:
-            repeated.add(key)
+            ack_ns = int(rest[0])
+            acknowledged[run, step] = min(ack_ns, acknowledged.get((run, step), ack_ns))
+        elif kind == "B":
+            started.append(((run, step), int(start_ns)))
+    # Whatever order the drivers' lines landed in: the times decide.
+    repeated = {key for key, start_ns in started if start_ns > acknowledged.get(key, start_ns)}
     return len(repeated)
 
 
