@@ -1,8 +1,8 @@
 """Failover (issue 31 item 4): a throwaway primary and streaming replica, the primary lost.
 
-The pair (:func:`replicated_pair`): a primary made as ``cluster`` makes one, and
-a replica made with ``pg_basebackup -R`` from it into a cluster of its own; both
-on free ports, both dropped at the end whatever happens. The drivers reach the
+The pair (:func:`replicated_pair`): a primary made by ``cluster.new_cluster``,
+and a replica made with ``pg_basebackup -R`` from it into a cluster of its own;
+both on free ports, both dropped at the end whatever happens. The drivers reach the
 primary through a TCP proxy (``tests/faultproxy.py``) that the fault repoints to
 the replica once it is promoted, as a virtual IP or a DNS name would be.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 from datetime import datetime
@@ -55,8 +56,9 @@ async def replicated_pair(stage: Stage, synchronous: bool) -> tuple[str, str, in
     stage.server_url = f"postgresql+asyncpg://postgres@127.0.0.1:{primary_port}/postgres"
     replica, replica_port = await new_cluster(stage, "replica", start=False)
     data = data_directory(replica)
+    # Its own files make way for the primary's (the directory keeps its owner).
     for entry in data.iterdir():
-        await asyncio.to_thread(run_command, "rm", "-rf", str(entry))
+        await asyncio.to_thread(shutil.rmtree if entry.is_dir() else os.remove, entry)
     backup = ["pg_basebackup", "-h", "127.0.0.1", "-p", str(primary_port), "-U", "postgres"]
     backup += ["-D", str(data), "-R", "-X", "stream", "-c", "fast"]
     await asyncio.to_thread(run_command, *_as_postgres(*backup))
