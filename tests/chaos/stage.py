@@ -104,6 +104,9 @@ class Fault:
     deadline_s = 60.0
     # The fault is aimed at the first driver: it must hold a run, so it starts alone.
     first_driver_alone = False
+    lease_ms = LEASE_MS
+    # What a driver runs: a run_due_jobs loop, or (tests/processes/chaos_worker.py) a worker.
+    driver_script = CHILD
 
     async def before_database(self, stage: Stage) -> None:
         pass
@@ -136,7 +139,12 @@ async def _make_database(stage: Stage) -> None:
         owner = f' OWNER "{stage.owner}"' if stage.owner else ""
         await admin(stage.server_url, f'CREATE DATABASE "{stage.database}"{owner}')
         drop = f'DROP DATABASE IF EXISTS "{stage.database}" WITH (FORCE)'
-        stage.stack.push_async_callback(admin, stage.server_url, drop)
+
+        async def drop_database() -> None:
+            # The server read at the end: a failover fault moves it to the promoted one.
+            await admin(stage.server_url, drop)
+
+        stage.stack.push_async_callback(drop_database)
         user = {"username": stage.owner} if stage.owner else {}
         stage.url = url_with(stage.server_url, database=stage.database, **user)
 
@@ -165,14 +173,16 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(REPO) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, paths)])
-    options = ["--log", str(stage.log), "--lease-ms", str(LEASE_MS)]
+    options = ["--log", str(stage.log), "--lease-ms", str(fault.lease_ms)]
     # One claim covers a whole run: a holder keeps its lease for seconds, the spare driver polls.
     options += ["--passes", str(fault.passes), "--max-passes", str(fault.passes)]
     options += ["--body-ms", str(BODY_MS), "--deadline-s", str(fault.deadline_s)]
     for index in range(drivers):
         url = stage.driver_urls.get(index, stage.url)
         env = dict(os.environ, **stage.driver_env[index]) if index in stage.driver_env else None
-        child = Child(f"d{index}", url, stage.workdir, *options, script=CHILD, env=env)
+        child = Child(
+            f"d{index}", url, stage.workdir, *options, script=fault.driver_script, env=env
+        )
         stage.children.append(child)
         threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
         if index == 0 and fault.first_driver_alone:
