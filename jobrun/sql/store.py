@@ -19,8 +19,10 @@ from contextlib import asynccontextmanager
 from dataclasses import astuple
 from datetime import timedelta
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.activity import ActivityQuery, Counts
@@ -59,6 +61,7 @@ from jobrun._core.transitions import (
 from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
+from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
 from jobrun.sql.database_clock import DatabaseClockLeases
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
@@ -178,6 +181,18 @@ def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
         "slot_job": schedule.job,
         "slot_schedule": schedule.schedule,
     }
+
+
+_RUN_VALUES = attrgetter(*RUN_COLUMNS)
+
+
+def _key_of(row: RunRow) -> tuple[str, str, str]:
+    return (row.module_id, row.job, row.instance)
+
+
+def _rows_json(rows: Sequence[RunRow]) -> str:
+    """Rows as one JSON array of arrays (``RUN_COLUMNS`` order): ``start_many``'s ``rows``."""
+    return json.dumps(builtins.list(map(_RUN_VALUES, rows)), ensure_ascii=False)
 
 
 def _kept_changing(operation: str) -> StoreError:
@@ -387,6 +402,50 @@ class SqlJobRunStore:
             "notify_channel": notify_channel(self._schema),
             "notify_payload": notify_payload(row),
         }
+
+    async def start_many(
+        self, rows: Sequence[RunRow], *, connection: object | None = None
+    ) -> builtins.list[tuple[RunRow, bool]]:
+        if not rows:
+            return []
+        async with self._operation("start_many"):
+            if connection is None:
+                found = await self._start_many_in(partial(self._executor.fetch, "start_many"), rows)
+            else:
+                fetch = caller_fetch(checked_caller_connection(connection, self._engine))
+                try:
+                    found = await self._start_many_in(fetch, rows)
+                except SQLAlchemyError as error:
+                    raise StoreError("start_many", error) from error
+        if found is None:
+            raise _kept_changing("start_many")
+        return found
+
+    async def _start_many_in(
+        self, fetch: Fetch, rows: Sequence[RunRow]
+    ) -> builtins.list[tuple[RunRow, bool]] | None:
+        """Insert the rows whose key is not live (one statement), then read the live
+        run of each other key (one more, only if any); ``None`` when a key's live run
+        kept ending between the two."""
+        found: dict[tuple[str, str, str], tuple[RunRow, bool]] = {}
+        # In key order, so that two batches sharing keys lock them in one order
+        # (Postgres: no deadlock between their inserts).
+        todo = sorted(rows, key=_key_of)
+        for _ in range(_START_RETRIES):
+            values = {"rows": _rows_json(todo), "notify_channel": notify_channel(self._schema)}
+            inserted = {answer[0] for answer in await fetch(self._statements.start_many, values)}
+            rest = [row for row in todo if row.id not in inserted]
+            found.update((_key_of(row), (row, True)) for row in todo if row.id in inserted)
+            if rest:
+                keys = json.dumps([_key_of(row) for row in rest])
+                for answer in await fetch(self._statements.live_many, {"keys": keys}):
+                    live = RunRow(*answer)
+                    found[_key_of(live)] = (live, False)
+            todo = [row for row in rest if _key_of(row) not in found]
+            if not todo:
+                return [found[_key_of(row)] for row in rows]
+            # A live run ended between the insert and the read: try its key again.
+        return None
 
     async def get(self, run_id: str) -> RunRow | None:
         async with self._operation("get"):
