@@ -208,3 +208,13 @@ async def start_job_runs(
         for key, (row, inserted) in zip(fresh, stored, strict=True)
     }
     return [records[start.key] for start in checked]
+
+
+def starts_later_at(run: JobRun) -> datetime | None:
+    """When a run started later (``start_at``, ``delay_s``) is due: a running run no
+    pass has touched (no lease, attempt, deferral or commit) with a due instant;
+    ``None`` for any other run. What "starts at ..." in the CLI and console shows."""
+    untouched = not (run.attempts or run.deferrals or run.passes_committed or run.lease_epoch)
+    if run.status != "running" or run.lease_driver is not None or not untouched:
+        return None
+    return run.next_attempt_at
