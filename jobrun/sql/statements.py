@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     TIMESTAMP,
     Integer,
     String,
@@ -235,16 +236,17 @@ RECORD_STEP_ORDER = (
 """The step write's parameters, in the order the store passes them."""
 
 
-def start_insert(is_postgres: bool) -> Any:
+def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
-    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
+    unless ``notify`` is false (``jobrun.sql.start_wakeups`` sends it later)."""
     insert = (
         dialect_insert(is_postgres, job_runs)
         .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
         .returning(job_runs.c.id)
     )
-    if not is_postgres:
+    if not (is_postgres and notify):
         return insert
     # Wake listening workers now rather than at their next poll.
     added = insert.cte("added")
@@ -301,6 +303,15 @@ def start_many_insert(is_postgres: bool) -> Any:
     return select(added.c.id).where(sent >= 0)
 
 
+def notify_many() -> Any:
+    """Postgres: one NOTIFY ``notify_channel`` per payload of the JSON array ``payloads``,
+    in one statement (``jobrun.sql.start_wakeups``)."""
+    given = func.json_array_elements_text(cast(bindparam("payloads", type_=Text), JSON))
+    payloads = given.table_valued("value").alias("payloads")
+    channel = bindparam("notify_channel", type_=Text)
+    return select(func.pg_notify(channel, payloads.c.value)).select_from(payloads)
+
+
 def live_runs_of_keys(is_postgres: bool) -> Any:
     """The live run of each key of the JSON array ``keys`` (each ``[module_id, job,
     instance]``) that has one."""
@@ -349,6 +360,8 @@ class Statements:
         self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
         self.start = compile_(start_insert(is_postgres))
         self.live = compile_(live_run_of())
+        self.start_quiet = compile_(start_insert(is_postgres, notify=False))
+        self.notify_many = compile_(notify_many())
         self.start_many = compile_(start_many_insert(is_postgres))
         self.live_many = compile_(live_runs_of_keys(is_postgres))
         self._operator(compile_)

@@ -68,6 +68,7 @@ from jobrun.sql.limit_store import SqlLimits
 from jobrun.sql.presence import Presence, PresenceNotHeld, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
+from jobrun.sql.start_wakeups import StartWakeUps
 from jobrun.sql.statements import (
     LIST_FILTERS,
     PATCH_COLUMNS,
@@ -284,6 +285,7 @@ class SqlJobRunStore:
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
+        self._start_wakeups = StartWakeUps()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
@@ -371,25 +373,50 @@ class SqlJobRunStore:
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         values = self._start_values(row)
+        fetch = partial(self._executor.fetch, "start_or_join")
         async with self._operation("start_or_join"):
             # The partial unique index decides: at most one live row per key,
-            # whatever number of hosts race here. On Postgres the NOTIFY that
-            # wakes listening workers rides in the same statement.
-            started = await self._start_in(
-                partial(self._executor.fetch, "start_or_join"), row, values
-            )
+            # whatever number of hosts race here.
+            if self._is_postgres:
+                started = await self._start_waking(fetch, row, values)
+            else:
+                started = await self._start_in(fetch, row, values)
         if started is None:
             raise _kept_changing("start_or_join")
         return started
 
-    async def _start_in(
+    async def _start_waking(
         self, fetch: Fetch, row: RunRow, values: Mapping[str, Any]
     ) -> tuple[RunRow, bool] | None:
-        """Insert ``row``, or read the live run of its key; ``None`` when the live run
-        kept ending between the two."""
+        """Postgres: :meth:`_start_in`, waking listening workers with at most one NOTIFY
+        in flight per store (``jobrun.sql.start_wakeups``): the NOTIFY rides in the
+        insert when none is, else the wake-up goes out after the commit, shared."""
+        wakeups = self._start_wakeups
+
+        async def send(payloads: builtins.list[str]) -> object:
+            channel = notify_channel(self._schema)
+            notify = {"notify_channel": channel, "payloads": json.dumps(payloads)}
+            return await fetch(self._statements.notify_many, notify)
+
+        if wakeups.take():
+            try:
+                return await self._start_in(fetch, row, values)
+            finally:
+                await wakeups.release(send)
+        started = await self._start_in(fetch, row, values, self._statements.start_quiet)
+        if started is not None and started[1]:
+            await wakeups.after_commit(values["notify_payload"], send)
+        return started
+
+    async def _start_in(
+        self, fetch: Fetch, row: RunRow, values: Mapping[str, Any], insert: Any = None
+    ) -> tuple[RunRow, bool] | None:
+        """Insert ``row`` (with ``insert``, by default the one that notifies on Postgres),
+        or read the live run of its key; ``None`` when the live run kept ending between
+        the two."""
         statements = self._statements
         for _ in range(_START_RETRIES):
-            if await fetch(statements.start, values):
+            if await fetch(insert or statements.start, values):
                 return row, True
             found = await fetch(statements.live, values)
             if found:

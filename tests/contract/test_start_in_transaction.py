@@ -201,3 +201,13 @@ async def test_a_batch_wakes_once_per_job(store, notified):
 
     assert sorted(notified[:2]) == ['["a", "one"]', '["a", "two"]']
     assert notified[2:] == ['["a", "last"]']
+
+
+async def test_concurrent_single_starts_each_wake_their_job(store, notified):
+    """Single starts share NOTIFYs under concurrency (one in flight at a time), and
+    every job started still gets its wake-up."""
+    jobs = [f"job-{n}" for n in range(16)]
+    await asyncio.gather(*(jobrun.start_job_run(store, module_id="a", job=job) for job in jobs))
+    for job in jobs:
+        await _arrived(notified, f'["a", "{job}"]')
+    assert sorted(notified) == sorted(f'["a", "{job}"]' for job in jobs)
