@@ -9,6 +9,7 @@ each other key, in a fixed number of statements whatever the batch's size.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -16,7 +17,7 @@ from typing import Any
 
 from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
-from jobrun._core.formats import decode_json, format_instant, parse_instant
+from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.names import require_name
 from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
@@ -135,9 +136,10 @@ def _fresh_records(rows: list[RunRow]) -> list[JobRun]:
                 job=row.job,
                 instance=row.instance,
                 status=first.status,
-                # The text is what encode_queue_safe made, so it decodes; each
-                # record gets its own object.
-                payload=decode_json(row.payload, "payload"),
+                # The text is what encode_queue_safe just made (no NaN, no
+                # Infinity), so the default decoder reads it as decode_json would,
+                # without building a decoder per call; each record its own object.
+                payload=json.loads(row.payload),
                 cursor=None,
                 counters={},
                 attempts=0,
