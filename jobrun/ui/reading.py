@@ -18,7 +18,6 @@ from jobrun._core.holders import parse_holder
 from jobrun._core.progress import TOTAL, Poll, progress_of
 from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
 from jobrun._core.refusals import is_number
-from jobrun._core.starts import starts_later_at
 from jobrun._core.waiting import Waiting, waiting_of
 from jobrun._core.workers import driver_name
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
@@ -165,11 +164,7 @@ def _meaningful_rates(
 
 def waiting_text(run: JobRun) -> str | None:
     """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
-    delay its last pass asked for (``RetryAfter``), or "starts at <instant>" while a run
-    started later is not due yet; else ``None``."""
-    later = starts_later_at(run)
-    if later is not None:
-        return f"starts at {instant(later)}"
+    delay its last pass asked for (``RetryAfter``); else ``None``."""
     if run.status != JobRunStatus.RUNNING or run.lease_driver is not None:
         return None
     if not run.deferrals or run.next_attempt_at is None:

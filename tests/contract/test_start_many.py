@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 import jobrun
+from jobrun._core.starts import starts_later_at
+from jobrun._core.waiting import waiting_of
 from tests.contract.test_start import count_rows
 from tests.support import JOB, MODULE_ID, start
 
@@ -158,6 +160,12 @@ async def test_a_run_started_later_is_live_at_once_but_not_due_until_then(store,
     assert joined.joined is True
     assert report.attempted == 0
     assert (health.running, health.due, health.oldest_due_age_s) == (1, 0, 0.0)
+    # What the console and `jobrun show` say of it.
+    waiting = waiting_of(later, clock.now())
+    assert waiting is not None
+    assert (waiting.kind, waiting.at) == ("later", later.next_attempt_at)
+    assert waiting.reason == "started to start later (start_at or delay_s)"
+    assert starts_later_at(later) == later.next_attempt_at
 
     clock.advance(seconds=60)
     report = await jobrun.run_due_jobs(store, registry_done(), clock=clock)
