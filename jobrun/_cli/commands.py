@@ -1,4 +1,4 @@
-"""The operator commands (runs, show, watch, start, cancel, resume, release, prune, health).
+"""The operator commands (runs, show, watch, cancel, resume, release, prune, health).
 
 Each command is wiring only: parse the arguments, open the store from ``--url``
 (or ``JOBRUN_DATABASE_URL``) and ``--schema`` (or ``JOBRUN_SCHEMA``), call
@@ -15,8 +15,7 @@ import click
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
-from jobrun._cli.job_names import check_registered, warn_unchecked
-from jobrun._cli.params import Duration, JsonValue
+from jobrun._cli.params import Duration
 from jobrun._cli.render import (
     dumps,
     health_json,
@@ -32,14 +31,13 @@ from jobrun._core.actions import release_job_lease
 from jobrun._core.browse import RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.predicates import STRANDED
-from jobrun._core.records import DEFAULT_INSTANCE, JOB_RUN_LIST_MAX, JobRun, RunRow, job_run_of
+from jobrun._core.records import JOB_RUN_LIST_MAX, JobRun, job_run_of
 from jobrun._core.runs import get_job_run, job_runs
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,
     prune_job_runs,
     resume_job_run,
-    start_job_run,
 )
 from jobrun.errors import JobRunNotFoundError
 from jobrun.sql.store import SqlJobRunStore
@@ -199,81 +197,6 @@ def watch(url: str, run_id: str, interval: float) -> None:
 
 
 # -- acting -------------------------------------------------------------------------
-
-
-class _StartRecorder(SqlJobRunStore):
-    """A store that remembers whether its last start inserted a run or joined one."""
-
-    inserted = False
-
-    async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        stored, self.inserted = await super().start_or_join(row)
-        return stored, self.inserted
-
-
-@cli.command("start")
-@url_option
-@click.argument("module_id", metavar="MODULE")
-@click.argument("job", metavar="JOB")
-@click.option(
-    "--instance", "-i", default=DEFAULT_INSTANCE, show_default=True,
-    help="The instance part of the run's key.",
-)  # fmt: skip
-@click.option("--payload", type=JsonValue(), default=None, help="The run's payload, as JSON.")
-@click.option(
-    "--priority", type=int, default=0, show_default=True,
-    help="Higher is claimed first among due runs.",
-)  # fmt: skip
-@click.option(
-    "--app", "app", metavar="MODULE:REGISTRY", default=None,
-    help="Refuse a job this JobRegistry does not register (without it, the name is not checked).",
-)  # fmt: skip
-@json_option
-def start(
-    url: str,
-    module_id: str,
-    job: str,
-    instance: str,
-    payload: Any,
-    priority: int,
-    app: str | None,
-    as_json: bool,
-) -> None:
-    """Start a run of MODULE/JOB, or join the live run of the same key.
-
-    Prints `started RUN_ID` when a new run was inserted, `joined RUN_ID` when a
-    run of the key was already live (its payload is kept, this one is ignored).
-    A driver that registers the job picks the run up. With --app, a job that
-    registry does not register is refused (with the nearest names it does);
-    without it, a warning says the name was not checked.
-
-    \b
-    Example:
-      jobrun start --url sqlite+aiosqlite:///app.db shop reindex -i shop-42 \\
-          --payload '{"shop": "shop-42"}' --app myapp.jobs:registry
-    """
-    if app is not None:
-        check_registered(app, module_id, job)
-
-    async def act(store: _StartRecorder) -> tuple[JobRun, bool]:
-        run = await start_job_run(
-            store,
-            module_id=module_id,
-            job=job,
-            instance=instance,
-            payload=payload,
-            priority=priority,
-        )
-        return run, store.inserted
-
-    run, inserted = run_on_store(url, act, _StartRecorder)
-    if as_json:
-        click.echo(dumps({"started": inserted, "run": run_json(run)}))
-    else:
-        click.echo(f"{'started' if inserted else 'joined'} {run.id}")
-    if app is None:
-        # After the answer, on stderr: a script reading the first line still gets it.
-        warn_unchecked(module_id, job)
 
 
 @cli.command("cancel")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from jobrun._core.limits import RateLimitBucket
 from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
+from jobrun._core.starts import starts_later_at
 from jobrun._core.versions import runs_beyond_code
 
 if TYPE_CHECKING:
@@ -259,7 +260,11 @@ def lease_lines(run: JobRun, at: datetime) -> str:
 
 def waiting_text(run: JobRun) -> str | None:
     """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
-    delay its last pass asked for (``RetryAfter``); else ``None``."""
+    delay its last pass asked for (``RetryAfter``), or "starts at <instant>" while a run
+    started later is not due yet; else ``None``."""
+    later = starts_later_at(run)
+    if later is not None:
+        return f"starts at {instant(later)}"
     if run.status != "running" or run.lease_driver is not None:
         return None
     if not run.deferrals or run.next_attempt_at is None:

@@ -94,6 +94,19 @@ class JobRunStore(Protocol):
         """
         ...
 
+    async def start_many(
+        self, rows: Sequence[RunRow], *, connection: object | None = None
+    ) -> list[tuple[RunRow, bool]]:
+        """:meth:`start_or_join` for each of ``rows`` (no two of one key), atomically as
+        a whole: ``(row, True)`` or ``(live_row, False)`` for each, in order.
+
+        Costs a fixed number of statements whatever the number of rows. With
+        ``connection`` (a SQL store's: the caller's SQLAlchemy ``AsyncConnection``
+        in an open transaction), the rows are written in that transaction and exist
+        only if it commits; a store that cannot use it refuses it.
+        """
+        ...
+
     async def get(self, run_id: str) -> RunRow | None:
         """One run by id, whatever its status; ``None`` when absent."""
         ...

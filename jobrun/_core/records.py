@@ -231,6 +231,10 @@ class JobRun:
     ``outcome`` is how the run stands for people: its status, except ``cancelled``
     for a cancelled run (the one rule, ``jobrun._core.predicates.outcome_of``, that
     the console, the command line, the metrics and ``job_runs`` all use).
+    ``joined`` is set only on the record :func:`jobrun.start_job_run` (or
+    :func:`jobrun.start_job_runs`) returns: ``True`` when the start joined a run of
+    its key that was already live, ``False`` when it made a new run (and on every
+    record read otherwise). It takes no part in equality.
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -265,6 +269,9 @@ class JobRun:
     cancelled: bool = False
     outcome: str = ""
     error_origin: str | None = None
+    # Not part of the run: how this record was got. Left out of equality, so the
+    # record a start returns equals the one ``get_job_run`` reads back.
+    joined: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.refusals import refuse
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
 from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
@@ -117,6 +118,18 @@ class MemoryJobRunStore:
             return existing, False
         self.runs[row.id] = row
         return row, True
+
+    async def start_many(
+        self, rows: Sequence[RunRow], *, connection: object | None = None
+    ) -> builtins.list[tuple[RunRow, bool]]:
+        if connection is not None:
+            raise refuse(
+                "connection",
+                "is for a SQL store's database transaction",
+                message="connection= is for a SqlJobRunStore: a MemoryJobRunStore has no "
+                "transaction to start a run in",
+            )
+        return [await self.start_or_join(row) for row in rows]
 
     async def get(self, run_id: str) -> RunRow | None:
         return self.runs.get(run_id)

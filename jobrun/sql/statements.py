@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     TIMESTAMP,
     Integer,
     String,
@@ -240,22 +241,93 @@ RECORD_STEP_ORDER = (
 """The step write's parameters, in the order the store passes them."""
 
 
-def start_insert(is_postgres: bool) -> Any:
+def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
-    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
+    unless ``notify`` is false (``jobrun.sql.start_wakeups`` sends it later)."""
     insert = (
         dialect_insert(is_postgres, job_runs)
         .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
         .returning(job_runs.c.id)
     )
-    if not is_postgres:
+    if not (is_postgres and notify):
         return insert
     # Wake listening workers now rather than at their next poll.
     added = insert.cte("added")
     channel = bindparam("notify_channel", type_=Text)
     payload = bindparam("notify_payload", type_=Text)
     return select(func.pg_notify(channel, payload)).select_from(added)
+
+
+def _given_rows(name: str, is_postgres: bool) -> Any:
+    """The JSON array bound as ``name`` (a text), one row per element in ``value``:
+    one statement text for a batch of any size, so statement caches hit."""
+    if is_postgres:
+        from sqlalchemy.dialects.postgresql import JSONB
+
+        # jsonb: parsed once; each ``->>`` on plain json would parse its element again.
+        source = func.jsonb_array_elements(cast(bindparam(name, type_=Text), JSONB))
+    else:
+        source = func.json_each(bindparam(name, type_=Text))
+    return source.table_valued("value").alias(f"given_{name}")
+
+
+def _element(given: Any, index: int, column: Any) -> Any:
+    """Element ``index`` of each given row's array, as ``column``'s type (``->>``
+    reads both dialects' JSON the same way: a string unquoted, null as NULL)."""
+    value = given.c.value.op("->>")(literal_column(str(index)))
+    return cast(value, Integer) if isinstance(column.type, Integer) else value
+
+
+def start_many_insert(is_postgres: bool) -> Any:
+    """Insert each run of the JSON array ``rows`` (each an array of ``RUN_COLUMNS``
+    values) whose key is not live; returns the inserted ids. On Postgres one NOTIFY
+    per job among them rides in the statement: one wake-up per batch, not per run."""
+    given = _given_rows("rows", is_postgres)
+    values = [_element(given, index, job_runs.c[name]) for index, name in enumerate(RUN_COLUMNS)]
+    # SQLite: an INSERT ... SELECT with an upsert clause needs a WHERE, or its
+    # parser reads ON CONFLICT as a join's ON.
+    chosen = select(*values).select_from(given).where(true())
+    insert = (
+        dialect_insert(is_postgres, job_runs)
+        .from_select(list(RUN_COLUMNS), chosen)
+        .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
+    )
+    if not is_postgres:
+        return insert.returning(job_runs.c.id)
+    added = insert.returning(job_runs.c.id, job_runs.c.module_id, job_runs.c.job).cte("added")
+    job_text = cast(func.json_build_array(added.c.module_id, added.c.job), Text).label("job")
+    jobs = select(job_text).distinct().subquery("added_jobs")
+    # Postgres refuses a notification of 8000 bytes or more: then an empty one,
+    # which wakes listeners for any job (as notify_payload does).
+    payload = case((func.octet_length(jobs.c.job) <= 7000, jobs.c.job), else_=literal(""))
+    woke = select(func.pg_notify(bindparam("notify_channel", type_=Text), payload)).cte("woke")
+    # A CTE runs only where it is read: this reads ``woke`` once the batch inserted.
+    sent = select(func.count()).select_from(woke).scalar_subquery()
+    return select(added.c.id).where(sent >= 0)
+
+
+def notify_many() -> Any:
+    """Postgres: one NOTIFY ``notify_channel`` per payload of the JSON array ``payloads``,
+    in one statement (``jobrun.sql.start_wakeups``)."""
+    given = func.json_array_elements_text(cast(bindparam("payloads", type_=Text), JSON))
+    payloads = given.table_valued("value").alias("payloads")
+    channel = bindparam("notify_channel", type_=Text)
+    return select(func.pg_notify(channel, payloads.c.value)).select_from(payloads)
+
+
+def live_runs_of_keys(is_postgres: bool) -> Any:
+    """The live run of each key of the JSON array ``keys`` (each ``[module_id, job,
+    instance]``) that has one."""
+    given = _given_rows("keys", is_postgres)
+    runs = job_runs.c
+    matches = and_(
+        runs.module_id == _element(given, 0, runs.module_id),
+        runs.job == _element(given, 1, runs.job),
+        runs.instance == _element(given, 2, runs.instance),
+    )
+    return select(job_runs).select_from(given).join(job_runs, matches).where(is_live())
 
 
 class Statements:
@@ -293,6 +365,10 @@ class Statements:
         self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
         self.start = compile_(start_insert(is_postgres))
         self.live = compile_(live_run_of())
+        self.start_quiet = compile_(start_insert(is_postgres, notify=False))
+        self.notify_many = compile_(notify_many())
+        self.start_many = compile_(start_many_insert(is_postgres))
+        self.live_many = compile_(live_runs_of_keys(is_postgres))
         self._operator(compile_)
 
     def _operator(self, compile_: Compiler) -> None:
