@@ -28,9 +28,18 @@ from jobrun._cli.render import (
     terminal,
 )
 from jobrun._cli.render import now as utc_now
+from jobrun._cli.workers_render import (
+    NO_WORKER_KEY,
+    add_worker_rows,
+    health_workers_json,
+    unserved_ids,
+    unserved_lines,
+    with_workers,
+)
 from jobrun._core.actions import release_job_lease
 from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
 from jobrun._core.runs import get_job_run, job_runs
+from jobrun._core.worker_registry import served_jobs
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,
@@ -90,19 +99,25 @@ def runs(
       jobrun runs --json --limit 500 | jq '.[] | select(.attempts > 3) | .id'
     """
 
-    found = run_on_store(
+    found, workers, at = run_on_store(
         url,
-        lambda store: job_runs(
-            store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
+        lambda store: with_workers(
+            store,
+            lambda store: job_runs(
+                store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
+            ),
         ),
     )
     if as_json:
-        click.echo(dumps([run_json(run) for run in found]))
+        unserved = unserved_ids(found, workers, at)
+        click.echo(dumps([run_json(run) | {NO_WORKER_KEY: run.id in unserved} for run in found]))
     elif not found:
         click.echo("no runs match")
     else:
         out = terminal()
         out.print(runs_table(found, utc_now(), out.width))
+        for line in unserved_lines(found, workers, at):
+            click.echo(line)
 
 
 @cli.command("show")
@@ -367,8 +382,12 @@ def health(url: str, app: str | None, as_json: bool) -> None:
         from jobrun._cli.worker_command import load_registry
 
         registered = {(job.module_id, job.name): job.version for job in load_registry(app)}
-    counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
+    counts, workers, at = run_on_store(
+        url, lambda store: with_workers(store, lambda store: job_run_health(store, by_job=True))
+    )
     if as_json:
-        click.echo(dumps(health_json(counts, registered)))
+        click.echo(dumps(health_workers_json(health_json(counts, registered), workers)))
     else:
-        terminal().print(health_table(counts, registered))
+        table = health_table(counts, registered, served_jobs(workers))
+        add_worker_rows(table, workers, at)
+        terminal().print(table)

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from jobrun._core.formats import format_instant
+from jobrun._core.records import JobRun
+from jobrun._core.waiting import waiting_of
+from jobrun._core.workers import Driver
 
 DEFAULT_HEARTBEAT_S = 10.0
 """How often a worker writes its row again, per database it serves."""
@@ -34,6 +37,8 @@ SWEEP_EVERY_BEATS = 10
 """Every this many heartbeats (and at its first) a worker deletes the rows of gone workers."""
 
 Job = tuple[str, str]
+DUE_KINDS = ("due", "stranded")
+"""What a run waits for (``jobrun._core.waiting``) when any free driver would take it now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +119,32 @@ def unserved(due_by_job: Mapping[Job, int], workers: Iterable[WorkerRow]) -> dic
     ones) registers, with their due runs: nothing here will take them."""
     served = served_jobs(workers)
     return {job: due for job, due in due_by_job.items() if due and job not in served}
+
+
+def waits_for_no_one(run: JobRun, now: datetime, served: Mapping[Job, int]) -> bool:
+    """``run`` is due (or stranded) as of ``now`` and its job is not in ``served`` (the
+    jobs live workers register, :func:`served_jobs`): no worker here will take it."""
+    waiting = waiting_of(run, now)
+    due = waiting is not None and waiting.kind in DUE_KINDS
+    return due and (run.module_id, run.job) not in served
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeen:
+    """A live worker as the console shows it: its row, the runs it holds a lease on now
+    (0: idle) and its jobs."""
+
+    row: WorkerRow
+    runs_held: int
+    jobs: list[Job]
+
+
+def workers_seen(workers: Iterable[WorkerRow], drivers: Iterable[Driver]) -> list[WorkerSeen]:
+    """Each live worker with the leases its drivers (same host and pid) hold."""
+    held: dict[tuple[str, int], int] = {}
+    for driver in drivers:
+        identity = driver.identity
+        if identity is not None and identity.pid is not None:
+            key = (identity.host, identity.pid)
+            held[key] = held.get(key, 0) + driver.runs
+    return [WorkerSeen(row, held.get((row.host, row.pid), 0), row.job_pairs) for row in workers]
