@@ -258,9 +258,13 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "upgrade": upgrade_command(database),
         "limits": None,
         "versions": {},
+        "workers": 0,
+        "served": {},
     }
     try:
         part["revisions"] = await revisions_of(database)
+        workers = await database.store.live_workers(format_instant(now))
+        part["workers"], part["served"] = len(workers), served_jobs(workers)
         loads = await database.store.job_loads(
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )

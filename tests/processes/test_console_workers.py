@@ -92,3 +92,8 @@ async def test_workers_idle_or_busy_are_listed_and_unserved_due_runs_flagged(
         r'title="([0-9A-Z]+)">…[0-9A-Z]+</a>(?:(?!</tr>).)*no live worker runs this job', runs, re.S
     )
     assert flagged == [hand_made_row(3).id]
+
+    health = (await client.get("/health")).text
+    assert "Live workers: <a" in health
+    assert re.search(r">2</a></p>", health)
+    assert health.count("no live worker runs this job</span>") == 1
