@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 from jobrun._core.formats import format_instant
+from jobrun._core.worker_registry import WorkerRow, beat_row, jobs_text
 from jobrun.ui import create_app
 from tests.support import IN_CI, REPO
 
@@ -286,9 +287,18 @@ async def test_activity_and_workers(page: Page, served: str, store: Any, tmp_pat
     await expect(page.locator("svg.chart rect.bar-started")).not_to_have_count(0)
     await expect(page.locator(".legend")).to_contain_text("finished 9")
     await _screenshot(page, "activity", tmp_path)
+    # An idle worker's own row, and a due run of a job no live worker registers.
+    blank = WorkerRow(
+        "idle", "web-9:77", "web-9", 77, jobs_text([("shop", "quick"), ("shop", "long")]),
+        format_instant(datetime.now(UTC)), "", "",
+    )  # fmt: skip
+    await store.beat_worker(beat_row(blank, datetime.now(UTC), 60.0))
+    await jobrun.start_job_run(store, module_id="shop", job="quik", instance="typo")
     await page.goto(f"{served}/db/0/workers")
     await expect(page.locator("table.workers tbody tr")).to_have_count(1)
     await expect(page.locator("table.workers tbody tr")).to_contain_text("web-7")
+    await expect(page.locator("table.registered tbody tr")).to_contain_text("idle")
+    await expect(page.locator("ul.unserved")).to_contain_text("shop / quik")
     await _screenshot(page, "workers", tmp_path)
 
 
