@@ -61,6 +61,7 @@ from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
 from jobrun._worker_listen import Listening
+from jobrun._worker_registration import DEFAULT_HEARTBEAT_S, Registration
 from jobrun._worker_start import first_read, keep_on_given
 from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
@@ -110,6 +111,7 @@ class _Worker(DatabaseTurns, Listening):
         prune_unregistered_after: timedelta | None = None,
         max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
         max_databases: int | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -134,6 +136,7 @@ class _Worker(DatabaseTurns, Listening):
         self._serving: set[_Database] = set()
         self.schema: str | None = None
         self.make_database: Callable[[Database], _Database] = cannot_make
+        self.registration = Registration(registry, self.driver_name, clock, heartbeat_s)
 
     async def run(self, reloads: asyncio.Queue[Sequence[Database]] | None = None) -> None:
         self._writes = WriteWatch(self._written, self._wake_every_file)
@@ -173,6 +176,8 @@ class _Worker(DatabaseTurns, Listening):
         observer = observe_all(base, WakeSiblings(database))
         for number in range(self.concurrency):
             group.create_task(self._drive(database, observer, number))
+        # Its row in the database: seen by the console and health while idle.
+        group.create_task(self.registration.keep(database, self._opened))
         if self.on_health is not None:
             group.create_task(self._health(database, self.on_health))
         if _listens(database.engine):
@@ -190,6 +195,9 @@ class _Worker(DatabaseTurns, Listening):
             group.create_task(self._forget_schedules(database))
         if retains(self.registry, self.prune_after, self.prune_unregistered_after):
             group.create_task(self._prune(database))
+
+    def _opened(self, database: _Database) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.open_stores.use(database.engine)
 
     async def _stopper(self) -> None:
         await self.stop.wait()
@@ -535,6 +543,7 @@ async def run_worker(
     max_connections_per_database: int = DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
     max_databases: int | None = None,
     reloads: asyncio.Queue[Sequence[Database]] | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
@@ -562,6 +571,8 @@ async def run_worker(
     Many databases (docs/how-to/many-drivers.md): ``max_open_sqlite``,
     ``max_connections_per_database``, ``max_databases`` (``jobrun.database_leases``);
     each list put on ``reloads`` becomes the set served, checked at first use.
+    The worker registers in each database it serves (``heartbeat_s``: see
+    :mod:`jobrun._core.worker_registry`).
     """
     chosen = _worker_options(options, keywords)
     _check_what_to_drive(databases, registry)
@@ -579,6 +590,7 @@ async def run_worker(
         prune_unregistered_after=prune_unregistered_after,
         max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),
         max_databases=max_databases and checked_count(max_databases, "max_databases"),
+        heartbeat_s=checked_seconds(heartbeat_s, "heartbeat_s"),
     )
     keep = checked_count(max_connections_per_database, "max_connections_per_database")
     await _serve_all(worker, databases, schema, keep, reloads)

@@ -8,6 +8,7 @@ print through :mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usa
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,12 +28,21 @@ from jobrun._cli.render import (
     terminal,
 )
 from jobrun._cli.render import now as utc_now
+from jobrun._cli.workers_render import (
+    NO_WORKER_KEY,
+    add_worker_rows,
+    health_workers_json,
+    unserved_ids,
+    unserved_lines,
+    with_workers,
+)
 from jobrun._core.actions import release_job_lease
 from jobrun._core.browse import RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.predicates import STRANDED
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRun, job_run_of
 from jobrun._core.runs import get_job_run, job_runs
+from jobrun._core.worker_registry import served_jobs
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,
@@ -115,23 +125,27 @@ def runs(
 
     if status == STRANDED:
         at = utc_now()
-        found = run_on_store(
-            url, lambda store: _stranded_runs(store, module_id, job, instance, limit, at)
-        )
+
+        def read(store: SqlJobRunStore) -> Awaitable[list[JobRun]]:
+            return _stranded_runs(store, module_id, job, instance, limit, at)
     else:
-        found = run_on_store(
-            url,
-            lambda store: job_runs(
+
+        def read(store: SqlJobRunStore) -> Awaitable[list[JobRun]]:
+            return job_runs(
                 store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
-            ),
-        )
+            )
+
+    found, workers, at = run_on_store(url, lambda store: with_workers(store, read))
     if as_json:
-        click.echo(dumps([run_json(run) for run in found]))
+        unserved = unserved_ids(found, workers, at)
+        click.echo(dumps([run_json(run) | {NO_WORKER_KEY: run.id in unserved} for run in found]))
     elif not found:
         click.echo("no runs match")
     else:
         out = terminal()
         out.print(runs_table(found, utc_now(), out.width))
+        for line in unserved_lines(found, workers, at):
+            click.echo(line)
 
 
 @cli.command("show")
@@ -321,8 +335,12 @@ def health(url: str, app: str | None, as_json: bool) -> None:
         from jobrun._cli.worker_command import load_registry
 
         registered = {(job.module_id, job.name): job.version for job in load_registry(app)}
-    counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
+    counts, workers, at = run_on_store(
+        url, lambda store: with_workers(store, lambda store: job_run_health(store, by_job=True))
+    )
     if as_json:
-        click.echo(dumps(health_json(counts, registered)))
+        click.echo(dumps(health_workers_json(health_json(counts, registered), workers)))
     else:
-        terminal().print(health_table(counts, registered))
+        table = health_table(counts, registered, served_jobs(workers))
+        add_worker_rows(table, workers, at)
+        terminal().print(table)

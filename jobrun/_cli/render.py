@@ -337,8 +337,12 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
 
 
 def health_table(
-    health: JobRunHealth, registered: Mapping[tuple[str, str], int] | None = None
+    health: JobRunHealth,
+    registered: Mapping[tuple[str, str], int] | None = None,
+    served: Mapping[tuple[str, str], int] | None = None,
 ) -> Table:
+    """``served``: how many live workers register each job (due runs of a job none
+    registers are marked)."""
     table = _fields_table()
     table.add_row("running", str(health.running))
     table.add_row("due now", str(health.due))
@@ -351,6 +355,8 @@ def health_table(
         note = ""
         if registered is not None and (module_id, job) not in registered:
             note = "  (not registered by --app: nothing will run these)"
+        elif served is not None and (module_id, job) not in served:
+            note = "  (no live worker runs this job)"
         table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
     for (module_id, job), runs in health.versions_by_job.items():
         if set(runs) != {1}:

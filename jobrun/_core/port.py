@@ -28,6 +28,7 @@ from jobrun._core.records import (
 )
 from jobrun._core.refusals import checked_positive_int
 from jobrun._core.transitions import Claimed, RunChange
+from jobrun._core.worker_registry import WorkerRow
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
@@ -329,6 +330,21 @@ class OperatorStore(JobRunStore, Protocol):
 
     async def recorded_retention(self) -> dict[tuple[str, str], int]:
         """Every recorded retention, in seconds, whichever registry recorded it."""
+        ...
+
+    async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
+        """Write the worker's row (``row.id`` its key): inserted if absent, else its
+        ``jobs``, ``heartbeat_at`` and ``expires_at`` replaced. With ``sweep_at``,
+        also delete the rows of workers gone by then (``expires_at`` not after it;
+        see :mod:`jobrun._core.worker_registry`)."""
+        ...
+
+    async def forget_worker(self, worker_id: str) -> None:
+        """Delete the worker's row (it stopped); a missing one is no error."""
+        ...
+
+    async def live_workers(self, now_at: str) -> list[WorkerRow]:
+        """The rows of workers live at ``now_at`` (expiring after it), oldest first."""
         ...
 
 

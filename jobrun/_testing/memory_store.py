@@ -45,6 +45,7 @@ from jobrun._core.records import (
 )
 from jobrun._core.refusals import refuse
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.worker_registry import WorkerRow, worker_is_live
 from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
@@ -81,6 +82,7 @@ class MemoryJobRunStore:
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self.retention: dict[tuple[str, str], int] = {}
+        self.workers: dict[str, WorkerRow] = {}
         self._owed_releases = OwedReleases()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
@@ -445,3 +447,24 @@ class MemoryJobRunStore:
 
     async def live_presences(self) -> builtins.list[PresenceSeen]:
         return []
+
+    # -- OperatorStore: the workers that said they are alive ----------------------------------
+
+    async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
+        found = self.workers.get(row.id)
+        if found is not None:
+            row = replace(
+                found, jobs=row.jobs, heartbeat_at=row.heartbeat_at, expires_at=row.expires_at
+            )
+        self.workers[row.id] = row
+        if sweep_at is not None:
+            for worker in list(self.workers.values()):
+                if not worker_is_live(worker, sweep_at):
+                    del self.workers[worker.id]
+
+    async def forget_worker(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    async def live_workers(self, now_at: str) -> builtins.list[WorkerRow]:
+        live = [row for row in self.workers.values() if worker_is_live(row, now_at)]
+        return sorted(live, key=lambda row: (row.started_at, row.id))

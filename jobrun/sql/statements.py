@@ -47,6 +47,7 @@ from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun._core.transitions import CLAIM_FIELDS
+from jobrun._core.worker_registry import WorkerRow
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import (
@@ -59,6 +60,7 @@ from jobrun.sql.schema import (
     job_runs,
     job_schedules,
     job_steps,
+    job_workers,
     rate_buckets,
 )
 
@@ -884,6 +886,52 @@ def recorded_retention_statement() -> Any:
     """Every job's recorded retention: ``(module_id, job, keep_for_s)``."""
     kept = job_retention.c
     return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
+
+
+# -- the workers that said they are alive (jobrun._core.worker_registry) -------------------
+
+WORKER_COLUMNS = tuple(column.name for column in job_workers.c)
+# Rows come back in table order, which is WorkerRow's field order.
+assert tuple(WorkerRow.__dataclass_fields__) == WORKER_COLUMNS
+
+
+def worker_is_live(now_at: Any) -> Any:
+    """Twin of :func:`jobrun._core.worker_registry.worker_is_live`."""
+    return job_workers.c.expires_at > now_at
+
+
+def beat_worker_statement(is_postgres: bool) -> Any:
+    """Write the worker row ``worker_*``: inserted at its first heartbeat (or again, if a
+    sweep took it for gone), its heartbeat, expiry and jobs refreshed after."""
+    inserted = dialect_insert(is_postgres, job_workers).values(
+        {name: bindparam(f"worker_{name}") for name in WORKER_COLUMNS}
+    )
+    return inserted.on_conflict_do_update(
+        index_elements=[job_workers.c.id],
+        set_={
+            name: getattr(inserted.excluded, name)
+            for name in ("jobs", "heartbeat_at", "expires_at")
+        },
+    )
+
+
+def forget_worker_statement() -> Any:
+    """Delete the row of the worker ``worker_id`` (it stopped)."""
+    return delete(job_workers).where(job_workers.c.id == bindparam("worker_id"))
+
+
+def sweep_workers_statement() -> Any:
+    """Delete the rows of workers gone by ``now_at``."""
+    return delete(job_workers).where(not_(worker_is_live(bindparam("now_at", type_=Text))))
+
+
+def live_workers_statement() -> Any:
+    """The rows of workers live at ``now_at``, oldest first."""
+    return (
+        select(job_workers)
+        .where(worker_is_live(bindparam("now_at", type_=Text)))
+        .order_by(job_workers.c.started_at, job_workers.c.id)
+    )
 
 
 # -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------

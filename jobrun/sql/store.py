@@ -58,6 +58,7 @@ from jobrun._core.transitions import (
     claim_transition,
     is_orphan,
 )
+from jobrun._core.worker_registry import WorkerRow
 from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
@@ -80,6 +81,7 @@ from jobrun.sql.statements import (
     activity_ended_statement,
     activity_started_statement,
     add_schedule_statement,
+    beat_worker_statement,
     change_statement,
     claim_read,
     claim_read_on_database_clock,
@@ -89,11 +91,13 @@ from jobrun.sql.statements import (
     count_statement,
     find_statement,
     forget_retention_statement,
+    forget_worker_statement,
     held_leases_statement,
     is_bytewise_collation,
     job_loads_statement,
     limit_locks,
     list_statement,
+    live_workers_statement,
     point_slot_statement,
     prune_ledgers,
     prune_runs,
@@ -102,11 +106,14 @@ from jobrun.sql.statements import (
     remove_schedule_statement,
     reset_schedule_statement,
     schedule_rows_statement,
+    sweep_workers_statement,
     take_slot_statement,
 )
 from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 __all__ = ["SqlJobRunStore", "limit_lock_key", "notify_payload"]
+
+WORKER_FIELDS = tuple(WorkerRow.__dataclass_fields__)
 
 _START_RETRIES = 10
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
@@ -1022,3 +1029,26 @@ class SqlJobRunStore:
         async with self._operation("live_presences"):
             rows = await self._executor.fetch("live_presences", statement, {})
         return [presence_seen(int(row[0]), row[1], row[2], row[3]) for row in rows]
+
+    # -- OperatorStore: the workers that said they are alive ----------------------------------
+
+    async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
+        # One statement; with ``sweep_at``, a second deletes the rows of workers gone by then.
+        beat = self._shapes.of(beat_worker_statement, self._is_postgres)
+        values = {f"worker_{name}": getattr(row, name) for name in WORKER_FIELDS}
+        async with self._operation("beat_worker"):
+            await self._executor.fetch("beat_worker", beat, values)
+            if sweep_at is not None:
+                sweep = self._shapes.of(sweep_workers_statement)
+                await self._executor.fetch("beat_worker", sweep, {"now_at": sweep_at})
+
+    async def forget_worker(self, worker_id: str) -> None:
+        statement = self._shapes.of(forget_worker_statement)
+        async with self._operation("forget_worker"):
+            await self._executor.fetch("forget_worker", statement, {"worker_id": worker_id})
+
+    async def live_workers(self, now_at: str) -> builtins.list[WorkerRow]:
+        statement = self._shapes.of(live_workers_statement)
+        async with self._operation("live_workers"):
+            rows = await self._executor.fetch("live_workers", statement, {"now_at": now_at})
+        return [WorkerRow(*row) for row in rows]

@@ -366,3 +366,16 @@ async def test_postgres_reads_the_presence_key_as_python_does(store: Any, engine
             )
             holder = parse_holder(text)
             assert found == (None if holder is None else holder.presence), text
+
+
+@pytest.mark.parametrize("at", INSTANTS)
+async def test_the_live_workers_are_those_the_rule_keeps(store: Any, at: str) -> None:
+    from jobrun._core.worker_registry import WorkerRow, worker_is_live
+
+    rows = [WorkerRow(f"w{index}", "n", "h", 1, "[]", BEFORE, BEFORE, expiry)
+            for index, expiry in enumerate(INSTANTS)]  # fmt: skip
+    for row in rows:
+        await store.beat_worker(row)
+    expected = [row for row in rows if worker_is_live(row, at)]
+    assert await store.live_workers(at) == expected
+    assert len(expected) == INSTANTS[::-1].index(at)

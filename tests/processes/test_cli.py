@@ -143,11 +143,11 @@ def file_url(path: Path) -> str:
 def _db_upgrade_current_check(url: str) -> None:
     assert "no jobrun schema" in fails(1, "db", "check", "--url", url).stdout
     assert "upgraded from none" in ok("db", "upgrade", "--url", url).stdout
-    assert "already at head: 0006" in ok("db", "upgrade", "--url", url).stdout
+    assert "already at head: 0007" in ok("db", "upgrade", "--url", url).stdout
     current = ok("db", "current", "--url", url).stdout
-    assert "current: 0006" in current
-    assert "head:    0006" in current
-    assert "ok: at head 0006" in ok("db", "check", "--url", url).stdout
+    assert "current: 0007" in current
+    assert "head:    0007" in current
+    assert "ok: at head 0007" in ok("db", "check", "--url", url).stdout
 
 
 def test_db_upgrade_on_a_new_sqlite_file(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_db_current_and_check_report_a_schema_behind(database_url: str) -> None:
     run_in_thread(to_0001)
     assert "current: 0001  (behind" in ok("db", "current", "--url", database_url).stdout
     drift = fails(1, "db", "check", "--url", database_url).stdout
-    assert "drift: the database is at 0001, head is 0006" in drift
+    assert "drift: the database is at 0001, head is 0007" in drift
     # Every other command refuses, naming the fix.
     refused = fails(1, "runs", "--url", database_url)
     assert "revision 0001" in refused.stderr

@@ -185,8 +185,8 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
     counts = json.loads(invoke("health", "--url", database_url, "--json").stdout)
     assert counts["due"] == 3
     assert counts["due_by_job"] == [
-        {"module_id": "shop", "job": "forgotten", "due": 1},
-        {"module_id": "shop", "job": "walk", "due": 2},
+        {"module_id": "shop", "job": "forgotten", "due": 1, "live_workers": 0},
+        {"module_id": "shop", "job": "walk", "due": 2, "live_workers": 0},
     ]
     marked = invoke("health", "--url", database_url, "--app", "tests.processes.test_cli:registry")
     assert marked.exit_code == 0, marked.output
@@ -194,7 +194,8 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
         marked.output
     )
     [walk_line] = [line for line in marked.output.splitlines() if "due shop/walk" in line]
-    assert walk_line.split() == ["due", "shop/walk", "2"]
+    # Registered by --app, but no live worker runs it either (none is running).
+    assert " ".join(walk_line.split()) == "due shop/walk 2 (no live worker runs this job)"
     as_json = invoke(
         "health", "--url", database_url, "--app", "tests.processes.test_cli:registry", "--json"
     )

@@ -86,6 +86,11 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
         r"presence=\(|presence=\[",
         {"_core/holders.py": None},
     ),
+    (
+        "a worker is live: its row's expiry is still ahead",
+        r"\.expires_at\s*[<>]",
+        {"_core/worker_registry.py": {"worker_is_live"}, STATEMENTS: {"worker_is_live"}},
+    ),
 ]
 # The console and the command line read public JobRun records, not stored rows.
 OUTSIDE = ("ui/", "_cli/")
