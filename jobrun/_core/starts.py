@@ -13,13 +13,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.names import require_name
-from jobrun._core.port import JobRunStore
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow, job_run_of, priority_value
 from jobrun._core.refusals import (
@@ -32,6 +31,11 @@ from jobrun._core.refusals import (
 )
 from jobrun._core.sources import Sources
 from jobrun.errors import JobValidationError
+
+if TYPE_CHECKING:
+    # Annotations only: the port's worker rows read the waiting reason, which reads
+    # this module's start-later rule.
+    from jobrun._core.port import JobRunStore
 
 Key = tuple[str, str, str]
 
