@@ -72,11 +72,18 @@ def is_orphan(row: RunRow, request: ClaimRequest) -> bool:
     return is_leased(row, request.now_at) and row.lease_owner in request.dead_owners
 
 
+def takeover_note_parts(died: bool) -> tuple[str, str]:
+    """The text before and after the driver's name in :func:`takeover_note` (the
+    Postgres claim, which writes it in SQL, splices the name in between)."""
+    if died:
+        return "the driver ", " died during a pass; the run was taken over at once"
+    return "the lease of driver ", " expired during a pass; the run was taken over"
+
+
 def takeover_note(previous: PreviousHolder) -> str:
     """``last_error`` after taking over a pass that had begun."""
-    if previous.died:
-        return f"the driver {previous.driver} died during a pass; the run was taken over at once"
-    return f"the lease of driver {previous.driver} expired during a pass; the run was taken over"
+    before, after = takeover_note_parts(previous.died)
+    return f"{before}{previous.driver}{after}"
 
 
 def claim_transition(row: RunRow, request: ClaimRequest) -> Claimed:
