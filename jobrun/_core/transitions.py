@@ -56,10 +56,13 @@ class PreviousHolder:
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """What a claim did: the run as written, and the holder it took the run from
-    (``None``: the run was not leased, a fresh claim)."""
+    (``None``: the run was not leased, a fresh claim). ``ledger_empty``: the store
+    knows the run's ledger held no rows when it was leased (so its first pass
+    need not read it); ``False`` says nothing."""
 
     row: RunRow
     previous: PreviousHolder | None = None
+    ledger_empty: bool = False
 
     @property
     def taken_over(self) -> bool:

@@ -217,7 +217,7 @@ def _place(row: Any) -> int:
 def _claimed(row: Any, dead_owners: frozenset[str]) -> Claimed:
     """A row of ``claim_batch``: the run as written, then its place and its previous holder."""
     run = RunRow(*row[:_WIDTH])
-    owner, driver, began_at = row[_WIDTH + 1 : _WIDTH + 4]
+    owner, driver, began_at, ledger_empty = row[_WIDTH + 1 : _WIDTH + 5]
     if owner is None:
-        return Claimed(run)
+        return Claimed(run, ledger_empty=bool(ledger_empty))
     return Claimed(run, PreviousHolder(owner, driver, began_at, died=owner in dead_owners))

@@ -28,6 +28,7 @@ from sqlalchemy import (
     delete,
     exists,
     extract,
+    false,
     func,
     literal,
     literal_column,
@@ -585,14 +586,19 @@ def _locked_candidates(
     ]
     not_skipped = runs.id != func.all(_text_array("skip_ids"))
     due = _due_runs(
-        runs, [*columns, literal_column("0").label("orphan")], limited, by_age, versioned, jobs
+        runs,
+        [*columns, literal_column("0").label("orphan"), _ledger_empty(candidate)],
+        limited,
+        by_age,
+        versioned,
+        jobs,
     )
     due = clock(due.where(not_skipped).limit(wanted).with_for_update(skip_locked=True))
     if not dead:
         return due.subquery("locked")
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     orphans = (
-        select(*columns, literal_column("1").label("orphan"))
+        select(*columns, literal_column("1").label("orphan"), false().label("ledger_empty"))
         .where(
             is_leased(bindparam("now_at", type_=Text), runs),
             runs.lease_owner == func.any(_text_array("dead")),
@@ -604,6 +610,22 @@ def _locked_candidates(
         .with_for_update(skip_locked=True)
     )
     return union_all(clock(orphans).subquery().select(), due.subquery().select()).subquery("locked")
+
+
+def _ledger_empty(candidate: Any) -> Any:
+    """Whether the run's ledger is known empty as it is locked: no rows in the
+    statement's snapshot, and no holder since that snapshot could have written one
+    (unleased there, and the row locked is that very version: same ``xmin``). A
+    holder's step writes all commit before the write that lets go of its lease (a
+    step write holds the run row's share lock), so an unleased version written
+    before the snapshot has every ledger row of the run in the snapshot."""
+    runs = candidate.c
+    snapshot = job_runs.alias("snapshot")
+    unchanged = literal_column("candidate.xmin") == (
+        select(literal_column("snapshot.xmin")).where(snapshot.c.id == runs.id).scalar_subquery()
+    )
+    ledger = select(job_steps.c.run_id).where(job_steps.c.run_id == runs.id)
+    return and_(runs.lease_owner.is_(None), unchanged, not_(exists(ledger))).label("ledger_empty")
 
 
 def _ranked(locked: Any, by_age: bool, limited: int, clock: Callable[[Any], Any]) -> Any:
@@ -711,6 +733,7 @@ def claim_batch(
             chosen.c.lease_owner.label("was_owner"),
             chosen.c.lease_driver.label("was_driver"),
             chosen.c.lease_began_at.label("was_began_at"),
+            chosen.c.ledger_empty,
         )
     )
 

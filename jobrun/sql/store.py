@@ -15,7 +15,6 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import astuple
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -135,7 +134,8 @@ def _prefix_successor(prefix: str) -> str | None:
 
 
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
+    # getattr, not dataclasses.astuple: that deep-copies every field (a pass commit pays it).
+    return {f"{prefix}{name}": getattr(record, name) for name in names}
 
 
 def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:

@@ -15,12 +15,13 @@ import dataclasses
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import insert, select, text
 
+import jobrun
 from jobrun._core.records import ClaimRequest, RunPatch, RunRow
 from jobrun._core.transitions import Claimed
 from jobrun._testing.memory_store import MemoryJobRunStore
-from jobrun.sql.schema import job_runs
+from jobrun.sql.schema import job_runs, job_steps
 from tests.support import hand_made_row, logged_store, put_rows
 
 BEFORE = "2026-01-01T11:00:00.000Z"
@@ -49,6 +50,12 @@ async def _batch_on_memory(rows: list[RunRow], request: ClaimRequest, tokens: li
     oracle = MemoryJobRunStore()
     await put_rows(oracle, None, rows)
     return await oracle.claim_batch(request, tokens)
+
+
+def _written(claimed: list[Claimed]) -> list[tuple[RunRow, Any]]:
+    """What a claim wrote and whom it took over (whether it knew the ledger empty is
+    the store's to know: Postgres says so, the others read the ledger)."""
+    return [(one.row, one.previous) for one in claimed]
 
 
 def _rows_to_rules() -> list[RunRow]:
@@ -86,7 +93,7 @@ async def test_a_batch_follows_every_rule_as_claims_one_after_another(
     tokens = [f"T{index}" for index in range(6)]
     claimed = await store.claim_batch(request, tokens)
     wanted = await _batch_on_memory(rows, request, tokens)
-    assert claimed == wanted
+    assert _written(claimed) == _written(wanted)
     # The orphan, then one of job a (its limit of 3 counts both leased runs, and the
     # batch's own), then job b's one runnable run: fewer runs than tokens.
     assert len(claimed) == 3
@@ -181,3 +188,50 @@ async def test_the_claim_text_is_the_same_whatever_it_skips(engine: Any) -> None
             text("SELECT count(*) FROM _substrat_job_runs WHERE lease_owner IS NOT NULL")
         )
         assert held.scalar_one() == 7
+
+
+@ONLY_POSTGRES
+async def test_a_claim_knows_an_empty_ledger_and_the_pass_does_not_read_it(engine: Any) -> None:
+    """Postgres: a run claimed unleased, with no ledger rows, comes back
+    ``ledger_empty`` and its first pass sends no ledger read; a run with ledger
+    rows, or taken over from a holder (whose writes may still land), does not."""
+    logged, log = logged_store(engine)
+    fresh, kept, expired = _due(1, priority=2), _due(2, priority=1), _due(3)
+    expired = dataclasses.replace(
+        expired, lease_owner="GONE", lease_driver="gone:1", next_attempt_at=BEFORE
+    )
+    await put_rows(logged, engine, [fresh, kept, expired])
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(job_steps),
+            [
+                {
+                    "run_id": kept.id,
+                    "step": "s",
+                    "result": '"memo"',
+                    "attempts": 1,
+                    "last_error": None,
+                    "recorded_at": BEFORE,
+                }
+            ],
+        )
+    claimed = await logged.claim_batch(_request(), ["T0", "T1", "T2"])
+    assert [(one.row.id, one.ledger_empty) for one in claimed] == [
+        (fresh.id, True),
+        (kept.id, False),
+        (expired.id, False),
+    ]
+    # A pass of a run claimed so reads no ledger before its step.
+    registry = jobrun.JobRegistry()
+
+    @registry.job(*B)
+    async def one_step(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("only", lambda: 1)
+        return jobrun.PassResult(done=True)
+
+    await jobrun.start_job_run(logged, module_id=B[0], job=B[1], instance="new")
+    log.seen.clear()
+    report = await jobrun.run_due_jobs(logged, registry, limit=1)
+    assert report.completed == 1
+    assert [operation for operation, _, _ in log.seen].count("steps") == 0
+    assert [operation for operation, _, _ in log.seen].count("record_step") == 1

@@ -264,7 +264,8 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             assert chosen == wanted, (at, by_age, versions)
         # What the store wrote is what the core's transition makes of the row it chose
         # (Postgres writes it in SQL: statements._claimed_values).
-        assert claimed == claim_transition(chosen, request), (at, dead, chosen)
+        wrote = claim_transition(chosen, request)
+        assert (claimed.row, claimed.previous) == (wrote.row, wrote.previous), (at, dead, chosen)
         await _put_back(store, engine, chosen)
 
 
