@@ -2,8 +2,11 @@
 
 Each point is ``processes x drivers`` (1x1, 2x4 and 2x32 by default): that many
 driver processes, each with that many tasks in flight, on an engine whose pool is
-sized to its tasks up to 8 (the server's connections are shared; both
-variants take a connection per statement from it). The runs never end (each
+sized to its tasks up to 8 (the server's connections are shared). The floor
+takes a connection from its asyncpg pool per statement, which costs it CPU that
+jobrun's store, keeping its connections, does not pay: with many steps per pass
+the "floor" is then slower than jobrun (read those ratios as before/after
+only). The runs never end (each
 pass does ``--steps`` new trivial steps and commits the next cursor, so the run
 is due again at once), four runs per task, so no driver waits for work. Two
 variants per point, interleaved (one sample of each per round, the order
