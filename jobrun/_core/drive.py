@@ -288,8 +288,9 @@ class _Drive:
                     current,
                     lease,
                     leased_at_s=leased_at_s,
-                    # After this driver's own commit the ledger is known to be empty.
-                    ledger_known_empty=number > 0,
+                    # After this driver's own commit the ledger is known to be empty;
+                    # before the first pass, when the claim found it so.
+                    ledger_known_empty=number > 0 or claimed.ledger_empty,
                     keep_lease=not last,
                     probe=probe,
                 ),

@@ -133,6 +133,15 @@ class JobRunStore(Protocol):
         """
         ...
 
+    async def claim_batch(self, request: ClaimRequest, tokens: Sequence[str]) -> list[Claimed]:
+        """Up to ``len(tokens)`` runs, as :meth:`claim` would lease them one after
+        another (orphans first, then due runs in claim order, each limit counting
+        the runs the batch already took), the i-th under ``tokens[i]`` (each its own
+        lease; ``request.token`` is not used). In claim order; fewer (or none) when
+        fewer fit. On Postgres one statement that passes over runs another claimer
+        has locked instead of waiting for them."""
+        ...
+
     async def held_leases(
         self, now_at: str, jobs: frozenset[tuple[str, str]] | None
     ) -> list[HeldLease]:

@@ -56,10 +56,13 @@ class PreviousHolder:
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """What a claim did: the run as written, and the holder it took the run from
-    (``None``: the run was not leased, a fresh claim)."""
+    (``None``: the run was not leased, a fresh claim). ``ledger_empty``: the store
+    knows the run's ledger held no rows when it was leased (so its first pass
+    need not read it); ``False`` says nothing."""
 
     row: RunRow
     previous: PreviousHolder | None = None
+    ledger_empty: bool = False
 
     @property
     def taken_over(self) -> bool:
@@ -72,11 +75,18 @@ def is_orphan(row: RunRow, request: ClaimRequest) -> bool:
     return is_leased(row, request.now_at) and row.lease_owner in request.dead_owners
 
 
+def takeover_note_parts(died: bool) -> tuple[str, str]:
+    """The text before and after the driver's name in :func:`takeover_note` (the
+    Postgres claim, which writes it in SQL, splices the name in between)."""
+    if died:
+        return "the driver ", " died during a pass; the run was taken over at once"
+    return "the lease of driver ", " expired during a pass; the run was taken over"
+
+
 def takeover_note(previous: PreviousHolder) -> str:
     """``last_error`` after taking over a pass that had begun."""
-    if previous.died:
-        return f"the driver {previous.driver} died during a pass; the run was taken over at once"
-    return f"the lease of driver {previous.driver} expired during a pass; the run was taken over"
+    before, after = takeover_note_parts(previous.died)
+    return f"{before}{previous.driver}{after}"
 
 
 def claim_transition(row: RunRow, request: ClaimRequest) -> Claimed:

@@ -144,6 +144,15 @@ class MemoryJobRunStore:
         self.runs[row.id] = claimed.row
         return claimed
 
+    async def claim_batch(self, request: ClaimRequest, tokens: Sequence[str]) -> list[Claimed]:
+        claimed: list[Claimed] = []
+        for token in tokens:
+            one = await self.claim(replace(request, token=token))
+            if one is None:
+                break
+            claimed.append(one)
+        return claimed
+
     async def held_leases(
         self, now_at: str, jobs: frozenset[tuple[str, str]] | None
     ) -> list[HeldLease]:

@@ -11,12 +11,10 @@ pass engine's and driver's ``JobRunStore``, the ``OperatorStore``, the
 from __future__ import annotations
 
 import builtins
-import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import astuple
 from datetime import timedelta
 from functools import partial
 from operator import attrgetter
@@ -52,17 +50,15 @@ from jobrun._core.records import (
 )
 from jobrun._core.refusals import refuse_type, type_name
 from jobrun._core.transitions import (
-    CLAIM_FIELDS,
     Claimed,
     RunChange,
-    claim_transition,
-    is_orphan,
 )
 from jobrun._core.worker_registry import WorkerRow
 from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
+from jobrun.sql.claims import Fetch, SqlClaims, limit_lock_key, numbered, pairs
 from jobrun.sql.database_clock import DatabaseClockLeases
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
@@ -83,9 +79,6 @@ from jobrun.sql.statements import (
     add_schedule_statement,
     beat_worker_statement,
     change_statement,
-    claim_read,
-    claim_read_on_database_clock,
-    claim_write,
     clock_statement,
     collation_statement,
     count_statement,
@@ -95,7 +88,6 @@ from jobrun.sql.statements import (
     held_leases_statement,
     is_bytewise_collation,
     job_loads_statement,
-    limit_locks,
     list_statement,
     live_workers_statement,
     point_slot_statement,
@@ -120,25 +112,12 @@ _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
 # How often the skew between this host's clock and Postgres's is measured again.
 CLOCK_CHECK_INTERVAL_S = 60.0
 
-Fetch = Callable[[Any, Mapping[str, Any]], Awaitable[builtins.list[Any]]]
-"""Sends one prepared statement with its values: the executor's, or a transaction's."""
-
 
 def notify_payload(row: RunRow) -> str:
     """``["module_id", "job"]`` as JSON (a module id may itself contain ``/``); empty when
     too long for a notification (listeners then wake for any job)."""
     text = json.dumps([row.module_id, row.job])
     return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
-
-
-def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
-    """Postgres: the advisory lock (a signed 64-bit key) that orders one job's limited
-    claims; per schema, so tenants never wait on each other."""
-    digest = hashlib.blake2b(
-        json.dumps(["jobrun.max_concurrent", schema, module_id, job]).encode("utf-8"),
-        digest_size=8,
-    ).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def _status_arms(query: RunQuery) -> tuple[str, ...]:
@@ -165,21 +144,9 @@ def _prefix_successor(prefix: str) -> str | None:
     return None
 
 
-def _pairs(prefix: str, jobs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """``{prefix}module_{i}`` and ``{prefix}job_{i}`` of each ``(module_id, job)`` pair."""
-    values: dict[str, Any] = {}
-    for index, (module_id, job) in enumerate(jobs):
-        values |= {f"{prefix}module_{index}": module_id, f"{prefix}job_{index}": job}
-    return values
-
-
-def _numbered(name: str, items: Sequence[Any]) -> dict[str, Any]:
-    """``{name}_{i}`` of each item."""
-    return {f"{name}_{index}": item for index, item in enumerate(items)}
-
-
 def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    return {f"{prefix}{name}": value for name, value in zip(names, astuple(record), strict=True)}
+    # getattr, not dataclasses.astuple: that deep-copies every field (a pass commit pays it).
+    return {f"{prefix}{name}": getattr(record, name) for name in names}
 
 
 def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
@@ -286,6 +253,7 @@ class SqlJobRunStore:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
         # In a schema, every compiled statement names it (rendered once, here).
         self._statements, self._shapes = _compiled_for(engine, self._schema)
+        self._claims = SqlClaims(self._executor, self._shapes, self._is_postgres, self._schema)
         self._limit_operations = SqlLimits(
             self._executor, self._shapes, self._is_postgres, self._schema
         )
@@ -487,107 +455,22 @@ class SqlJobRunStore:
         return RunRow(*found[0]) if found else None
 
     async def claim(self, request: ClaimRequest) -> Claimed | None:
-        if not request.expires_at:
-            return None
-        limited = sorted(
-            (key, most) for key, most in request.max_concurrent.items() if key in request.expires_at
-        )
-        async with self._operation("claim"):
-            if limited and self._is_postgres:
-                claimed = await self._claim_in_turn(request, [key for key, _ in limited])
-            else:
-                fetch = partial(self._executor.fetch, "claim")
-                claimed = await self._choose_and_lease(fetch, request, limited)
-        if claimed is not None and self._on_database_clock(request):
-            self._database_clock_leases.remember(request.token)
-        return claimed
+        claimed = await self.claim_batch(request, [request.token])
+        return claimed[0] if claimed else None
 
-    def _on_database_clock(self, request: ClaimRequest) -> bool:
-        """Whether this claim's expiries are judged and counted on the database's clock."""
-        return self._is_postgres and request.database_clock
-
-    async def _choose_and_lease(
-        self,
-        fetch: Fetch,
-        request: ClaimRequest,
-        limited: builtins.list[tuple[tuple[str, str], int]],
-    ) -> Claimed | None:
-        """Read the run the claim would get, let the core decide its new state, and
-        write that fenced on what was read. A run that changed in between (or whose
-        job reached its limit) is passed over and the next one read: each miss
-        leaves one run fewer to read, so this ends."""
-        missed: builtins.list[str] = []
-        while True:
-            read, values = self._claim_read(request, limited, missed)
-            found = await fetch(read, values)
-            if not found:
-                return None
-            row = RunRow(*found[0])
-            claimed = claim_transition(row, request)
-            write, values = self._claim_write(request, row, claimed.row)
-            written = await fetch(write, values)
-            if written:
-                return Claimed(RunRow(*written[0]), claimed.previous)
-            missed.append(row.id)
-
-    def _claim_read(
-        self,
-        request: ClaimRequest,
-        limited: builtins.list[tuple[tuple[str, str], int]],
-        missed: builtins.list[str],
-    ) -> tuple[Any, dict[str, Any]]:
-        jobs = builtins.list(request.expires_at)
-        skipped = sorted(request.skip_ids) + missed
-        dead = sorted(request.dead_owners)
-        # Only jobs of a version above 1 are named: every other job's code is version 1.
-        versioned = sorted(
-            (job, version)
-            for job, version in request.versions.items()
-            if version != 1 and job in request.expires_at
-        )
-        shape = (len(jobs), len(skipped), len(limited), len(dead), request.by_age, len(versioned))
+    async def claim_batch(
+        self, request: ClaimRequest, tokens: Sequence[str]
+    ) -> builtins.list[Claimed]:
+        if not request.expires_at or not tokens:
+            return []
         # Postgres judges expiries on its own clock, at the statement.
-        build = claim_read_on_database_clock if self._on_database_clock(request) else claim_read
-        read = self._shapes.of(build, *shape)
-        values: dict[str, Any] = {"now_at": request.now_at}
-        values |= _pairs("", jobs) | _numbered("skip", skipped) | _numbered("dead", dead)
-        values |= _pairs("versioned_", [job for job, _ in versioned])
-        values |= _numbered("versioned_version", [version for _, version in versioned])
-        values |= _pairs("limited_", [key for key, _ in limited])
-        values |= _numbered("limited_most", [most for _, most in limited])
-        return read, values
-
-    def _claim_write(
-        self, request: ClaimRequest, row: RunRow, claimed: RunRow
-    ) -> tuple[Any, dict[str, Any]]:
-        job = (row.module_id, row.job)
-        # Taking over a dead holder's unexpired lease adds no pass in flight.
-        most = None if is_orphan(row, request) else request.max_concurrent.get(job)
-        write = self._shapes.of(claim_write, most is not None, self._on_database_clock(request))
-        values: dict[str, Any] = {"fence_id": row.id, "now_at": request.now_at}
-        for name in CLAIM_FIELDS:
-            values[f"was_{name}"] = getattr(row, name)
-            values[f"new_{name}"] = getattr(claimed, name)
-        if most is not None:
-            values |= {"check_module": row.module_id, "check_job": row.job, "check_most": most}
-        return write, values
-
-    async def _claim_in_turn(
-        self, request: ClaimRequest, limited: builtins.list[tuple[str, str]]
-    ) -> Claimed | None:
-        """Postgres, jobs under a concurrency limit: under READ COMMITTED two claimers
-        could both count "1 below a limit of 2" and both lease. A transaction-scoped
-        advisory lock per limited job, taken in a statement of its own, makes them
-        count one after the other. Jobs without a limit never pay this."""
-        # Always in the same (sorted) order, so two claimers cannot deadlock.
-        keys = sorted(limit_lock_key(self._schema, module_id, job) for module_id, job in limited)
-        locks = self._shapes.of(limit_locks, len(keys))
-        most = sorted(
-            (key, count) for key, count in request.max_concurrent.items() if key in limited
-        )
-        async with self._executor.transaction("claim") as transaction:
-            await transaction.fetch(locks, _numbered("lock", keys))
-            return await self._choose_and_lease(transaction.fetch, request, most)
+        database_clock = self._is_postgres and request.database_clock
+        async with self._operation("claim"):
+            claimed = await self._claims.claim(request, tokens, database_clock)
+        if database_clock:
+            for taken in claimed:
+                self._database_clock_leases.remember(taken.row.lease_owner or "")
+        return claimed
 
     async def held_leases(
         self, now_at: str, jobs: frozenset[tuple[str, str]] | None
@@ -596,7 +479,7 @@ class SqlJobRunStore:
         if jobs is not None:
             if not jobs:
                 return []
-            values |= _pairs("", sorted(jobs))
+            values |= pairs("", sorted(jobs))
         count = None if jobs is None else len(jobs)
         statement = self._shapes.of(held_leases_statement, count, self._presence is not None)
         async with self._operation("held_leases"):
@@ -818,8 +701,8 @@ class SqlJobRunStore:
         shape = (len(statuses), None if only is None else len(only), len(excepted))
         doomed = self._shapes.of(prune_runs, *shape)
         values = {"ended_before": ended_before, "batch_size": batch_size}
-        values |= _numbered("pruned_status", statuses) | _pairs("only_", only or [])
-        values |= _pairs("except_", excepted)
+        values |= numbered("pruned_status", statuses) | pairs("only_", only or [])
+        values |= pairs("except_", excepted)
         # The runs first, each re-checked as it is deleted (a run resumed since the
         # batch was chosen is running again and stays), then the ledgers of exactly
         # the runs deleted: a resume can never keep its row and lose its ledger.
@@ -829,7 +712,7 @@ class SqlJobRunStore:
                 ids = [row[0] for row in await tx.fetch(doomed, values)]
                 if ids:
                     ledgers = self._shapes.of(prune_ledgers, len(ids))
-                    await tx.fetch(ledgers, _numbered("id", ids))
+                    await tx.fetch(ledgers, numbered("id", ids))
             deleted += len(ids)
             if len(ids) < batch_size:
                 return deleted
@@ -980,7 +863,7 @@ class SqlJobRunStore:
         arms = _status_arms(query)
         arms = arms if len(arms) > 1 else ()
         statement = self._shapes.of(find_statement, tuple(values), len(arms))
-        values |= _numbered("arm", arms) | {"limit": query.limit}
+        values |= numbered("arm", arms) | {"limit": query.limit}
         async with self._operation("find"):
             rows = await self._executor.fetch("find", statement, values)
         return [RunRow(*row) for row in rows]

@@ -21,7 +21,12 @@ from jobrun._core.activity import ActivityQuery, count_activity
 from jobrun._core.browse import RunQuery, run_matches
 from jobrun._core.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
-from jobrun._core.transitions import claim_candidate, is_orphan, resume_transition
+from jobrun._core.transitions import (
+    claim_candidate,
+    claim_transition,
+    is_orphan,
+    resume_transition,
+)
 from jobrun.sql import statements
 from jobrun.sql.schema import job_runs, job_steps
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows
@@ -53,6 +58,9 @@ def _table() -> list[RunRow]:
                 next_attempt_at=next_at,
                 lease_owner=owner,
                 lease_driver=None if owner is None else "driver",
+                # A taken-over lease whose pass had begun is charged an attempt.
+                lease_began_at=None if owner is None or index % 5 == 0 else started_at,
+                last_error=None if index % 7 else "earlier",
                 ended_at=ended_at,
                 priority=index % 2,
                 # Versioned jobs: none stored (version 1), 1, 2 and 3.
@@ -258,6 +266,10 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             assert is_orphan(chosen, request), (at, chosen)
         else:
             assert chosen == wanted, (at, by_age, versions)
+        # What the store wrote is what the core's transition makes of the row it chose
+        # (Postgres writes it in SQL: statements._claimed_values).
+        wrote = claim_transition(chosen, request)
+        assert (claimed.row, claimed.previous) == (wrote.row, wrote.previous), (at, dead, chosen)
         await _put_back(store, engine, chosen)
 
 

@@ -162,3 +162,16 @@ def test_bench_postgres_ceiling(tmp_path: Path, empty_postgres_url: str) -> None
         # The server's CPU is read from /proc only when it runs on this host.
         backend = point["backend_cpu_us_per_pass"]
         assert backend is None or backend >= 0
+
+
+@pytest.mark.postgres
+def test_bench_passes(tmp_path: Path, empty_postgres_url: str) -> None:
+    # The script makes (and drops) a database of its own on the server of the URL given.
+    results = run_quick("bench_passes.py", tmp_path, postgres_url=empty_postgres_url)
+    points = results["1 steps"]
+    assert set(points) == {"1 (1x1)", "2 (1x2)"}
+    for point in points.values():
+        assert point["floor"]["passes_per_s"]["median"] > 0
+        assert point["jobrun"]["passes_per_s"]["median"] > 0
+        # One claim statement per pass (and per claim that found nothing due).
+        assert 1.0 <= point["jobrun"]["claims_per_pass"]["median"] < 1.5

@@ -317,7 +317,7 @@ async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: 
     looked = asyncio.Event()
 
     async def after(operation: str, sql: str) -> None:
-        if operation == "claim" and sql.lstrip().upper().startswith("SELECT"):
+        if operation == "claim" and _takes_runs(sql):
             looked.set()
 
     log.after = after
@@ -347,13 +347,13 @@ async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: 
 
 
 def _claims(seen: Sequence[tuple[str, str, Any]]) -> list[str]:
-    """One statement per claim: its read of the run it would get (a claim that finds
-    nothing sends nothing else)."""
-    return [
-        sql
-        for operation, sql, _ in seen
-        if operation == "claim" and sql.lstrip().upper().startswith("SELECT")
-    ]
+    """One statement per claim: on SQLite its read of the run it would get (a claim
+    that finds nothing sends nothing else); on Postgres the claim's one statement."""
+    return [sql for operation, sql, _ in seen if operation == "claim" and _takes_runs(sql)]
+
+
+def _takes_runs(sql: str) -> bool:
+    return sql.lstrip().upper().startswith("SELECT") or "SKIP LOCKED" in sql
 
 
 async def _claims_seen(seen: Sequence[tuple[str, str, Any]], count: int) -> bool:

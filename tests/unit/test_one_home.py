@@ -43,8 +43,9 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     (
         "leased / stranded: a run carries a lease (SQL)",
         r"lease_owner\.is_not\(None\)",
-        # change_statement: RunChange.leased (an operator's release), its own rule.
-        {STATEMENTS: {"is_leased", "is_stranded", "change_statement"}},
+        # change_statement: RunChange.leased (an operator's release), its own rule;
+        # _claimed_values: claim_transition's twin (a lease on the run: a takeover).
+        {STATEMENTS: {"is_leased", "is_stranded", "change_statement", "_claimed_values"}},
     ),
     (
         "live: status is running (stores, core, SQL)",
