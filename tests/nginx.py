@@ -44,13 +44,13 @@ pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
 events {{ worker_connections 512; }}
 http {{
-    access_log {prefix}/access.log;
+{http}
+    access_log {prefix}/access.log {log_format};
     client_body_temp_path {prefix}/client_body;
     proxy_temp_path {prefix}/proxy;
     fastcgi_temp_path {prefix}/fastcgi;
     uwsgi_temp_path {prefix}/uwsgi;
     scgi_temp_path {prefix}/scgi;
-{http}
     server {{
         listen 127.0.0.1:{port};
 {server}
@@ -61,9 +61,10 @@ http {{
 
 class Nginx:
     """One nginx serving ``server`` (the body of a ``server`` block) on a free port,
-    with ``http`` added to its ``http`` block (a ``limit_req_zone``, for one)."""
+    with ``http`` added to its ``http`` block (a ``limit_req_zone``, for one) and
+    its access log in ``log_format`` (one ``http`` defines; nginx's own if empty)."""
 
-    def __init__(self, prefix: Path, server: str, http: str = "") -> None:
+    def __init__(self, prefix: Path, server: str, http: str = "", log_format: str = "") -> None:
         self.prefix = prefix
         prefix.mkdir(parents=True, exist_ok=True)
         self.binary = nginx_binary()
@@ -71,6 +72,7 @@ class Nginx:
         self.process: subprocess.Popen[bytes] | None = None
         self._server = server
         self._http = http
+        self._log_format = log_format
 
     @property
     def url(self) -> str:
@@ -84,7 +86,11 @@ class Nginx:
             config = self.prefix / "nginx.conf"
             config.write_text(
                 _MAIN.format(
-                    prefix=self.prefix, port=self.port, http=self._http, server=self._server
+                    prefix=self.prefix,
+                    port=self.port,
+                    http=self._http,
+                    server=self._server,
+                    log_format=self._log_format,
                 )
             )
             self.process = subprocess.Popen(
@@ -135,3 +141,26 @@ class Nginx:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+LIMITED = """
+    location /objects/ {{
+        limit_req zone=api burst={burst} nodelay;
+        limit_req_status 429;
+        {answer}
+    }}
+"""
+ANSWER = """default_type application/json;
+        return 200 '{"id": 1, "size": 1}';"""
+
+
+def limited_api(prefix: Path, rate: float, burst: int, upstream: str | None = None) -> Nginx:
+    """nginx with one ``limit_req`` zone (every client one key) over ``/objects/``,
+    answering itself, or passing what it lets through to ``upstream``."""
+    answer = ANSWER if upstream is None else f"proxy_pass {upstream};"
+    zone = (
+        # When each request arrived: $msec is when it was logged, after the answer.
+        "    log_format timed '$msec $status $request_time $remote_port';\n"
+        f"    limit_req_zone $server_port zone=api:1m rate={rate:g}r/s;\n"
+    )
+    return Nginx(prefix, LIMITED.format(burst=burst, answer=answer), http=zone, log_format="timed")

@@ -14,7 +14,7 @@ from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
 from jobrun._core.clock import Clock
 from jobrun._core.fair import ClaimTurns
-from jobrun._core.limits import MILLI, LimitUsage, bucket_state, take
+from jobrun._core.limits import MILLI, LimitUsage, bucket_cap_milli, bucket_state, take
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
@@ -214,7 +214,7 @@ class MemoryJobRunStore:
 
     def _refill(self, key: str, per_second: float, burst: int) -> builtins.list[Any]:
         now = self._clock.now()
-        bucket = self.buckets.setdefault(key, [burst * MILLI, now, per_second, burst])
+        bucket = self.buckets.setdefault(key, [bucket_cap_milli(burst), now, per_second, burst])
         bucket[2:] = [per_second, burst]
         return bucket
 
@@ -229,7 +229,7 @@ class MemoryJobRunStore:
     async def give_back_token(self, key: str, burst: int) -> None:
         bucket = self.buckets.get(key)
         if bucket is not None:
-            bucket[0] = min(burst * MILLI, bucket[0] + MILLI)
+            bucket[0] = min(bucket_cap_milli(burst), bucket[0] + MILLI)
 
     def _counting(self, key: str, now_at: str) -> builtins.list[tuple[str, str, str, str]]:
         return [

@@ -13,7 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from jobrun._core.limits import MILLI, LimitUsage, bucket_state, wait_for_token_s
+from jobrun._core.limits import (
+    MILLI,
+    LimitUsage,
+    bucket_cap_milli,
+    bucket_state,
+    wait_for_token_s,
+)
 from jobrun.sql.executor import Executor
 from jobrun.sql.statements import (
     Shapes,
@@ -52,9 +58,9 @@ class SqlLimits:
             "bucket_key": key,
             "bucket_per_second": repr(float(per_second)),
             "bucket_burst": burst,
-            "bucket_first_milli": (burst - 1) * MILLI,
+            "bucket_first_milli": bucket_cap_milli(burst) - MILLI,
             "bucket_rate": float(per_second),
-            "bucket_burst_milli": burst * MILLI,
+            "bucket_burst_milli": bucket_cap_milli(burst),
         }
         statement = self._shapes.of(take_token_statement, self._is_postgres)
         found = await self._executor.fetch("take_token", statement, values)
@@ -62,7 +68,7 @@ class SqlLimits:
 
     async def give_back_token(self, key: str, burst: int) -> None:
         statement = self._shapes.of(give_back_token_statement, self._is_postgres)
-        values = {"bucket_key": key, "bucket_burst_milli": burst * MILLI}
+        values = {"bucket_key": key, "bucket_burst_milli": bucket_cap_milli(burst)}
         await self._executor.fetch("give_back_token", statement, values)
 
     async def acquire_slot(
