@@ -36,6 +36,7 @@ from tests.nginx import limited_api  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "walk_api_politely.py"
 
+
 @contextlib.contextmanager
 def database(directory: Path, backend: str) -> Iterator[str]:
     """A database of its own for one walk: a SQLite file, or a Postgres database

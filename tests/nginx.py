@@ -143,24 +143,32 @@ class Nginx:
         self.stop()
 
 
+# limit_req acts in the preaccess phase: an answer by ``return`` in the same
+# location comes earlier (the rewrite phase) and would never be limited, so the
+# answer is given in a named location reached after the limit.
 LIMITED = """
     location /objects/ {{
         limit_req zone=api burst={burst} nodelay;
         limit_req_status 429;
         {answer}
     }}
+    location @answer {{
+        default_type application/json;
+        return 200 '{{"id": 1, "size": 1}}';
+    }}
 """
-ANSWER = """default_type application/json;
-        return 200 '{"id": 1, "size": 1}';"""
+ANSWER = "try_files /nothing-here @answer;"
 
 
-def limited_api(prefix: Path, rate: float, burst: int, upstream: str | None = None) -> Nginx:
+def limited_api(prefix: Path, rate: float | str, burst: int, upstream: str | None = None) -> Nginx:
     """nginx with one ``limit_req`` zone (every client one key) over ``/objects/``,
-    answering itself, or passing what it lets through to ``upstream``."""
+    answering itself, or passing what it lets through to ``upstream``; ``rate`` a
+    second, or as nginx writes it (``"1r/m"``)."""
     answer = ANSWER if upstream is None else f"proxy_pass {upstream};"
+    per_second = rate if isinstance(rate, str) else f"{rate:g}r/s"
     zone = (
         # When each request arrived: $msec is when it was logged, after the answer.
-        "    log_format timed '$msec $status $request_time $remote_port';\n"
-        f"    limit_req_zone $server_port zone=api:1m rate={rate:g}r/s;\n"
+        "    log_format timed '$msec $status $request_time $remote_port $uri';\n"
+        f"    limit_req_zone $server_port zone=api:1m rate={per_second};\n"
     )
     return Nginx(prefix, LIMITED.format(burst=burst, answer=answer), http=zone, log_format="timed")

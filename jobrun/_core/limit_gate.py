@@ -41,7 +41,7 @@ from jobrun._core.limits import (
     too_long_a_wait,
 )
 from jobrun._core.port import JobRunStore
-from jobrun.errors import LeaseLostError, StoreError
+from jobrun.errors import LeaseLostError, RetryAfter, StoreError
 
 FIRST_POLL_S = 0.05
 LAST_POLL_S = 1.0
@@ -181,6 +181,21 @@ class LimitGate:
         if delay_s > 0:
             extend(self.budget, delay_s)
             await self.clock.sleep(delay_s)
+
+    async def cool(self, step: str, deferral: RetryAfter) -> None:
+        """A step raised ``RetryAfter(rate_limit=key)``: hold ``key``'s bucket for its
+        seconds, for every driver (a key nobody declared is a mistake, raised). A
+        failed write is not the pass's failure: the pass is deferred all the same,
+        and only the other drivers go on asking until the API refuses them too."""
+        key = deferral.rate_limit
+        if key is None:
+            return
+        rate = self.declarations.for_step(step, key, None).rate
+        assert rate is not None  # for_step raises for an undeclared key
+        store: Any = self.store if rate.store is None else rate.store
+        reason = deferral.reason or f"RetryAfter from step {step!r}"
+        with contextlib.suppress(StoreError):
+            await store.cool_limit(key, rate.per_second, rate.burst, deferral.seconds, reason)
 
     async def _slot(self, key: str, most: int, step: str) -> HeldSlot:
         delay_s = FIRST_POLL_S

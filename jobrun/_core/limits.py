@@ -347,16 +347,32 @@ class RateLimitBucket:
     """Takers holding a reservation for a token that has not refilled yet (see docs)."""
     empty_for_s: float
     """Seconds until the bucket holds a token again (0: it holds one now)."""
+    cooling_until: str | None = None
+    """While a ``RetryAfter(rate_limit=key)`` holds the bucket: until when (instant text)."""
+    cooling_reason: str | None = None
+    """And the reason it gave."""
 
 
 def bucket_state(
-    key: str, per_second: float, burst: int, tokens_milli: int, elapsed_ms: float
+    key: str,
+    per_second: float,
+    burst: int,
+    tokens_milli: int,
+    elapsed_ms: float,
+    cooling_until: str | None = None,
+    cooling_reason: str | None = None,
 ) -> RateLimitBucket:
-    """What health shows of a bucket read ``elapsed_ms`` after its last refill."""
+    """What health shows of a bucket read ``elapsed_ms`` after its last refill
+    (negative: its refill starts that much later, a cooling down)."""
     now = refilled(tokens_milli, elapsed_ms, per_second, burst)
     waiting = math.ceil(-now / MILLI) if now < 0 else 0
     empty_for_s = 0.0 if now >= MILLI else (MILLI - now) / (per_second * MILLI)
-    return RateLimitBucket(key, per_second, burst, now / MILLI, waiting, empty_for_s)
+    empty_for_s += max(0.0, -elapsed_ms) / 1000
+    if cooling_until is None:
+        cooling_reason = None
+    return RateLimitBucket(
+        key, per_second, burst, now / MILLI, waiting, empty_for_s, cooling_until, cooling_reason
+    )
 
 
 def too_long_a_wait(key: str, seconds: float) -> RetryAfter:

@@ -6,6 +6,8 @@ on SQLite (one writer at a time makes the count and the insert one decision); on
 Postgres a transaction of four round trips (``BEGIN``, the key's advisory lock,
 the counted insert, ``COMMIT``), so that two takers cannot both count one below
 the limit under READ COMMITTED. Letting go of a slot is one statement on both.
+Cooling a limit down (a 429 for everyone) is one statement on both, paid only
+when an API refused.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jobrun.sql.statements import (
     Shapes,
     acquire_slot_statement,
     buckets_statement,
+    cool_limit_statement,
     give_back_token_statement,
     limit_locks,
     release_slot_statement,
@@ -64,7 +67,24 @@ class SqlLimits:
         }
         statement = self._shapes.of(take_token_statement, self._is_postgres)
         found = await self._executor.fetch("take_token", statement, values)
-        return wait_for_token_s(int(found[0][0]), per_second)
+        tokens, ahead_ms = found[0]
+        return wait_for_token_s(int(tokens), per_second) + float(ahead_ms) / 1000
+
+    async def cool_limit(
+        self, key: str, per_second: float, burst: int, seconds: float, reason: str
+    ) -> None:
+        values: dict[str, object] = {
+            "bucket_key": key,
+            "bucket_per_second": repr(float(per_second)),
+            "bucket_burst": burst,
+            "cooling_reason": reason,
+        }
+        if self._is_postgres:
+            values["later_s"] = float(seconds)
+        else:
+            values["later_modifier"] = f"+{float(seconds):.3f} seconds"
+        statement = self._shapes.of(cool_limit_statement, self._is_postgres)
+        await self._executor.fetch("cool_limit", statement, values)
 
     async def give_back_token(self, key: str, burst: int) -> None:
         statement = self._shapes.of(give_back_token_statement, self._is_postgres)
@@ -102,8 +122,8 @@ class SqlLimits:
         slots = await self._executor.fetch("limit_usage", slots_read, {"now_at": now_at})
         return LimitUsage(
             tuple(
-                bucket_state(key, float(rate), int(burst), int(tokens), float(since_ms))
-                for key, rate, burst, tokens, since_ms in buckets
+                bucket_state(key, float(rate), int(burst), int(tokens), float(since_ms), until, why)
+                for key, rate, burst, tokens, since_ms, until, why in buckets
             ),
             {key: int(count) for key, count in slots},
         )

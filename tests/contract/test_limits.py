@@ -297,3 +297,81 @@ async def test_a_wait_beyond_the_pass_budget_ends_the_pass_and_gives_the_token_b
     assert (await store.steps(run_id))["first"].result == "1"
     [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
     assert bucket.waiting == 0
+
+
+# --- a 429 for everyone: RetryAfter(rate_limit=key) -----------------------------------------
+
+
+async def test_a_cooled_limit_holds_its_bucket_for_every_taker(store: Any) -> None:
+    assert await store.take_token("api", 10.0, 4) == 0.0
+    await store.cool_limit("api", 10.0, 4, 30.0, "429 from api")
+    # No token before the cooling down ends; the first after it at its end, the
+    # next one a token's interval later.
+    first = await store.take_token("api", 10.0, 4)
+    second = await store.take_token("api", 10.0, 4)
+    assert 29.0 < first <= 30.0
+    assert 0.09 < second - first < 0.11
+    # A shorter cooling down does not cut a longer one short.
+    await store.cool_limit("api", 10.0, 4, 1.0, "a shorter one")
+    assert 29.0 < await store.take_token("api", 10.0, 4) <= 30.3
+    [bucket] = (await store.limit_usage(format_instant(FakeClock().now()))).buckets
+    assert bucket.cooling_reason == "429 from api"
+    assert bucket.cooling_until is not None
+    assert bucket.empty_for_s > 29.0
+    health = await jobrun.job_run_health(store)
+    assert [(shown.key, shown.cooling_reason) for shown in health.rate_limits] == [
+        ("api", "429 from api")
+    ]
+    # A limit cooled before anyone took a token is held all the same.
+    await store.cool_limit("other", 5.0, 1, 20.0, "maintenance")
+    assert 19.0 < await store.take_token("other", 5.0, 1) <= 20.0
+
+
+async def test_a_429_in_one_run_makes_another_run_wait_instead_of_calling(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: list[str] = []
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        def call() -> str:
+            calls.append(p.run.id)
+            if p.payload["refused"]:
+                raise jobrun.RetryAfter(600, reason="429 from api", rate_limit="api")
+            return "ok"
+
+        await p.step("call", call, rate_limit="api")
+        return jobrun.PassResult(done=True)
+
+    registry = registry_for(handler, IMMEDIATE)
+    registry.rate_limit("api", per_second=50, burst=5)
+    refused = await start_id(store, clock, instance="a", payload={"refused": True})
+    report = await drive(store, registry, clock, pass_timeout_s=5)
+    assert report.deferred == 1
+    other = await start_id(store, clock, instance="b", payload={"refused": False})
+    report = await drive(store, registry, clock, pass_timeout_s=5)
+    # The other run's step did not call the API: its token is 600 s away, beyond
+    # its pass budget, so its pass was deferred, nothing charged.
+    assert calls == [refused]
+    assert report.deferred == 1
+    row = await row_of(store, other)
+    assert (row.attempts, row.deferrals) == (0, 1)
+    assert row.deferred_reason is not None
+    assert "rate limit 'api'" in row.deferred_reason
+    [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
+    assert bucket.cooling_reason == "429 from api"
+
+
+async def test_a_429_naming_an_undeclared_limit_is_a_mistake(store: Any, clock: FakeClock) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        def call() -> None:
+            raise jobrun.RetryAfter(5, rate_limit="not-declared")
+
+        await p.step("call", call)
+        return jobrun.PassResult(done=True)
+
+    run_id = await start_id(store, clock)
+    report = await drive(store, registry_for(handler, IMMEDIATE), clock)
+    assert report.deferred == 0
+    row = await row_of(store, run_id)
+    assert row.last_error is not None
+    assert "'not-declared' is not declared" in row.last_error

@@ -71,7 +71,7 @@ async def test_0006_keeps_every_run_at_version_1_and_records_the_oldest_code(
     engine = at_0005
     before = await _runs(engine)
     await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0006"
+    assert await revision_of(engine) == SCHEMA_REVISION
     assert await _runs(engine) == before
     assert await _scalars(engine, f"SELECT DISTINCT job_version FROM {RUNS}") == [None]
     assert await _scalars(engine, f"SELECT oldest_code_revision FROM {COMPAT_TABLE}") == ["0006"]
@@ -114,7 +114,7 @@ async def _store_of(engine: AsyncEngine) -> jobrun.SqlJobRunStore:
 async def test_code_older_than_the_record_refuses_a_newer_database(
     blank: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await jobrun.upgrade(blank)
+    await jobrun.upgrade(blank, "0006")
     # This code, as if it were of revision 0005 (before versioned jobs), on a 0006 database.
     monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0005")
     with pytest.raises(jobrun.CodeOutdatedError) as refused:
@@ -139,7 +139,8 @@ async def test_code_older_than_the_record_refuses_a_newer_database(
 async def test_a_future_revision_decides_by_its_record(
     blank: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await jobrun.upgrade(blank)
+    await jobrun.upgrade(blank, "0006")
+    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
     # A revision 0007 that this code (0006) may run against: its record says 0006.
     async with blank.begin() as connection:
         await connection.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '0007'"))

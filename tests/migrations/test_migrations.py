@@ -430,7 +430,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade 0002 -> 0003" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0003 -> 0004" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0004 -> 0005" in output
-    assert f"INFO  [alembic.runtime.migration] Running upgrade 0005 -> {SCHEMA_REVISION}" in output
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0005 -> 0006" in output
+    assert f"INFO  [alembic.runtime.migration] Running upgrade 0006 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE, COMPAT_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")
