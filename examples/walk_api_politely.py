@@ -9,7 +9,8 @@ takes effect once. Every request is one step and costs one token of the rate
 limit ``objects-api``, declared once and shared by every driver on every host
 that uses the same database. A ``429`` ends the pass as deferred
 (``jobrun.RetryAfter``): nothing is charged, the finished steps stay stored, and
-the run is due again when the API said.
+the run is due again when the API said; naming the limit, it also holds the
+limit for every other run and driver until then.
 
 Start the runs once, then drive them from as many processes as you like (a run
 is driven by one driver at a time; a killed driver's runs are taken over)::
@@ -40,19 +41,30 @@ LIMIT = "objects-api"
 
 
 async def call(
-    client: httpx.AsyncClient, method: str, path: str, headers: dict[str, str] | None = None
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    no_header_s: float = 1.0,
 ) -> Any:
-    """One request; a 429 becomes ``RetryAfter``, which defers the pass (not a failure)."""
+    """One request; a 429 becomes ``RetryAfter``, which defers the pass (not a
+    failure) and cools the limit down for every driver: none calls the API again
+    before then. Without a ``Retry-After`` header (nginx sends none), ``no_header_s``."""
     answer = await client.request(method, path, headers=headers)
     if answer.status_code == 429:
-        wait_s = float(answer.headers.get("Retry-After", "1"))
-        raise jobrun.RetryAfter(wait_s, reason=f"429 from {LIMIT}")
+        wait_s = float(answer.headers.get("Retry-After", no_header_s))
+        raise jobrun.RetryAfter(wait_s, reason=f"429 from {LIMIT}", rate_limit=LIMIT)
     answer.raise_for_status()
     return answer.json()
 
 
 def build_registry(
-    client: httpx.AsyncClient, *, per_second: float, burst: int, concurrency: int
+    client: httpx.AsyncClient,
+    *,
+    per_second: float,
+    burst: int,
+    concurrency: int,
+    no_header_s: float = 1.0,
 ) -> jobrun.JobRegistry:
     registry = jobrun.JobRegistry()
     # Declared once; its bucket is a row in the database, so all drivers share it.
@@ -65,12 +77,13 @@ def build_registry(
         ids = list(range(first, end))
 
         def fetch(n: int) -> Any:
-            return call(client, "GET", f"/objects/{n}")
+            return call(client, "GET", f"/objects/{n}", no_header_s=no_header_s)
 
         def mark(n: int) -> Any:
             # The same key on every replay of this pass: the API writes once.
             key = p.idempotency_key(f"mark-{n}")
-            return call(client, "POST", f"/objects/{n}/mark", {"Idempotency-Key": key})
+            marked = {"Idempotency-Key": key}
+            return call(client, "POST", f"/objects/{n}/mark", marked, no_header_s)
 
         # One step per request, each waiting for its token; at most `concurrency` at once.
         objects = await p.map(
@@ -131,6 +144,7 @@ async def run(args: argparse.Namespace) -> list[jobrun.JobRun]:
                     per_second=args.per_second,
                     burst=args.burst,
                     concurrency=args.concurrency,
+                    no_header_s=args.no_header_s,
                 )
                 await drive(store, registry, args.loops)
         return await jobrun.job_runs(store, module_id=MODULE, job=JOB)
@@ -149,6 +163,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=5, help="requests at once after a lull")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once, per run")
     parser.add_argument("--loops", type=int, default=1, help="runs this process drives at once")
+    parser.add_argument(
+        "--no-header-s", type=float, default=1.0,
+        help="after a 429 without Retry-After, wait this long (every driver)",
+    )  # fmt: skip
     parser.add_argument("--drive", action="store_true", help="drive until every run has ended")
     return parser.parse_args(argv)
 

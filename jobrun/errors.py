@@ -230,16 +230,32 @@ class RetryAfter(JobRunError):
     the code raising it: the constructor refuses it with a
     :class:`JobValidationError` (an :class:`ArgumentTypeError` for a wrong type),
     which then fails the pass like any other exception.
+
+    ``rate_limit`` (a declared rate limit's key), raised from a step: the API
+    behind that limit said "not now" to everyone, so the limit's bucket is held
+    for ``seconds`` for every driver on every host (its takers wait, or defer
+    their passes when that is beyond their budget), and health shows it cooling
+    down with ``reason``.
     """
 
     code = "deferred"
 
-    def __init__(self, seconds: float, reason: str = "") -> None:
+    def __init__(self, seconds: float, reason: str = "", *, rate_limit: str | None = None) -> None:
         delay_s = _checked_delay_s(seconds)
         text = _one_line(reason)
+        _checked_rate_limit(rate_limit)
         super().__init__(f"retry after {delay_s:g} s" + (f": {text}" if text else ""))
         self.seconds = delay_s
         self.reason = text
+        self.rate_limit = rate_limit
+
+
+def _checked_rate_limit(rate_limit: object) -> None:
+    if rate_limit is not None and not isinstance(rate_limit, str):
+        problem = f"must be a str (a rate limit's key), got {type(rate_limit).__name__}"
+        raise ArgumentTypeError(
+            f"RetryAfter(rate_limit) {problem}", [{"path": "rate_limit", "message": problem}]
+        )
 
 
 def _checked_delay_s(seconds: object) -> float:

@@ -385,4 +385,6 @@ def _bucket_text(bucket: RateLimitBucket) -> str:
         text += f", {bucket.waiting} waiting"
     if bucket.empty_for_s > 0:
         text += f", empty for {bucket.empty_for_s:.2f}s"
+    if bucket.cooling_until is not None:
+        text += f", cooling down until {bucket.cooling_until} ({bucket.cooling_reason})"
     return text

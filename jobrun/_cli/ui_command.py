@@ -105,6 +105,7 @@ async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -
             proxy_headers=False,  # ForwardedHeaders does it, the Host included
             root_path=serving.root,
         )
+        _audit_to_stderr()
         shown_host = f"[{serving.host}]" if ":" in serving.host else serving.host
         address = f"http://{shown_host}:{serving.port}{serving.base}/"
         click.echo(f"jobrun console on {address} (Ctrl-C stops it)")
@@ -112,6 +113,23 @@ async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -
     finally:
         for engine in engines:
             await engine.dispose()
+
+
+def _audit_to_stderr() -> None:
+    """Each console action's ``jobrun.ui`` record, one line on standard error: an
+    operator running ``jobrun ui`` has no logging set up of their own, and the
+    record is the only trace of who cancelled what."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("jobrun.ui")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # one line, not one more through a handler on the root
 
 
 @cli.command("ui")

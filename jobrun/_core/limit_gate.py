@@ -11,7 +11,9 @@ would let bodies bunch up faster than the rate once slots free.
   handler's time). A wait beyond what is left of the budget gives the token
   back and ends the pass (:func:`jobrun._core.limits.too_long_a_wait`). Then
   this process's own pacer (:class:`jobrun._core.limits.Pacer`) keeps the bodies
-  it releases to ``burst`` at once, however late the process woke.
+  it releases to the burst jobrun spends at once, however late the process woke;
+  a body that would still go out stale (its token's turn long past) reserves a
+  new token, once (:func:`jobrun._core.limits.stale_after_s`).
 * A slot: ``acquire_slot`` until it answers yes, sleeping between tries with a
   backoff (50 ms doubling to 1 s), woken early when a step of this process lets
   go of a slot of the same key. These waits do count against the budget: a slot
@@ -35,10 +37,11 @@ from jobrun._core.limits import (
     LimitDeclarations,
     RateLimit,
     StepLimits,
+    stale_after_s,
     too_long_a_wait,
 )
 from jobrun._core.port import JobRunStore
-from jobrun.errors import LeaseLostError, StoreError
+from jobrun.errors import LeaseLostError, RetryAfter, StoreError
 
 FIRST_POLL_S = 0.05
 LAST_POLL_S = 1.0
@@ -142,11 +145,25 @@ class LimitGate:
         return held
 
     async def _token(self, rate: RateLimit) -> None:
-        store: Any = self.store if rate.store is None else rate.store
-        wait_s = await store.take_token(rate.key, rate.per_second, rate.burst)
-        if wait_s <= 0:
+        """Reserve a token and wait for it; once more if the body would go out
+        stale (later than :func:`jobrun._core.limits.stale_after_s` after the
+        token's instant: its turn has passed, and others' requests took it)."""
+        for retake in (False, True):
+            due_s = await self._reserved(rate)
             await self._paced(rate)
-            return
+            if retake or self.clock.monotonic() - due_s <= stale_after_s(
+                rate.per_second, rate.burst
+            ):
+                return
+
+    async def _reserved(self, rate: RateLimit) -> float:
+        """Reserve the next token and sleep until its instant; that instant on this
+        process's monotonic clock (counted from the store's answer)."""
+        store: Any = self.store if rate.store is None else rate.store
+        wait_s = float(await store.take_token(rate.key, rate.per_second, rate.burst))
+        due_s = self.clock.monotonic() + max(0.0, wait_s)
+        if wait_s <= 0:
+            return due_s
         left = remaining_s(self.budget)
         if left is not None and wait_s > left:
             with contextlib.suppress(StoreError):
@@ -155,7 +172,7 @@ class LimitGate:
             raise too_long_a_wait(rate.key, wait_s)
         extend(self.budget, wait_s)
         await self.clock.sleep(wait_s)
-        await self._paced(rate)
+        return due_s
 
     async def _paced(self, rate: RateLimit) -> None:
         """Wait for this process's own spacing of ``rate`` (see ``limits.Pacer``);
@@ -164,6 +181,21 @@ class LimitGate:
         if delay_s > 0:
             extend(self.budget, delay_s)
             await self.clock.sleep(delay_s)
+
+    async def cool(self, step: str, deferral: RetryAfter) -> None:
+        """A step raised ``RetryAfter(rate_limit=key)``: hold ``key``'s bucket for its
+        seconds, for every driver (a key nobody declared is a mistake, raised). A
+        failed write is not the pass's failure: the pass is deferred all the same,
+        and only the other drivers go on asking until the API refuses them too."""
+        key = deferral.rate_limit
+        if key is None:
+            return
+        rate = self.declarations.for_step(step, key, None).rate
+        assert rate is not None  # for_step raises for an undeclared key
+        store: Any = self.store if rate.store is None else rate.store
+        reason = deferral.reason or f"RetryAfter from step {step!r}"
+        with contextlib.suppress(StoreError):
+            await store.cool_limit(key, rate.per_second, rate.burst, deferral.seconds, reason)
 
     async def _slot(self, key: str, most: int, step: str) -> HeldSlot:
         delay_s = FIRST_POLL_S

@@ -12,6 +12,14 @@ zero being one taker already promised a token that has not refilled yet, which
 it waits for. So one take is one write (no polling), takers are served in the
 order they asked, and what the database holds says who is waiting.
 
+Declared at an API's own rate and burst, jobrun keeps part of the burst back
+(:func:`spent_at_once`): a request reaches the API a little after its token, by
+a delay that varies (the scheduler, the network, another process's stall), and
+only an allowance the API still has can absorb requests that arrive closer
+together than their tokens were. A token whose body is released later than
+that allowance covers (:func:`stale_after_s`) is not used: its turn has passed,
+and a new one is reserved.
+
 A concurrency limit covers every key that starts with its prefix (the longest
 declared prefix that matches wins) and bounds the step bodies in flight under
 one key, across every driver.
@@ -148,15 +156,15 @@ class Pacer:
     every granted wait over at once and would send them all together: more than
     ``burst`` at once, which an API that counts as strictly refuses. So after its
     token, a body also takes one from a bucket of the same rate and burst kept in
-    this process on its monotonic clock: at most ``burst`` start at once, the rest
-    one per ``1 / per_second``. In steady state the database's spacing is already
+    this process on its monotonic clock: at most :func:`spent_at_once` start at
+    once, the rest one per ``1 / per_second``. In steady state the database's spacing is already
     this, and nothing waits here.
     """
 
     def __init__(self, per_second: float, burst: int) -> None:
         self._interval_s = 1.0 / per_second
-        self._burst = float(burst)
-        self._tokens = float(burst)
+        self._burst = float(spent_at_once(burst))
+        self._tokens = self._burst
         self._at_s: float | None = None
 
     def delay_s(self, now_s: float) -> float:
@@ -269,16 +277,47 @@ def matching_prefix(prefixes: Mapping[str, ConcurrencyLimit], key: str) -> Concu
 # -- the token bucket ---------------------------------------------------------------------
 
 
+def spent_at_once(burst: int) -> int:
+    """Tokens the bucket of a limit declared with ``burst`` holds at most: half of
+    it, rounded up. The other half is the API's allowance kept for the jitter
+    between a token and its request's arrival (see :func:`stale_after_s`).
+
+    Declared at an API's own burst ``b`` (``b`` at once after a lull), jobrun
+    sends at most ``b - b // 2`` at once; requests that arrive up to
+    ``(b // 2) / per_second`` later than their tokens' instants, while the others
+    arrive on time, then still fit what the API allows. Only the first moments
+    after a lull are slower; the rate is the declared one.
+    """
+    return burst - burst // 2
+
+
+def bucket_cap_milli(burst: int) -> int:
+    """The bucket's milli-tokens at most (:func:`spent_at_once` tokens)."""
+    return spent_at_once(burst) * MILLI
+
+
+def stale_after_s(per_second: float, burst: int) -> float:
+    """How late after its instant a token may still be used: half of the allowance
+    kept back (``burst // 2`` tokens' worth of time, at least one), the other half
+    left for the time between the body's release and its request reaching the API.
+
+    A body released later than that (a process that was not scheduled, a stall)
+    is not sent on that token, whose turn has passed and whose neighbours went out
+    on time, but reserves another (once: see ``limit_gate``).
+    """
+    return max(burst // 2, 1) / 2 / per_second
+
+
 def refilled(tokens_milli: int, elapsed_ms: float, per_second: float, burst: int) -> int:
     """The bucket's milli-tokens ``elapsed_ms`` after it held ``tokens_milli``.
 
     ``per_second`` tokens a second is ``per_second`` milli-tokens a millisecond;
     only whole milli-tokens are added (the fraction is dropped, so the bucket errs
-    towards fewer tokens, never more), up to ``burst`` tokens. Time that runs
+    towards fewer tokens, never more), up to :func:`bucket_cap_milli`. Time that runs
     backwards adds nothing. The SQL store computes the same in its take statement.
     """
     gained = math.floor(max(0.0, elapsed_ms) * per_second)
-    return int(min(burst * MILLI, tokens_milli + gained))
+    return int(min(bucket_cap_milli(burst), tokens_milli + gained))
 
 
 def wait_for_token_s(tokens_milli: int, per_second: float) -> float:
@@ -308,16 +347,32 @@ class RateLimitBucket:
     """Takers holding a reservation for a token that has not refilled yet (see docs)."""
     empty_for_s: float
     """Seconds until the bucket holds a token again (0: it holds one now)."""
+    cooling_until: str | None = None
+    """While a ``RetryAfter(rate_limit=key)`` holds the bucket: until when (instant text)."""
+    cooling_reason: str | None = None
+    """And the reason it gave."""
 
 
 def bucket_state(
-    key: str, per_second: float, burst: int, tokens_milli: int, elapsed_ms: float
+    key: str,
+    per_second: float,
+    burst: int,
+    tokens_milli: int,
+    elapsed_ms: float,
+    cooling_until: str | None = None,
+    cooling_reason: str | None = None,
 ) -> RateLimitBucket:
-    """What health shows of a bucket read ``elapsed_ms`` after its last refill."""
+    """What health shows of a bucket read ``elapsed_ms`` after its last refill
+    (negative: its refill starts that much later, a cooling down)."""
     now = refilled(tokens_milli, elapsed_ms, per_second, burst)
     waiting = math.ceil(-now / MILLI) if now < 0 else 0
     empty_for_s = 0.0 if now >= MILLI else (MILLI - now) / (per_second * MILLI)
-    return RateLimitBucket(key, per_second, burst, now / MILLI, waiting, empty_for_s)
+    empty_for_s += max(0.0, -elapsed_ms) / 1000
+    if cooling_until is None:
+        cooling_reason = None
+    return RateLimitBucket(
+        key, per_second, burst, now / MILLI, waiting, empty_for_s, cooling_until, cooling_reason
+    )
 
 
 def too_long_a_wait(key: str, seconds: float) -> RetryAfter:

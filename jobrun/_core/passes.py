@@ -478,9 +478,12 @@ class JobPass:
                     value = await value
             else:
                 value = await self._body(fn, held, timeout_s)
-        except RetryAfter:
+        except RetryAfter as deferral:
             # Not a failed attempt: nothing is recorded, and the pass is deferred
-            # unless the handler catches it.
+            # unless the handler catches it. Naming a rate limit, it cools the
+            # limit down for every driver first (limit_gate.cool).
+            if deferral.rate_limit is not None:
+                await self._gate.cool(name, deferral)
             raise
         except BaseException as error:
             raised = await self._failed_attempt(name, attempts, policy, error)

@@ -269,6 +269,16 @@ class OperatorStore(JobRunStore, Protocol):
         due instant); leased means held by a lease that has not expired."""
         ...
 
+    async def cool_limit(
+        self, key: str, per_second: float, burst: int, seconds: float, reason: str
+    ) -> None:
+        """Hold rate limit ``key``'s bucket for ``seconds`` on the DATABASE's clock
+        (``RetryAfter(rate_limit=key)``): no token is due before then for any
+        taker; the first taker after it gets one then, the rest follow at the
+        rate. A longer cooling down already set is kept. ``reason`` is shown by
+        health until it ends."""
+        ...
+
     async def limit_usage(self, now_at: str) -> LimitUsage:
         """Every rate-limit bucket as it stands on the database's clock now (rate,
         burst, tokens, takers waiting), and the slots that count at ``now_at`` per

@@ -8,13 +8,15 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from jobrun._core.activity import ActivityQuery, Counts, count_activity
 from jobrun._core.browse import JobLoad, RunQuery, run_matches
 from jobrun._core.clock import Clock
 from jobrun._core.fair import ClaimTurns
-from jobrun._core.limits import MILLI, LimitUsage, bucket_state, take
+from jobrun._core.formats import format_instant
+from jobrun._core.limits import MILLI, LimitUsage, bucket_cap_milli, bucket_state, take
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
@@ -76,6 +78,8 @@ class MemoryJobRunStore:
         self._clock = SYSTEM_CLOCK if clock is None else clock
         # key: [milli-tokens, refilled at, per_second, burst]
         self.buckets: dict[str, builtins.list[Any]] = {}
+        # key: (cooling down until, why), from RetryAfter(rate_limit=key)
+        self.cooling: dict[str, tuple[datetime, str]] = {}
         # (key, run id, step, lease token)
         self.slots: set[tuple[str, str, str, str]] = set()
         self.runs: dict[str, RunRow] = {}
@@ -238,7 +242,7 @@ class MemoryJobRunStore:
 
     def _refill(self, key: str, per_second: float, burst: int) -> builtins.list[Any]:
         now = self._clock.now()
-        bucket = self.buckets.setdefault(key, [burst * MILLI, now, per_second, burst])
+        bucket = self.buckets.setdefault(key, [bucket_cap_milli(burst), now, per_second, burst])
         bucket[2:] = [per_second, burst]
         return bucket
 
@@ -248,12 +252,28 @@ class MemoryJobRunStore:
         elapsed_ms = (now - bucket[1]).total_seconds() * 1000
         bucket[0], wait_s = take(bucket[0], elapsed_ms, per_second, burst)
         bucket[1] = max(bucket[1], now)
-        return wait_s
+        # A bucket cooling down refills from a later instant.
+        return float(wait_s + max(0.0, (bucket[1] - now).total_seconds()))
+
+    async def cool_limit(
+        self, key: str, per_second: float, burst: int, seconds: float, reason: str
+    ) -> None:
+        bucket = self._refill(key, per_second, burst)
+        until = self._clock.now() + timedelta(seconds=seconds)
+        if bucket[1] < until:
+            bucket[0], bucket[1] = MILLI, until
+            self.cooling[key] = (until, reason)
 
     async def give_back_token(self, key: str, burst: int) -> None:
         bucket = self.buckets.get(key)
         if bucket is not None:
-            bucket[0] = min(burst * MILLI, bucket[0] + MILLI)
+            bucket[0] = min(bucket_cap_milli(burst), bucket[0] + MILLI)
+
+    def _cooling_of(self, key: str, now: datetime) -> tuple[str | None, str | None]:
+        found = self.cooling.get(key)
+        if found is None or found[0] <= now:
+            return None, None
+        return format_instant(found[0]), found[1]
 
     def _counting(self, key: str, now_at: str) -> builtins.list[tuple[str, str, str, str]]:
         return [
@@ -281,7 +301,14 @@ class MemoryJobRunStore:
     async def limit_usage(self, now_at: str) -> LimitUsage:
         now = self._clock.now()
         buckets = tuple(
-            bucket_state(key, rate, burst, tokens, (now - refilled_at).total_seconds() * 1000)
+            bucket_state(
+                key,
+                rate,
+                burst,
+                tokens,
+                (now - refilled_at).total_seconds() * 1000,
+                *self._cooling_of(key, now),
+            )
             for key, (tokens, refilled_at, rate, burst) in sorted(self.buckets.items())
         )
         held: dict[str, int] = {}

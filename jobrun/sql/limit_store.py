@@ -6,6 +6,8 @@ on SQLite (one writer at a time makes the count and the insert one decision); on
 Postgres a transaction of four round trips (``BEGIN``, the key's advisory lock,
 the counted insert, ``COMMIT``), so that two takers cannot both count one below
 the limit under READ COMMITTED. Letting go of a slot is one statement on both.
+Cooling a limit down (a 429 for everyone) is one statement on both, paid only
+when an API refused.
 """
 
 from __future__ import annotations
@@ -13,12 +15,19 @@ from __future__ import annotations
 import hashlib
 import json
 
-from jobrun._core.limits import MILLI, LimitUsage, bucket_state, wait_for_token_s
+from jobrun._core.limits import (
+    MILLI,
+    LimitUsage,
+    bucket_cap_milli,
+    bucket_state,
+    wait_for_token_s,
+)
 from jobrun.sql.executor import Executor
 from jobrun.sql.statements import (
     Shapes,
     acquire_slot_statement,
     buckets_statement,
+    cool_limit_statement,
     give_back_token_statement,
     limit_locks,
     release_slot_statement,
@@ -52,17 +61,34 @@ class SqlLimits:
             "bucket_key": key,
             "bucket_per_second": repr(float(per_second)),
             "bucket_burst": burst,
-            "bucket_first_milli": (burst - 1) * MILLI,
+            "bucket_first_milli": bucket_cap_milli(burst) - MILLI,
             "bucket_rate": float(per_second),
-            "bucket_burst_milli": burst * MILLI,
+            "bucket_burst_milli": bucket_cap_milli(burst),
         }
         statement = self._shapes.of(take_token_statement, self._is_postgres)
         found = await self._executor.fetch("take_token", statement, values)
-        return wait_for_token_s(int(found[0][0]), per_second)
+        tokens, ahead_ms = found[0]
+        return wait_for_token_s(int(tokens), per_second) + float(ahead_ms) / 1000
+
+    async def cool_limit(
+        self, key: str, per_second: float, burst: int, seconds: float, reason: str
+    ) -> None:
+        values: dict[str, object] = {
+            "bucket_key": key,
+            "bucket_per_second": repr(float(per_second)),
+            "bucket_burst": burst,
+            "cooling_reason": reason,
+        }
+        if self._is_postgres:
+            values["later_s"] = float(seconds)
+        else:
+            values["later_modifier"] = f"+{float(seconds):.3f} seconds"
+        statement = self._shapes.of(cool_limit_statement, self._is_postgres)
+        await self._executor.fetch("cool_limit", statement, values)
 
     async def give_back_token(self, key: str, burst: int) -> None:
         statement = self._shapes.of(give_back_token_statement, self._is_postgres)
-        values = {"bucket_key": key, "bucket_burst_milli": burst * MILLI}
+        values = {"bucket_key": key, "bucket_burst_milli": bucket_cap_milli(burst)}
         await self._executor.fetch("give_back_token", statement, values)
 
     async def acquire_slot(
@@ -96,8 +122,8 @@ class SqlLimits:
         slots = await self._executor.fetch("limit_usage", slots_read, {"now_at": now_at})
         return LimitUsage(
             tuple(
-                bucket_state(key, float(rate), int(burst), int(tokens), float(since_ms))
-                for key, rate, burst, tokens, since_ms in buckets
+                bucket_state(key, float(rate), int(burst), int(tokens), float(since_ms), until, why)
+                for key, rate, burst, tokens, since_ms, until, why in buckets
             ),
             {key: int(count) for key, count in slots},
         )

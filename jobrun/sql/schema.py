@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -222,8 +222,12 @@ rate_buckets = Table(
     Column("burst", Integer, nullable=False),
     # Thousandths of a token; below zero, tokens already promised to waiting takers.
     Column("milli_tokens", Integer, nullable=False),
-    # The database's clock at the last refill, fixed-shape instant text.
+    # The database's clock at the last refill, fixed-shape instant text; later
+    # than now while the limit cools down (nothing refills before it).
     Column("refilled_at", Text, nullable=False),
+    # Revision 0008: a RetryAfter(rate_limit=) holds the bucket until then, and why.
+    Column("cooling_until", Text, nullable=True),
+    Column("cooling_reason", Text, nullable=True),
 )
 
 concurrency_slots = Table(

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     TIMESTAMP,
+    Float,
     Integer,
     String,
     Text,
@@ -1329,6 +1330,17 @@ def database_now(is_postgres: bool) -> Any:
     return func.strftime(literal_column("'%Y-%m-%dT%H:%M:%fZ'"), literal_column("'now'"))
 
 
+def database_later(is_postgres: bool) -> Any:
+    """The database's clock ``later_s`` seconds (a bind) from now, as
+    :func:`database_now` writes instants."""
+    if is_postgres:
+        seconds = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("later_s", type_=Float))
+        utc = func.timezone(literal_column("'UTC'"), func.clock_timestamp() + seconds)
+        return func.to_char(utc, literal_column('\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\''))
+    modifier = bindparam("later_modifier", type_=Text)
+    return func.strftime(literal_column("'%Y-%m-%dT%H:%M:%fZ'"), literal_column("'now'"), modifier)
+
+
 def ms_between(is_postgres: bool, earlier: Any, later: Any) -> Any:
     """Milliseconds from instant text ``earlier`` to ``later`` (whole, as both are)."""
     if is_postgres:
@@ -1357,7 +1369,8 @@ def take_token_statement(is_postgres: bool) -> Any:
     milli-tokens left. The arithmetic is :func:`jobrun._core.limits.take`'s:
     whole milli-tokens gained (``bucket_rate`` per ms), capped at
     ``bucket_burst_milli``, minus 1000. On Postgres the row lock orders concurrent
-    takers; SQLite runs one writer at a time."""
+    takers; SQLite runs one writer at a time. Also returns the milliseconds until
+    the bucket's refill instant, when a cooling down put it in the future."""
     buckets = rate_buckets.c
     columns = ["limit_key", "per_second", "burst", "milli_tokens", "refilled_at"]
     values = select(
@@ -1382,7 +1395,13 @@ def take_token_statement(is_postgres: bool) -> Any:
             "per_second": insert.excluded.per_second,
             "burst": insert.excluded.burst,
         },
-    ).returning(buckets.milli_tokens)
+    ).returning(
+        buckets.milli_tokens,
+        # A bucket cooling down refills from a later instant: the wait until then.
+        _greatest(
+            is_postgres, ms_between(is_postgres, database_now(is_postgres), buckets.refilled_at), 0
+        ),
+    )
 
 
 def give_back_token_statement(is_postgres: bool) -> Any:
@@ -1393,6 +1412,43 @@ def give_back_token_statement(is_postgres: bool) -> Any:
         update(rate_buckets)
         .where(buckets.limit_key == bindparam("bucket_key"))
         .values(milli_tokens=_least(is_postgres, full, buckets.milli_tokens + 1000))
+    )
+
+
+def cool_limit_statement(is_postgres: bool) -> Any:
+    """Hold bucket ``bucket_key`` until ``later_s`` from the database's now: it refills
+    from then on, one token there for the first taker; a longer cooling down
+    already set is kept. Created (so held) if nobody took a token yet."""
+    buckets = rate_buckets.c
+    columns = [
+        "limit_key", "per_second", "burst", "milli_tokens", "refilled_at",
+        "cooling_until", "cooling_reason",
+    ]  # fmt: skip
+    until = database_later(is_postgres)
+    reason = bindparam("cooling_reason", type_=Text)
+    values = select(
+        bindparam("bucket_key", type_=Text),
+        bindparam("bucket_per_second", type_=Text),
+        bindparam("bucket_burst", type_=Integer),
+        literal_column("1000"),
+        until,
+        until,
+        reason,
+    ).where(true())  # SQLite needs a WHERE before ON CONFLICT in an INSERT ... SELECT
+    insert = dialect_insert(is_postgres, rate_buckets).from_select(columns, values)
+    later = buckets.refilled_at < insert.excluded.refilled_at
+    return insert.on_conflict_do_update(
+        index_elements=[buckets.limit_key],
+        set_={
+            "milli_tokens": case((later, 1000), else_=buckets.milli_tokens),
+            "refilled_at": case((later, insert.excluded.refilled_at), else_=buckets.refilled_at),
+            "cooling_until": case(
+                (later, insert.excluded.cooling_until), else_=buckets.cooling_until
+            ),
+            "cooling_reason": case(
+                (later, insert.excluded.cooling_reason), else_=buckets.cooling_reason
+            ),
+        },
     )
 
 
@@ -1452,11 +1508,20 @@ def release_slot_statement() -> Any:
 
 
 def buckets_statement(is_postgres: bool) -> Any:
-    """Every bucket, and the milliseconds since its refill on the database's clock."""
+    """Every bucket, the milliseconds since its refill on the database's clock
+    (negative while it cools down), and its cooling down (until, reason), if any."""
     buckets = rate_buckets.c
-    since = ms_between(is_postgres, buckets.refilled_at, database_now(is_postgres))
+    now = database_now(is_postgres)
+    since = ms_between(is_postgres, buckets.refilled_at, now)
+    cooling = case((buckets.cooling_until > now, buckets.cooling_until), else_=None)
     return select(
-        buckets.limit_key, buckets.per_second, buckets.burst, buckets.milli_tokens, since
+        buckets.limit_key,
+        buckets.per_second,
+        buckets.burst,
+        buckets.milli_tokens,
+        since,
+        cooling,
+        buckets.cooling_reason,
     ).order_by(buckets.limit_key)
 
 

@@ -623,6 +623,12 @@ class SqlJobRunStore:
         async with self._operation("release_slot"):
             await self._limit_operations.release_slot(key, run_id, step, token, now_at)
 
+    async def cool_limit(
+        self, key: str, per_second: float, burst: int, seconds: float, reason: str
+    ) -> None:
+        async with self._operation("cool_limit"):
+            await self._limit_operations.cool_limit(key, per_second, burst, seconds, reason)
+
     async def limit_usage(self, now_at: str) -> LimitUsage:
         async with self._operation("limit_usage"):
             return await self._limit_operations.limit_usage(now_at)

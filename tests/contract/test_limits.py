@@ -73,13 +73,14 @@ async def test_concurrent_takers_are_never_issued_more_than_the_bucket_allows(
 
 
 async def test_a_bucket_refills_at_its_rate_and_health_reads_it(store: Any) -> None:
-    assert await store.take_token("slow", 0.5, 2) == 0.0
-    assert await store.take_token("slow", 0.5, 2) == 0.0
-    wait = await store.take_token("slow", 0.5, 2)
+    # Declared burst 4: 2 at once (the other 2 kept back for the jitter at the API).
+    assert await store.take_token("slow", 0.5, 4) == 0.0
+    assert await store.take_token("slow", 0.5, 4) == 0.0
+    wait = await store.take_token("slow", 0.5, 4)
     assert 1.5 < wait <= 2.0  # the next token is 2 s after the burst at 0.5/s
     usage = await store.limit_usage(format_instant(FakeClock().now()))
     [bucket] = usage.buckets
-    assert (bucket.key, bucket.per_second, bucket.burst, bucket.waiting) == ("slow", 0.5, 2, 1)
+    assert (bucket.key, bucket.per_second, bucket.burst, bucket.waiting) == ("slow", 0.5, 4, 1)
     assert -1.0 <= bucket.tokens < -0.5
     assert 3.5 < bucket.empty_for_s <= 4.0
     # jobrun health (and the console) show the same.
@@ -87,7 +88,7 @@ async def test_a_bucket_refills_at_its_rate_and_health_reads_it(store: Any) -> N
     assert [(shown.key, shown.waiting) for shown in health.rate_limits] == [("slow", 1)]
     assert health.concurrency_slots == {}
     # A token given back (the pass would not wait that long) is one waiter fewer.
-    await store.give_back_token("slow", 2)
+    await store.give_back_token("slow", 4)
     [bucket] = (await store.limit_usage(format_instant(FakeClock().now()))).buckets
     assert bucket.waiting == 0
 
@@ -113,8 +114,9 @@ async def test_a_replayed_step_takes_no_token_and_a_fresh_one_does(
     assert calls == ["call"]
     assert (await row_of(store, run_id)).status == "done"
     [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
-    # One token of five taken (0.001/s refills nothing worth a token meanwhile).
-    assert 4.0 <= bucket.tokens < 4.1
+    # One token of the three spent at once taken (0.001/s refills nothing worth a
+    # token meanwhile).
+    assert 2.0 <= bucket.tokens < 2.1
 
 
 @pytest.mark.parametrize("declared", ["rate", "concurrency"])
@@ -295,3 +297,81 @@ async def test_a_wait_beyond_the_pass_budget_ends_the_pass_and_gives_the_token_b
     assert (await store.steps(run_id))["first"].result == "1"
     [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
     assert bucket.waiting == 0
+
+
+# --- a 429 for everyone: RetryAfter(rate_limit=key) -----------------------------------------
+
+
+async def test_a_cooled_limit_holds_its_bucket_for_every_taker(store: Any) -> None:
+    assert await store.take_token("api", 10.0, 4) == 0.0
+    await store.cool_limit("api", 10.0, 4, 30.0, "429 from api")
+    # No token before the cooling down ends; the first after it at its end, the
+    # next one a token's interval later.
+    first = await store.take_token("api", 10.0, 4)
+    second = await store.take_token("api", 10.0, 4)
+    assert 29.0 < first <= 30.0
+    assert 0.09 < second - first < 0.11
+    # A shorter cooling down does not cut a longer one short.
+    await store.cool_limit("api", 10.0, 4, 1.0, "a shorter one")
+    assert 29.0 < await store.take_token("api", 10.0, 4) <= 30.3
+    [bucket] = (await store.limit_usage(format_instant(FakeClock().now()))).buckets
+    assert bucket.cooling_reason == "429 from api"
+    assert bucket.cooling_until is not None
+    assert bucket.empty_for_s > 29.0
+    health = await jobrun.job_run_health(store)
+    assert [(shown.key, shown.cooling_reason) for shown in health.rate_limits] == [
+        ("api", "429 from api")
+    ]
+    # A limit cooled before anyone took a token is held all the same.
+    await store.cool_limit("other", 5.0, 1, 20.0, "maintenance")
+    assert 19.0 < await store.take_token("other", 5.0, 1) <= 20.0
+
+
+async def test_a_429_in_one_run_makes_another_run_wait_instead_of_calling(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: list[str] = []
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        def call() -> str:
+            calls.append(p.run.id)
+            if p.payload["refused"]:
+                raise jobrun.RetryAfter(600, reason="429 from api", rate_limit="api")
+            return "ok"
+
+        await p.step("call", call, rate_limit="api")
+        return jobrun.PassResult(done=True)
+
+    registry = registry_for(handler, IMMEDIATE)
+    registry.rate_limit("api", per_second=50, burst=5)
+    refused = await start_id(store, clock, instance="a", payload={"refused": True})
+    report = await drive(store, registry, clock, pass_timeout_s=5)
+    assert report.deferred == 1
+    other = await start_id(store, clock, instance="b", payload={"refused": False})
+    report = await drive(store, registry, clock, pass_timeout_s=5)
+    # The other run's step did not call the API: its token is 600 s away, beyond
+    # its pass budget, so its pass was deferred, nothing charged.
+    assert calls == [refused]
+    assert report.deferred == 1
+    row = await row_of(store, other)
+    assert (row.attempts, row.deferrals) == (0, 1)
+    assert row.deferred_reason is not None
+    assert "rate limit 'api'" in row.deferred_reason
+    [bucket] = (await store.limit_usage(format_instant(clock.now()))).buckets
+    assert bucket.cooling_reason == "429 from api"
+
+
+async def test_a_429_naming_an_undeclared_limit_is_a_mistake(store: Any, clock: FakeClock) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        def call() -> None:
+            raise jobrun.RetryAfter(5, rate_limit="not-declared")
+
+        await p.step("call", call)
+        return jobrun.PassResult(done=True)
+
+    run_id = await start_id(store, clock)
+    report = await drive(store, registry_for(handler, IMMEDIATE), clock)
+    assert report.deferred == 0
+    row = await row_of(store, run_id)
+    assert row.last_error is not None
+    assert "'not-declared' is not declared" in row.last_error

@@ -161,6 +161,9 @@ EXPECTED: dict[str, Any] = {
             ("burst", "INTEGER", False, None),
             ("milli_tokens", "INTEGER", False, None),
             ("refilled_at", "TEXT", False, None),
+            # Revision 0008: a limit cooling down (RetryAfter(rate_limit=)).
+            ("cooling_until", "TEXT", True, None),
+            ("cooling_reason", "TEXT", True, None),
         ],
         "primary_key": ["limit_key"],
         "indexes": [],

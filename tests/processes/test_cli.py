@@ -31,6 +31,7 @@ from jobrun._cli.app import cli
 from jobrun._cli.params import parse_duration
 from jobrun._cli.watching import Poll, line, progress_of
 from jobrun.sql.migrate import downgrade
+from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.schema import job_runs as runs_table
 from tests.support import REPO, SQL_BACKENDS, run_in_thread
 
@@ -143,11 +144,11 @@ def file_url(path: Path) -> str:
 def _db_upgrade_current_check(url: str) -> None:
     assert "no jobrun schema" in fails(1, "db", "check", "--url", url).stdout
     assert "upgraded from none" in ok("db", "upgrade", "--url", url).stdout
-    assert "already at head: 0007" in ok("db", "upgrade", "--url", url).stdout
+    assert f"already at head: {SCHEMA_REVISION}" in ok("db", "upgrade", "--url", url).stdout
     current = ok("db", "current", "--url", url).stdout
-    assert "current: 0007" in current
-    assert "head:    0007" in current
-    assert "ok: at head 0007" in ok("db", "check", "--url", url).stdout
+    assert f"current: {SCHEMA_REVISION}" in current
+    assert f"head:    {SCHEMA_REVISION}" in current
+    assert f"ok: at head {SCHEMA_REVISION}" in ok("db", "check", "--url", url).stdout
 
 
 def test_db_upgrade_on_a_new_sqlite_file(tmp_path: Path) -> None:
@@ -176,7 +177,7 @@ def test_db_current_and_check_report_a_schema_behind(database_url: str) -> None:
     run_in_thread(to_0001)
     assert "current: 0001  (behind" in ok("db", "current", "--url", database_url).stdout
     drift = fails(1, "db", "check", "--url", database_url).stdout
-    assert "drift: the database is at 0001, head is 0007" in drift
+    assert f"drift: the database is at 0001, head is {SCHEMA_REVISION}" in drift
     # Every other command refuses, naming the fix.
     refused = fails(1, "runs", "--url", database_url)
     assert "revision 0001" in refused.stderr
