@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -501,3 +502,18 @@ class Fleet:
     def stop_all(self) -> None:
         for child in self.children:
             child.stop()
+
+
+def assert_walks_index_in_order(plan: str, index: str) -> None:
+    """A Postgres claim plan reads ``index`` in order under a ``Limit``: any ``Sort`` in it
+    ranks only the bounded window the limit let through (the one-statement claim ranks
+    its locked rows), never the table; and no sequential scan of the runs."""
+    lines = plan.splitlines()
+    pattern = re.compile(rf"Index (Only )?Scan using {index}\b")
+    scans = [number for number, line in enumerate(lines) if pattern.search(line)]
+    assert scans, plan
+    limits = [number for number, line in enumerate(lines[: scans[0]]) if "Limit" in line]
+    assert limits, plan
+    between = lines[limits[-1] : scans[0]]
+    assert not any(re.search(r"\bSort\b", line) for line in between), plan
+    assert "Seq Scan on _substrat_job_runs" not in plan, plan
