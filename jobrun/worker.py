@@ -60,6 +60,7 @@ from jobrun._core.wallsteps import lease_instants
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
+from jobrun._worker_deaths import dead_holder_seen, jobs_of
 from jobrun._worker_listen import Listening
 from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
@@ -298,37 +299,53 @@ class _Worker(DatabaseTurns, Listening):
         return report
 
     async def _due_now(self, database: _Database) -> bool:
-        """A woken database: whether a run is due now; if none is, wait (until the
-        next due instant, a wake-up or the sweep) and say no."""
+        """A woken database: whether to drive it now (a run is due, or the holder of
+        one is proven dead); if not, wait (until the next due instant, the next look
+        for a dead holder, a wake-up or the sweep) and say no."""
         try:
-            if database.path is not None:
-                due_at = sqlite_next_due_at(database.path)
-            else:
-                due_at = await postgres_next_due_at(database.store)
+            due_in_s = await self._due_in_s(database)
         except Exception as error:
             # Drive it: the drive says what is wrong, in the usual way.
             log.debug("reading when %s is next due failed: %s", database.label, error)
             return True
-        # Judged as the claim judges it: after a wall-clock step a live lease must not
-        # look due here while the claim (rightly) passes it over, in a loop.
-        now, _ = lease_instants(self.clock)
-        due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
         if due_in_s is not None and due_in_s <= 0:
+            return True
+        jobs = jobs_of(self.registry)
+        # Live runs, none due: one may be leased by a holder that died (a leased run
+        # is due only at its expiry). See jobrun._worker_deaths.
+        host, listens = SYSTEM_SOURCES.host, _listens(database.engine)
+        if due_in_s is not None and await dead_holder_seen(
+            database, jobs, self.clock, host, listens=listens
+        ):
             return True
         database.delay_s = FIRST_IDLE_DELAY_S
         if database.polling:
             await database.idle(None)
             return False
+        timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
+        look_s = orphans.look_again_in_s(database.store, jobs, self.clock.monotonic())
+        if look_s is not None:
+            timeout_s = min(timeout_s, look_s)
         database.polling = True
         try:
-            timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
-            if orphans.leases_held(database.store):
-                timeout_s = min(timeout_s, orphans.SCAN_INTERVAL_S)
             if not await database.idle(timeout_s):
                 self.wakeups["timer"] += 1
         finally:
             database.polling = False
         return False
+
+    async def _due_in_s(self, database: _Database) -> float | None:
+        """Seconds until the database's next run comes due (``None``: no live run)."""
+        if database.path is not None:
+            due_at = sqlite_next_due_at(database.path)
+        else:
+            due_at = await postgres_next_due_at(database.store)
+        if due_at is None:
+            return None
+        # Judged as the claim judges it: after a wall-clock step a live lease must not
+        # look due here while the claim (rightly) passes it over, in a loop.
+        now, _ = lease_instants(self.clock)
+        return (parse_instant(due_at) - now).total_seconds()
 
     async def _wait_for_work(self, database: _Database) -> None:
         if database.polling:
@@ -339,10 +356,14 @@ class _Worker(DatabaseTurns, Listening):
         try:
             delay = database.delay_s
             database.delay_s = min(self.interval_s, delay * 2)
-            if orphans.leases_held(database.store):
-                # Another holder may die: look often enough to take over in time.
-                delay = min(delay, orphans.SCAN_INTERVAL_S)
-            await database.idle(delay)
+            # Another process's holder may die: the next drive's claim scans again
+            # (once its last scan is SCAN_INTERVAL_S old) and takes over in time.
+            now_s = self.clock.monotonic()
+            jobs = jobs_of(self.registry)
+            look_s = orphans.look_again_in_s(
+                database.store, jobs, now_s, every_s=orphans.SCAN_INTERVAL_S
+            )
+            await database.idle(delay if look_s is None else min(delay, look_s))
         finally:
             database.polling = False
 
