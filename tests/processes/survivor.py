@@ -56,12 +56,14 @@ class Takeover:
 class WorkerProcess:
     """A ``jobrun worker`` (under ``prefix``, e.g. ``unshare``), its stderr read in a thread."""
 
-    def __init__(self, url: str, log: Path, *, hang: bool, foreign: bool, prefix: Sequence[str]):
+    def __init__(
+        self, where: Sequence[str], log: Path, *, hang: bool, foreign: bool, prefix: Sequence[str]
+    ) -> None:
         environment = dict(os.environ, PYTHONPATH=str(REPO), JOBRUN_SURVIVOR_LOG=str(log))
         environment |= {"JOBRUN_SURVIVOR_HANG": "1" if hang else "0"}
         environment |= {"JOBRUN_SURVIVOR_FOREIGN": "1" if foreign else "0"}
         self.process = subprocess.Popen(
-            [*prefix, str(JOBRUN), "worker", "--app", APP, "--url", url],
+            [*prefix, str(JOBRUN), "worker", "--app", APP, *where],
             cwd=REPO,
             env=environment,
             stdin=subprocess.DEVNULL,
@@ -134,7 +136,8 @@ async def _lease_expiry(url: str, run_id: str) -> float:
         run = await jobrun.get_job_run(jobrun.SqlJobRunStore(engine), run_id)
     finally:
         await engine.dispose()
-    assert run is not None and run.lease_driver is not None, "the holder holds no lease"
+    assert run is not None
+    assert run.lease_driver is not None, "the holder holds no lease"
     assert run.lease_expires_at is not None
     return run.lease_expires_at.timestamp()
 
@@ -155,17 +158,20 @@ async def idle_survivor_takeover(
     *,
     foreign: bool = False,
     survivor_prefix: Sequence[str] = (),
+    where: Sequence[str] = (),
 ) -> Takeover:
-    """Start one run and a holder worker; once it is in the run's body, start the
-    survivor worker (``foreign``: as if on another host; under ``survivor_prefix``),
-    let it idle, kill -9 the holder, and time the survivor's first body."""
+    """Start one run in ``url`` and a holder worker; once it is in the run's body,
+    start the survivor worker (``foreign``: as if on another host; under
+    ``survivor_prefix``), let it idle, kill -9 the holder, and time the survivor's
+    first body. Both workers serve ``where`` (options; ``--url URL`` by default)."""
     log = workdir / "survivor-bodies.log"
+    where = where or ("--url", url)
     run_id = await _start_run(url)
     with _workers() as started:
-        holder = WorkerProcess(url, log, hang=True, foreign=False, prefix=())
+        holder = WorkerProcess(where, log, hang=True, foreign=False, prefix=())
         started.append(holder)
         await asyncio.to_thread(wait_for_body, log, 0, 60.0)
-        survivor = WorkerProcess(url, log, hang=False, foreign=foreign, prefix=survivor_prefix)
+        survivor = WorkerProcess(where, log, hang=False, foreign=foreign, prefix=survivor_prefix)
         started.append(survivor)
         await asyncio.to_thread(survivor.wait_started)
         # sleep: a look for a takeover that must not happen while the holder lives

@@ -1,4 +1,4 @@
-"""A registry for the idle-survivor tests (``jobrun worker --app tests.processes.survivor_app:registry``).
+"""The registry of the idle-survivor tests (``jobrun worker --app ...survivor_app:registry``).
 
 ``survivor/walk`` has the library's default lease (a minute) and one step per pass.
 Each body appends ``<pid> <time.time()> <run id>`` to the file named by

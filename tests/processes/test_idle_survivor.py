@@ -14,14 +14,24 @@ is due only at its expiry, so the dead-holder scan inside the claim never ran.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+import jobrun
+from jobrun._core import orphans
+from jobrun.testing import FakeClock
 from tests.processes.survivor import idle_survivor_takeover
-from tests.support import proc_identity
+from tests.processes.test_worker import eventually
+from tests.processes.worker_app import registry
+from tests.support import claim_as, proc_identity
 
 SQLITE = pytest.param("sqlite", id="sqlite")
 POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
@@ -81,3 +91,103 @@ async def test_an_idle_worker_in_another_pid_namespace_takes_over_through_the_pr
         f"{takeover.latency_s:.2f} s, {takeover.lease_left_s:.1f} s of the lease left"
     )
     assert takeover.lease_left_s > LEFT_AT_LEAST_S, "waited for the lease, not for the presence"
+
+
+@pytest.mark.parametrize("backend", [SQLITE, POSTGRES])
+async def test_the_many_database_worker_takes_a_killed_peers_run_over_too(
+    backend: str, database_url: str, sqlite_template: Path, tmp_path: Path
+) -> None:
+    """``--urls-file`` over a dozen SQLite files and the test's database (the run is
+    there): the idle database among idle others is looked at all the same."""
+    proc_identity()
+    urls = []
+    for number in range(12):
+        path = tmp_path / f"scope-{number:02d}.db"
+        shutil.copyfile(sqlite_template, path)
+        urls.append(f"sqlite+aiosqlite:///{path}")
+    urls.insert(6, database_url)
+    listed = tmp_path / "urls.txt"
+    listed.write_text("\n".join(urls) + "\n")
+    takeover = await idle_survivor_takeover(
+        database_url, tmp_path, where=("--urls-file", str(listed))
+    )
+    print(
+        f"\n{backend}, --urls-file of {len(urls)}: kill -9 -> survivor's first body "
+        f"{takeover.latency_s:.2f} s, {takeover.lease_left_s:.1f} s of the lease left"
+    )
+    assert takeover.lease_left_s > LEFT_AT_LEAST_S, "waited for the lease, not for the proof"
+
+
+# --- when an idle worker looks again, on a test clock -------------------------------------------
+
+
+def _live_holder() -> tuple[subprocess.Popen[bytes], str]:
+    """A process of ours standing for a peer worker, and a ``lease_driver`` naming it."""
+    here = proc_identity()
+    peer = subprocess.Popen(["sleep", "3600"])
+    stat = Path(f"/proc/{peer.pid}/stat").read_text(encoding="ascii")
+    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    return peer, replace(here, host="peer", pid=peer.pid, start_ticks=start_ticks).describe("peer")
+
+
+def _scan_of(store: jobrun.SqlJobRunStore) -> Any:
+    return store.orphan_scans.get(frozenset((job.module_id, job.name) for job in registry))
+
+
+@pytest.mark.parametrize("backend", [SQLITE, POSTGRES])
+async def test_an_idle_worker_looks_again_at_each_death_check_and_acts_on_the_proof(
+    backend: str, engine: AsyncEngine
+) -> None:
+    """On a clock that moves only when told: while a live peer holds the only run
+    (a minute's lease), the idle worker reads the held leases every IDLE_LOOK_S and
+    leaves the run alone; once the peer is dead, the next look, not the expiry 59 s
+    later, hands the run to a claim."""
+    clock = FakeClock(datetime.now(UTC))
+    store = jobrun.SqlJobRunStore(engine)
+    run = await jobrun.start_job_run(
+        store, module_id="demo", job="pages", payload={"pages": 1}, clock=clock
+    )
+    peer, driver = _live_holder()
+    try:
+        assert await claim_as(
+            store, clock, "PEER", driver=driver, lease_ms=60_000, job=("demo", "pages")
+        )
+        stop = asyncio.Event()
+        worker = asyncio.create_task(
+            jobrun.run_worker([store], registry, stop=stop, clock=clock, interval_s=30)
+        )
+        try:
+            await _looked_at(store, clock, 0.0)
+            clock.advance(seconds=orphans.IDLE_LOOK_S)
+            await _looked_at(store, clock, orphans.IDLE_LOOK_S)
+            held = await jobrun.get_job_run(store, run.id)
+            assert held is not None
+            assert held.lease_driver == driver, "a live peer's run was taken"
+            peer.kill()
+            peer.wait()
+            clock.advance(seconds=orphans.IDLE_LOOK_S)
+            await eventually(lambda: _done(store, run.id), timeout_s=60)
+        finally:
+            stop.set()
+            await asyncio.wait_for(worker, 60)
+    finally:
+        peer.kill()
+        peer.wait()
+    # The clock moved one second in all: the peer's lease had 59 s left.
+    assert clock.monotonic() == 2 * orphans.IDLE_LOOK_S
+
+
+async def _looked_at(store: jobrun.SqlJobRunStore, clock: FakeClock, at_s: float) -> None:
+    """Wait until the worker has looked at the held leases at ``at_s`` on the clock and
+    is waiting on the clock again (only the idle driver's wait is on it then)."""
+
+    async def looked() -> bool:
+        scan = _scan_of(store)
+        return scan is not None and scan.scanned_at == at_s and clock.sleepers >= 1
+
+    await eventually(looked, timeout_s=60)
+
+
+async def _done(store: jobrun.SqlJobRunStore, run_id: str) -> bool:
+    found = await jobrun.get_job_run(store, run_id)
+    return found is not None and found.status == "done"
