@@ -217,6 +217,7 @@ def judge_leases(
     drive clock's ``now_s``) judged and remembered as a scan, which the next claim
     within ``SCAN_INTERVAL_S`` acts on. The tokens of the holders proven dead."""
     scan = store.orphan_scans.of(jobs)
+    scan.scanned_at = now_s
     _remember(scan, leases, host, now_s)
     return frozenset(scan.dead)
 
