@@ -36,25 +36,27 @@ def jobs_of(registry: JobRegistry) -> orphans.Jobs:
 
 async def dead_holder_seen(
     database: ServedDatabase, jobs: orphans.Jobs, clock: Clock, host: Host, *, listens: bool
-) -> bool:
+) -> tuple[bool, bool]:
     """Whether a run of ``jobs`` on ``database`` is leased by a holder proven dead
-    (``host`` judges pids), looking again first when the last look is old.
+    (``host`` judges pids), looking again first when the last look is old; and
+    whether a look was owed but refused as too soon (the driver then waits no longer
+    than until the next look is allowed: see ``orphans.look_again_in_s``).
 
     ``listens``: the database is Postgres through asyncpg, with a presence session
-    to read on. A look that fails says yes: the drive that follows looks too, and
+    to read on. A look that fails says dead: the drive that follows looks too, and
     reports what is wrong the usual way."""
     store = database.store
     now_s = clock.monotonic()
-    if orphans.look_due(store, jobs, now_s):
-        # Judged as the claim judges expiries (a wall-clock step cannot fool it).
-        judged, _ = lease_instants(clock)
-        try:
-            leases = await _held_leases(database, format_instant(judged), jobs, listens)
-        except Exception as error:
-            log.debug("reading the leases held on %s failed: %s", database.label, error)
-            return True
-        orphans.judge_leases(store, jobs, leases, now_s=now_s, host=host)
-    return orphans.dead_known(store, jobs)
+    if not orphans.look_due(store, jobs, now_s):
+        return orphans.dead_known(store, jobs), True
+    # Judged as the claim judges expiries (a wall-clock step cannot fool it).
+    judged, _ = lease_instants(clock)
+    try:
+        leases = await _held_leases(database, format_instant(judged), jobs, listens)
+    except Exception as error:
+        log.debug("reading the leases held on %s failed: %s", database.label, error)
+        return True, False
+    return bool(orphans.judge_leases(store, jobs, leases, now_s=now_s, host=host)), False
 
 
 async def _held_leases(

@@ -310,20 +310,21 @@ class _Worker(DatabaseTurns, Listening):
             return True
         if due_in_s is not None and due_in_s <= 0:
             return True
-        jobs = jobs_of(self.registry)
-        # Live runs, none due: one may be leased by a holder that died (a leased run
-        # is due only at its expiry). See jobrun._worker_deaths.
-        host, listens = SYSTEM_SOURCES.host, _listens(database.engine)
-        if due_in_s is not None and await dead_holder_seen(
-            database, jobs, self.clock, host, listens=listens
-        ):
-            return True
+        jobs, owed = jobs_of(self.registry), False
+        if due_in_s is not None:
+            # Live runs, none due: one may be leased by a holder that died (a leased
+            # run is due only at its expiry). See jobrun._worker_deaths.
+            host, listens = SYSTEM_SOURCES.host, _listens(database.engine)
+            dead, owed = await dead_holder_seen(database, jobs, self.clock, host, listens=listens)
+            if dead:
+                return True
         database.delay_s = FIRST_IDLE_DELAY_S
         if database.polling:
             await database.idle(None)
             return False
         timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
-        look_s = orphans.look_again_in_s(database.store, jobs, self.clock.monotonic())
+        now_s = self.clock.monotonic()
+        look_s = orphans.look_again_in_s(database.store, jobs, now_s, owed=owed)
         if look_s is not None:
             timeout_s = min(timeout_s, look_s)
         database.polling = True

@@ -223,16 +223,24 @@ def judge_leases(
 
 
 def look_again_in_s(
-    store: JobRunStore, jobs: Jobs, now_s: float, every_s: float = IDLE_LOOK_S
+    store: JobRunStore,
+    jobs: Jobs,
+    now_s: float,
+    every_s: float = IDLE_LOOK_S,
+    *,
+    owed: bool = False,
 ) -> float | None:
     """How long an idle driver of ``jobs`` may wait before it looks at ``store``'s
-    held leases again: ``None`` when the last scan saw no lease of another process
-    (none can die; a new one comes with a write or a due instant that wakes the
-    driver anyway), else until that scan is ``every_s`` old (0: now)."""
+    held leases again: until the last scan is ``every_s`` old (0: now) while that
+    scan saw a lease of another process, or while a look is ``owed`` (the driver
+    found live runs, none due, and its look was refused as too soon: the last scan
+    may predate a lease taken since, as when a peer wins the claim a NOTIFY woke
+    both to); ``None`` otherwise (nothing that can die; a new lease comes with a
+    write, a NOTIFY or a due instant that wakes the driver anyway)."""
     scan = store.orphan_scans.get(jobs)
     if scan is None or scan.scanned_at is None:
         return None
-    if not scan.held and not scan.dead:
+    if not (owed or scan.held or scan.dead):
         return None
     return max(0.0, min(every_s, scan.scanned_at + every_s - now_s))
 

@@ -15,20 +15,23 @@ import asyncio
 import signal
 import time
 
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import jobrun
 from tests.chaos.stage import Fault, Stage
 
 # The library's default lease: what a deployment that sets nothing has.
 DEFAULT_LEASE_MS = 60_000
-# Long enough a run (about 0.45 s a pass) that the survivors are up and idle before
-# the holder is struck in one of its middle passes.
-PASSES = 30
-# A settling look after the survivors are ready, so that they have fallen idle.
+# About 0.45 s a pass: struck in its second pass, the run has seconds left to go.
+PASSES = 12
+# A settling look after the drivers are ready, so that they have fallen idle.
 SETTLE_S = 1.0
 
 
 class IdleSurvivor(Fault):
-    runs, passes, lease_ms, worker_drivers = 1, PASSES, DEFAULT_LEASE_MS, True
-    first_driver_alone = True
+    # No run at first: the fault starts the one run once every driver is idle, so
+    # whichever claims it is the holder and the other two are idle survivors.
+    runs, passes, lease_ms, worker_drivers = 0, PASSES, DEFAULT_LEASE_MS, True
     # Resumed on proof of death, not at the lease's expiry (lateness against the lease).
     resume_within_s = DEFAULT_LEASE_MS / 2000
     # The drivers' own deadline: room for a lease waited out, so that a regression
@@ -49,14 +52,21 @@ class IdleSurvivor(Fault):
                 stage.driver_env[survivor] = {"JOBRUN_CHAOS_FOREIGN": "1"}
 
     async def inject(self, stage: Stage) -> None:
-        # sleep: the survivors, ready, fall idle (a survivor still starting would take
-        # the run at its first claim: the same outcome, another scenario)
+        # sleep: the drivers, ready, fall idle (a driver still starting would take the
+        # run at its first claim: the same outcome, another scenario)
         await asyncio.sleep(SETTLE_S)
-        victim, event = await stage.victim_body(only=stage.children[0])
+        engine = create_async_engine(stage.url)
+        try:
+            store = jobrun.SqlJobRunStore(engine)
+            await jobrun.start_job_run(store, module_id="chaos", job="walk", instance="r0")
+        finally:
+            await engine.dispose()
+        victim, event = await stage.victim_body()
         victim.process.send_signal(signal.SIGKILL)
         stage.deaths[victim.process.pid] = stage.resume_from_ns = time.monotonic_ns()
         stage.affected_runs = {event["run"]}
         stage.notes.append(
             f"run_worker drivers, library defaults (lease {self.lease_ms // 1000} s); "
-            f"1 run of {self.passes} passes; killed in {event['step']}"
+            f"1 run of {self.passes} passes, started once they were idle; "
+            f"killed in {event['step']}"
         )

@@ -16,7 +16,7 @@ leaves only its ``B`` line.
 
 With ``--worker`` it drives through :func:`jobrun.run_worker` instead, as ``jobrun
 worker`` does (library defaults: one driver, woken or idle between drives), and
-stops it once no running run is left. ``JOBRUN_CHAOS_FOREIGN=1`` in its
+stops it once a run exists and none is left running. ``JOBRUN_CHAOS_FOREIGN=1`` in its
 environment makes it claim and judge as if it ran on another machine (a boot id
 of its own: ``/proc`` proves nothing to it).
 
@@ -165,7 +165,10 @@ async def drive_as_worker(
     try:
         while not worker.done() and time.monotonic() < deadline:
             try:
-                if not await jobrun.job_runs(store, status="running", limit=1):
+                # Done once a run exists and none is running (the run may come later).
+                if await jobrun.job_runs(store, limit=1) and not await jobrun.job_runs(
+                    store, status="running", limit=1
+                ):
                     break
             except Exception as error:
                 totals["store_errors"] += 1

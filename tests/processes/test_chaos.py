@@ -45,7 +45,6 @@ QUICK = [
     case(KillHolder(), "postgres"),
     case(IdleSurvivor(), "sqlite"),
     case(IdleSurvivor(), "postgres"),
-    case(IdleSurvivor(elsewhere=True), "postgres"),
     case(StopHolder(), "sqlite"),
     case(StopHolder(), "postgres"),
     case(TerminatePresence(), "postgres"),

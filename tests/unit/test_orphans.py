@@ -177,9 +177,12 @@ def test_an_idle_driver_looks_again_at_its_next_death_check_only_while_a_peer_ho
     ours = [_held("run", "OURS", local_identity().describe("me"))]
     orphans.judge_leases(store, jobs, ours, now_s=12.0, host=THIS_HOST)  # type: ignore[arg-type]
     assert look_again_in_s(store, jobs, 12.0) is None  # type: ignore[arg-type]
-    # No lease at all: the same.
+    # No lease at all: the same...
     orphans.judge_leases(store, jobs, [], now_s=13.0, host=THIS_HOST)  # type: ignore[arg-type]
     assert look_again_in_s(store, jobs, 13.0) is None  # type: ignore[arg-type]
+    # ...unless a look is owed: live runs found none due, the look refused as too soon
+    # (a peer may have won, since that last look, the claim a NOTIFY woke both to).
+    assert look_again_in_s(store, jobs, 13.1, owed=True) == pytest.approx(0.4)  # type: ignore[arg-type]
 
 
 def test_looks_every_idle_interval_prove_a_free_presence_dead_exactly_at_the_grace() -> None:
