@@ -310,30 +310,52 @@ class _Worker(DatabaseTurns, Listening):
             return True
         if due_in_s is not None and due_in_s <= 0:
             return True
+        due_at_s = None if due_in_s is None else self.clock.monotonic() + due_in_s
+        while True:
+            looked_at = database.writes_seen
+            wait = await self._look_for_the_dead(database, due_at_s)
+            if wait is None:
+                return True
+            timeout_s, looking = wait
+            database.delay_s = FIRST_IDLE_DELAY_S
+            if database.polling:
+                await database.idle(None)
+                return False
+            database.polling = True
+            try:
+                woken = await database.idle(timeout_s)
+            finally:
+                database.polling = False
+            # SQLite woken by the look's own timer, nothing written since: the due
+            # instant stands, and the look re-judges the leases it read (pid checks).
+            if woken or not looking or database.path is None:
+                break
+            if database.writes_seen != looked_at:
+                break
+        if not woken:
+            self.wakeups["timer"] += 1
+        return False
+
+    async def _look_for_the_dead(
+        self, database: _Database, due_at_s: float | None
+    ) -> tuple[float, bool] | None:
+        """``None``: a holder of a live run is proven dead, drive now; else how long
+        to wait (until the due instant ``due_at_s``, monotonic, the sweep or the next
+        look) and whether that is the next look's wait. See jobrun._worker_deaths."""
         jobs, owed = jobs_of(self.registry), False
-        if due_in_s is not None:
+        if due_at_s is not None:
             # Live runs, none due: one may be leased by a holder that died (a leased
-            # run is due only at its expiry). See jobrun._worker_deaths.
+            # run is due only at its expiry).
             host, listens = SYSTEM_SOURCES.host, _listens(database.engine)
             dead, owed = await dead_holder_seen(database, jobs, self.clock, host, listens=listens)
             if dead:
-                return True
-        database.delay_s = FIRST_IDLE_DELAY_S
-        if database.polling:
-            await database.idle(None)
-            return False
-        timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
+                return None
         now_s = self.clock.monotonic()
+        timeout_s = SWEEP_S if due_at_s is None else min(due_at_s - now_s, SWEEP_S)
         look_s = orphans.look_again_in_s(database.store, jobs, now_s, owed=owed)
-        if look_s is not None:
-            timeout_s = min(timeout_s, look_s)
-        database.polling = True
-        try:
-            if not await database.idle(timeout_s):
-                self.wakeups["timer"] += 1
-        finally:
-            database.polling = False
-        return False
+        if look_s is not None and look_s < timeout_s:
+            return look_s, True
+        return max(0.0, timeout_s), False
 
     async def _due_in_s(self, database: _Database) -> float | None:
         """Seconds until the database's next run comes due (``None``: no live run)."""

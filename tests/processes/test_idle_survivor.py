@@ -15,23 +15,28 @@ is due only at its expiry, so the dead-holder scan inside the claim never ran.
 from __future__ import annotations
 
 import asyncio
+import collections
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
+import jobrun._worker_deaths
+import jobrun.worker
 from jobrun._core import orphans
+from jobrun._core.formats import format_instant
 from jobrun.testing import FakeClock
 from tests.processes.survivor import idle_survivor_takeover
 from tests.processes.test_worker import eventually
 from tests.processes.worker_app import registry
-from tests.support import claim_as, proc_identity
+from tests.support import claim_as, proc_identity, set_columns
 
 SQLITE = pytest.param("sqlite", id="sqlite")
 POSTGRES = pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)
@@ -191,3 +196,68 @@ async def _looked_at(store: jobrun.SqlJobRunStore, clock: FakeClock, at_s: float
 async def _done(store: jobrun.SqlJobRunStore, run_id: str) -> bool:
     found = await jobrun.get_job_run(store, run_id)
     return found is not None and found.status == "done"
+
+
+async def test_while_nothing_is_written_an_idle_sqlite_worker_looks_without_reading(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every change to a lease is a write to the file, which inotify reports: with none
+    since the last read, a look re-judges the leases it read (pid checks only), and
+    the due instant stands. A write makes the next look read again."""
+    reads: collections.Counter[str] = collections.Counter()
+
+    def counted(name: str, read: Callable[..., Any]) -> Callable[..., Any]:
+        def reading(*arguments: Any) -> Any:
+            reads[name] += 1
+            return read(*arguments)
+
+        return reading
+
+    monkeypatch.setattr(
+        jobrun._worker_deaths,
+        "sqlite_held_leases",
+        counted("leases", jobrun._worker_deaths.sqlite_held_leases),
+    )
+    monkeypatch.setattr(
+        jobrun.worker, "sqlite_next_due_at", counted("due", jobrun.worker.sqlite_next_due_at)
+    )
+    engine = create_async_engine(sqlite_url)
+    clock = FakeClock(datetime.now(UTC))
+    store = jobrun.SqlJobRunStore(engine)
+    run = await jobrun.start_job_run(
+        store, module_id="demo", job="pages", payload={"pages": 1}, clock=clock
+    )
+    peer, driver = _live_holder()
+    stop = asyncio.Event()
+    try:
+        assert await claim_as(
+            store, clock, "PEER", driver=driver, lease_ms=60_000, job=("demo", "pages")
+        )
+        worker = asyncio.create_task(
+            jobrun.run_worker([store], registry, stop=stop, clock=clock, interval_s=30)
+        )
+        await _looked_at(store, clock, 0.0)
+        read_first = dict(reads)
+        for look in range(1, 5):
+            clock.advance(seconds=orphans.IDLE_LOOK_S)
+            await _looked_at(store, clock, look * orphans.IDLE_LOOK_S)
+        assert dict(reads) == read_first, "a look read the file with nothing written"
+        # A write (any process's): the driver wakes, reads the due instant, and its
+        # next look reads the leases again.
+        await set_columns(store, engine, run.id, updated_at=format_instant(clock.now()))
+        await eventually(lambda: _more(reads, "due", read_first["due"]), timeout_s=60)
+        clock.advance(seconds=orphans.IDLE_LOOK_S)
+        await eventually(lambda: _more(reads, "leases", read_first["leases"]), timeout_s=60)
+        held = await jobrun.get_job_run(store, run.id)
+        assert held is not None
+        assert held.lease_driver == driver, "a live peer's run was taken"
+    finally:
+        stop.set()
+        peer.kill()
+        peer.wait()
+        await asyncio.wait_for(worker, 60)
+        await engine.dispose()
+
+
+async def _more(reads: collections.Counter[str], name: str, than: int) -> bool:
+    return reads[name] > than
