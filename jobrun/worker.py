@@ -310,10 +310,13 @@ class _Worker(DatabaseTurns, Listening):
             return True
         if due_in_s is not None and due_in_s <= 0:
             return True
-        due_at_s = None if due_in_s is None else self.clock.monotonic() + due_in_s
+        now_s = self.clock.monotonic()
+        # The sweep's instant stands across the looks' waits: a missed wake-up is
+        # still found within SWEEP_S, however long the lease being looked at.
+        due_at_s, sweep_at_s = None if due_in_s is None else now_s + due_in_s, now_s + SWEEP_S
         while True:
             looked_at = database.writes_seen
-            wait = await self._look_for_the_dead(database, due_at_s)
+            wait = await self._look_for_the_dead(database, due_at_s, sweep_at_s)
             if wait is None:
                 return True
             timeout_s, looking = wait
@@ -337,11 +340,12 @@ class _Worker(DatabaseTurns, Listening):
         return False
 
     async def _look_for_the_dead(
-        self, database: _Database, due_at_s: float | None
+        self, database: _Database, due_at_s: float | None, sweep_at_s: float
     ) -> tuple[float, bool] | None:
         """``None``: a holder of a live run is proven dead, drive now; else how long
-        to wait (until the due instant ``due_at_s``, monotonic, the sweep or the next
-        look) and whether that is the next look's wait. See jobrun._worker_deaths."""
+        to wait (until the due instant ``due_at_s``, the sweep at ``sweep_at_s``, both
+        monotonic, or the next look) and whether that is the next look's wait. See
+        jobrun._worker_deaths."""
         jobs, owed = jobs_of(self.registry), False
         if due_at_s is not None:
             # Live runs, none due: one may be leased by a holder that died (a leased
@@ -351,7 +355,7 @@ class _Worker(DatabaseTurns, Listening):
             if dead:
                 return None
         now_s = self.clock.monotonic()
-        timeout_s = SWEEP_S if due_at_s is None else min(due_at_s - now_s, SWEEP_S)
+        timeout_s = (sweep_at_s if due_at_s is None else min(due_at_s, sweep_at_s)) - now_s
         look_s = orphans.look_again_in_s(database.store, jobs, now_s, owed=owed)
         if look_s is not None and look_s < timeout_s:
             return look_s, True
