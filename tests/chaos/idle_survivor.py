@@ -4,8 +4,8 @@ other drivers, ``run_worker`` processes as ``jobrun worker`` runs them, are idle
 Unlike the other scenarios, the drivers are workers with the library's defaults,
 lease included (a minute): an idle worker sleeps until its database's next due
 instant, and a leased run is due only when its lease expires, so a survivor that
-did not look for the holder's death would wait out the lease. On another host
-(Postgres only: the survivors claim as if on another machine, where ``/proc``
+did not look for the holder's death would wait out the lease. On other hosts
+(Postgres only: each driver claims as if on a machine of its own, where ``/proc``
 proves nothing), the presence lock is the proof, after its grace period.
 """
 
@@ -48,8 +48,10 @@ class IdleSurvivor(Fault):
 
     async def before_drivers(self, stage: Stage) -> None:
         if self.elsewhere:
-            for survivor in (1, 2):
-                stage.driver_env[survivor] = {"JOBRUN_CHAOS_FOREIGN": "1"}
+            # Each driver on a machine of its own (whichever claims the run, the
+            # others cannot judge it by pid): only the presence can prove its death.
+            for index in range(3):
+                stage.driver_env[index] = {"JOBRUN_CHAOS_MACHINE": f"machine-{index}"}
 
     async def inject(self, stage: Stage) -> None:
         # sleep: the drivers, ready, fall idle (a driver still starting would take the

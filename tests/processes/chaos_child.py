@@ -16,9 +16,9 @@ leaves only its ``B`` line.
 
 With ``--worker`` it drives through :func:`jobrun.run_worker` instead, as ``jobrun
 worker`` does (library defaults: one driver, woken or idle between drives), and
-stops it once a run exists and none is left running. ``JOBRUN_CHAOS_FOREIGN=1`` in its
-environment makes it claim and judge as if it ran on another machine (a boot id
-of its own: ``/proc`` proves nothing to it).
+stops it once a run exists and none is left running. ``JOBRUN_CHAOS_MACHINE=NAME`` in its
+environment makes it claim and judge as if it ran on machine NAME (a boot id of
+its own: ``/proc`` proves nothing across machines).
 
 Events go to stdout as JSON lines (``tests.support.Child`` reads them):
 ``ready``, ``body`` (a body started: run, step, ns), ``error``, ``report``
@@ -183,19 +183,20 @@ async def drive_as_worker(
         await worker
 
 
-def claim_from_elsewhere() -> None:
+def claim_from_elsewhere(machine: str) -> None:
     """Claim and judge as if on another machine (see the module's docstring)."""
     from dataclasses import replace
 
     from jobrun import _system
 
-    elsewhere = replace(_system.local_identity(), host="elsewhere", boot="another-machine")
+    elsewhere = replace(_system.local_identity(), host=machine, boot=f"boot-of-{machine}")
     _system.local_identity = lambda: elsewhere  # type: ignore[assignment]
 
 
 async def main(args: argparse.Namespace) -> None:
-    if os.environ.get("JOBRUN_CHAOS_FOREIGN") == "1":
-        claim_from_elsewhere()
+    machine = os.environ.get("JOBRUN_CHAOS_MACHINE")
+    if machine:
+        claim_from_elsewhere(machine)
     log_fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     engine = create_async_engine(args.url)
     store = jobrun.SqlJobRunStore(engine)
