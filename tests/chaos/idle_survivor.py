@@ -22,10 +22,10 @@ from tests.chaos.stage import Fault, Stage
 
 # The library's default lease: what a deployment that sets nothing has.
 DEFAULT_LEASE_MS = 60_000
-# About 0.45 s a pass: struck in its second pass, the run has seconds left to go.
-PASSES = 12
+# About 0.45 s a pass: struck in its second pass, the run has a few seconds left.
+PASSES = 8
 # A settling look after the drivers are ready, so that they have fallen idle.
-SETTLE_S = 1.0
+SETTLE_S = 0.5
 
 
 class IdleSurvivor(Fault):
