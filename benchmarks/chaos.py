@@ -36,7 +36,16 @@ from tests.chaos.faults import all_scenarios  # noqa: E402
 from tests.chaos.stage import BODY_MS, LEASE_MS, Outcome, run_scenario  # noqa: E402
 
 DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-COLUMNS = ("scenario", "backend", "overlaps", "repeated", "lost", "s to resume", "note")
+COLUMNS = (
+    "scenario",
+    "backend",
+    "overlaps",
+    "repeated",
+    "acknowledged steps run again",
+    "lost",
+    "s to resume",
+    "note",
+)
 
 
 def row_of(outcome: Outcome) -> list[str]:
@@ -57,7 +66,8 @@ def row_of(outcome: Outcome) -> list[str]:
         notes.insert(0, f"scenario error: {outcome.error}")
     resume = "-" if verdict.resume_s is None else f"{verdict.resume_s:.2f}"
     lost = f"{outcome.lost} of {outcome.runs}" if outcome.runs else "?"
-    cells = [outcome.scenario, outcome.backend, overlaps, str(verdict.repeated), lost, resume]
+    repeats = [str(verdict.repeated), str(verdict.acknowledged_repeats)]
+    cells = [outcome.scenario, outcome.backend, overlaps, *repeats, lost, resume]
     return [*cells, " ".join("; ".join(notes).replace("|", "/").split())]
 
 
@@ -77,7 +87,8 @@ def header(started_at: datetime) -> str:
     return (
         f"Chaos run of {started_at:%Y-%m-%d %H:%M} UTC on commit {commit or '?'}: "
         f"lease_ms={LEASE_MS} (short, so that a scenario takes seconds); 3 drivers, "
-        f"2 runs of 6 passes (12 under idle_session_timeout and Postgres disk full) "
+        f"2 runs of 6 passes (12 under idle_session_timeout, Postgres disk full and the "
+        f"split brain, 8 under failover; the split brain's lease 15 s) "
         f"of 3 steps each, one claim a run; bodies of {BODY_MS} or {2 * BODY_MS} ms."
     )
 

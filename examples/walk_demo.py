@@ -37,7 +37,8 @@ import jobrun
 
 MODULE_ID, JOB = "demo", "walk-objects"
 PAGES_PER_PASS = 4
-PASSES_PER_CALL = 5  # per run_due_jobs call, so the loop below looks at the run often
+PASSES_PER_CALL = 1  # per run_due_jobs call: the loop below reads the run after each
+# pass, so a progress line is printed at the pass that crosses its mark
 REPORT_EVERY = 10_000  # objects between two progress lines
 # The fake upstream recovers at once, so retry soon; eight tries make losing a
 # step at a 5% failure rate a one-in-ten-billion event.
@@ -143,11 +144,11 @@ async def walk_demo(args: argparse.Namespace) -> int:
             print(f"resuming run {run.id} at page {run.cursor or 0} of {api.pages}")
         watch = f"{jobrun_command()} watch {run.id} --url sqlite:///{args.db}"
         print(f"follow it with: {watch}")
-        print(
-            "to watch it go, slow it down: --latency-ms 200 (make demo DEMO='--latency-ms 200'); "
-            "interrupt it (Ctrl-C) and run the same command again to resume it",
-            flush=True,
-        )
+        if not args.latency_given:
+            print(
+                "to watch it go, slow it down: --latency-ms 200 (make demo DEMO='--latency-ms 200')"
+            )
+        print("interrupt it (Ctrl-C) and run the same command again to resume it", flush=True)
         registry = jobrun.JobRegistry()
         registry.register(MODULE_ID, JOB, walk_job(api))
         final, committed = await drive(store, registry, run, api.pages)
@@ -172,8 +173,12 @@ def parse_args() -> argparse.Namespace:
     add("--objects", type=int, default=100_000, help="objects in a new run (default 100,000)")
     add("--page-size", type=int, default=500, help="objects per page in a new run (default 500)")
     add("--failure-rate", type=float, default=0.05, help="share of fetches that time out")
-    add("--latency-ms", type=float, default=2.0, help="each fetch takes 0 to this many ms")
+    add("--latency-ms", type=float, help="each fetch takes 0 to this many ms (default 2)")
     args = parser.parse_args()
+    # Only a demo run at the default speed is told how to slow it down.
+    args.latency_given = args.latency_ms is not None
+    if args.latency_ms is None:
+        args.latency_ms = 2.0
     if args.objects < 1 or args.page_size < 1 or args.latency_ms < 0:
         parser.error("--objects and --page-size must be at least 1, --latency-ms at least 0")
     if not 0 <= args.failure_rate < 1:

@@ -36,6 +36,7 @@ from jobrun._core.records import (
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.runs import get_job_run, job_runs
+from jobrun._core.starts import JobStart
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,
@@ -43,6 +44,7 @@ from jobrun._entry import (
     resume_job_run,
     run_due_jobs,
     start_job_run,
+    start_job_runs,
     start_scheduled_runs,
 )
 from jobrun._version import __version__ as __version__
@@ -60,6 +62,7 @@ from jobrun.errors import (
     SchemaOutdatedError,
     StepFailedError,
     StepReusedError,
+    StepTimeoutError,
     StoreError,
 )
 
@@ -123,6 +126,7 @@ __all__ = [
     "JobRunNotFoundError",
     "JobRunStatus",
     "JobRunStore",
+    "JobStart",
     "JobValidationError",
     "LeaseLostError",
     "LoggingObserver",
@@ -144,6 +148,7 @@ __all__ = [
     "StepEnd",
     "StepFailedError",
     "StepReusedError",
+    "StepTimeoutError",
     "StoreError",
     "StoreLimits",
     "UpgradeResult",
@@ -162,6 +167,7 @@ __all__ = [
     "run_worker",
     "skip_jobrun_tables",
     "start_job_run",
+    "start_job_runs",
     "start_scheduled_runs",
     "upgrade",
     "upgrade_many",

@@ -13,10 +13,12 @@ the public API; the worker hands the same sources to the core it drives.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from jobrun._core import actions, drive, runs, scheduled_runs
+from jobrun._core import starts as starts_core
 from jobrun._core.clock import ClockLike
 from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
 from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore
@@ -29,6 +31,7 @@ from jobrun._core.records import (
 )
 from jobrun._core.registry import JobRegistry
 from jobrun._core.sources import Sources
+from jobrun._core.starts import JobStart
 from jobrun._system import (
     SYSTEM_CLOCK,
     THIS_HOST,
@@ -100,22 +103,39 @@ async def start_job_run(
     instance: str = DEFAULT_INSTANCE,
     payload: Any = None,
     priority: int = 0,
+    start_at: datetime | None = None,
+    delay_s: float | None = None,
     clock: ClockLike | None = None,
+    connection: Any = None,
 ) -> JobRun:
     """Start a run, or join the live run of the same key (its payload and priority win).
 
     The key is ``(module_id, job, instance)``; ``instance`` (default
     ``"default"``) tells apart runs of one job that may be live side by side,
     such as one per customer. Returns the run's record: ``status`` is
-    ``"running"``, and its ``id`` is the one to keep, whether the run was new or
-    joined (compare ``started_at`` or the payload if you need to know which).
-    Nothing runs here: a driver (:func:`run_due_jobs`, :func:`run_worker`)
-    picks the run up, at once, since a new run is due immediately.
+    ``"running"``, its ``id`` is the one to keep, and ``joined`` says whether the
+    start joined a run of the key that was already live (``True``) or made a new
+    one (``False``). Nothing runs here: a driver (:func:`run_due_jobs`,
+    :func:`run_worker`) picks the run up, at once, since a new run is due
+    immediately, unless it starts later.
+
+    ``start_at`` (a timezone-aware datetime) or ``delay_s`` (seconds from now),
+    not both, makes the run start later: it is live at once (a start of its key
+    joins it) but no driver claims it before then. Joining a run never moves its
+    start.
+
+    ``connection`` (a SQL store only): the caller's SQLAlchemy ``AsyncConnection``
+    of the store's database, inside its open transaction (``async with
+    engine.begin() as connection``, or ``await session.connection()`` of an ORM
+    ``AsyncSession``). The run is written in that transaction: it exists, and
+    workers are woken, only if the transaction commits. A second transaction
+    starting the same key meanwhile waits for the first to end (commit: it joins
+    that run; roll back: it makes its own).
 
     Everything is checked before anything is written: the key parts, the
-    priority, and the payload's queue-safety and size. The job need not be
-    registered here; a run of a job no driver knows waits until one does.
-    Among due runs, a higher ``priority`` is claimed first (default 0).
+    priority, the start instant, and the payload's queue-safety and size. The job
+    need not be registered here; a run of a job no driver knows waits until one
+    does. Among due runs, a higher ``priority`` is claimed first (default 0).
     """
     return await runs.start_job_run(
         store,
@@ -124,8 +144,34 @@ async def start_job_run(
         instance=instance,
         payload=payload,
         priority=priority,
+        start_at=start_at,
+        delay_s=delay_s,
         clock=clock,
+        connection=connection,
         sources=SYSTEM_SOURCES,
+    )
+
+
+async def start_job_runs(
+    store: JobRunStore,
+    starts: Iterable[JobStart],
+    *,
+    clock: ClockLike | None = None,
+    connection: Any = None,
+) -> list[JobRun]:
+    """Start many runs at once: :func:`start_job_run` for each :class:`JobStart`, in a
+    fixed number of statements (one when every key is new), atomically.
+
+    Returns one record per start, in order, each as :func:`start_job_run` would
+    (``joined`` says whether its key was live). A key given twice in ``starts``
+    makes one run (the first start's payload, priority and ``start_at`` win) and
+    both positions get its record. Every start is checked before anything is
+    written: a refusal names the first bad one by its index (``starts[3].payload
+    ...``) and nothing is started. Workers are woken once per batch.
+    ``connection`` is as for :func:`start_job_run`.
+    """
+    return await starts_core.start_job_runs(
+        store, starts, clock=clock, connection=connection, sources=SYSTEM_SOURCES
     )
 
 

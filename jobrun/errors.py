@@ -11,6 +11,7 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
     ├── JobConflictError            conflict            (``reason`` says which)
     │   └── StepReusedError         conflict            reason == "job_step_reused"
     ├── StepFailedError             step_failed         (a step's attempt failed)
+    │   └── StepTimeoutError        step_timeout        (its body overran ``timeout_s``)
     ├── PassTimeoutError            pass_timeout        (a pass overran its budget)
     ├── LeaseLostError              lease_lost          (another driver or an operator
     │                                                    took the run; the pass stops)
@@ -58,6 +59,7 @@ __all__ = [
     "SchemaOutdatedError",
     "StepFailedError",
     "StepReusedError",
+    "StepTimeoutError",
     "StoreError",
 ]
 
@@ -151,6 +153,25 @@ class StepFailedError(JobRunError):
         self.attempts = attempts
         self.policy = policy
         self.cause_text = cause
+
+
+class StepTimeoutError(StepFailedError):
+    """A step's body ran past the step's ``timeout_s`` and was cancelled: a failed
+    attempt like any other, retried by the step's policy."""
+
+    code = "step_timeout"
+
+    def __init__(self, step: str, attempts: int, policy: RetryPolicy, timeout_s: float) -> None:
+        super().__init__(step, attempts, policy, timed_out_text(timeout_s))
+        # The run's last error reads "step 'x' timed out after N s", not "failed: ...".
+        self.message = f"step {step!r} {timed_out_text(timeout_s)}"
+        self.args = (self.message,)
+        self.timeout_s = timeout_s
+
+
+def timed_out_text(timeout_s: float) -> str:
+    """The ledger's last error of a step attempt that overran its ``timeout_s``."""
+    return f"timed out after {timeout_s:g} s"
 
 
 class PassTimeoutError(JobRunError):

@@ -62,6 +62,8 @@ from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
 from jobrun._worker_deaths import dead_holder_seen, jobs_of
 from jobrun._worker_listen import Listening
+from jobrun._worker_registration import DEFAULT_HEARTBEAT_S, Registration
+from jobrun._worker_start import first_read, keep_on_given
 from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
 from jobrun.sql.kept_connections import keep_at_most
@@ -80,7 +82,8 @@ DEFAULT_INTERVAL_S = 5.0
 # and an idle database's one claim per interval, stay as they are.
 UNREGISTERED_CHECK_S = 60.0
 DEFAULT_MAX_CONNECTIONS_PER_DATABASE = 2
-"""Pool connections at once per Postgres database the worker made from a URL."""
+"""Connections jobrun keeps out at once per Postgres database, on the worker's own
+engines and on those handed in (the presence's own connection comes on top)."""
 CONNECT_TIMEOUT_S = 10
 FAILED_DRIVE_RETRY_S = 1.0
 """How soon a driver whose drive failed tries again (never later than the interval)."""
@@ -109,6 +112,7 @@ class _Worker(DatabaseTurns, Listening):
         prune_unregistered_after: timedelta | None = None,
         max_open_sqlite: int = DEFAULT_MAX_OPEN_SQLITE,
         max_databases: int | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
         self.databases = databases
         self.registry = registry
@@ -133,6 +137,7 @@ class _Worker(DatabaseTurns, Listening):
         self._serving: set[_Database] = set()
         self.schema: str | None = None
         self.make_database: Callable[[Database], _Database] = cannot_make
+        self.registration = Registration(registry, self.driver_name, clock, heartbeat_s)
 
     async def run(self, reloads: asyncio.Queue[Sequence[Database]] | None = None) -> None:
         self._writes = WriteWatch(self._written, self._wake_every_file)
@@ -172,6 +177,8 @@ class _Worker(DatabaseTurns, Listening):
         observer = observe_all(base, WakeSiblings(database))
         for number in range(self.concurrency):
             group.create_task(self._drive(database, observer, number))
+        # Its row in the database: seen by the console and health while idle.
+        group.create_task(self.registration.keep(database, self._opened))
         if self.on_health is not None:
             group.create_task(self._health(database, self.on_health))
         if _listens(database.engine):
@@ -189,6 +196,9 @@ class _Worker(DatabaseTurns, Listening):
             group.create_task(self._forget_schedules(database))
         if retains(self.registry, self.prune_after, self.prune_unregistered_after):
             group.create_task(self._prune(database))
+
+    def _opened(self, database: _Database) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.open_stores.use(database.engine)
 
     async def _stopper(self) -> None:
         await self.stop.wait()
@@ -581,6 +591,7 @@ async def run_worker(
     max_connections_per_database: int = DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
     max_databases: int | None = None,
     reloads: asyncio.Queue[Sequence[Database]] | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     **keywords: Unpack[DriveKeywords],
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
@@ -602,9 +613,14 @@ async def run_worker(
     Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
     registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
 
+    ``max_connections_per_database`` bounds the connections jobrun keeps out at
+    once on each Postgres database, on engines and stores handed in too. A store
+    that fails the first read at start is tried again with a doubling delay.
     Many databases (docs/how-to/many-drivers.md): ``max_open_sqlite``,
     ``max_connections_per_database``, ``max_databases`` (``jobrun.database_leases``);
     each list put on ``reloads`` becomes the set served, checked at first use.
+    The worker registers in each database it serves (``heartbeat_s``: see
+    :mod:`jobrun._core.worker_registry`).
     """
     chosen = _worker_options(options, keywords)
     _check_what_to_drive(databases, registry)
@@ -622,6 +638,7 @@ async def run_worker(
         prune_unregistered_after=prune_unregistered_after,
         max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),
         max_databases=max_databases and checked_count(max_databases, "max_databases"),
+        heartbeat_s=checked_seconds(heartbeat_s, "heartbeat_s"),
     )
     keep = checked_count(max_connections_per_database, "max_connections_per_database")
     await _serve_all(worker, databases, schema, keep, reloads)
@@ -653,7 +670,7 @@ async def _serve_all(
         if reloads is None:
             for state in worker.databases:
                 # The schema check (and a first connection) before any driver starts.
-                await job_run_health(state.store)
+                await first_read(state, worker.clock, worker.stop, worker.interval_s)
         await _run_logged(worker, reloads)
 
 
@@ -676,6 +693,7 @@ def _store_of(
                 f"is {schema!r} but a store given is in schema {database.schema!r}: "
                 "a store keeps its own schema",
             )
+        keep_on_given(database.engine, keep)
         return database
     if isinstance(database, str):
         url = make_url(database)
@@ -688,6 +706,7 @@ def _store_of(
         owned.push_async_callback(engine.dispose)
         return SqlJobRunStore(engine, schema=schema)
     if isinstance(database, AsyncEngine):
+        keep_on_given(database, keep)
         return SqlJobRunStore(database, schema=schema)
     raise refuse_type(
         "databases",

@@ -43,6 +43,9 @@ def _only_jobrun_tables(
 
 
 def _configure(connection: Connection, schema: str | None) -> None:
+    # A host's `alembic upgrade --sql` (jobrun.migrate_on_connection): SQL text into
+    # the host's output, inside the host's transaction block.
+    offline = bool(config.attributes.get("offline"))
     context.configure(
         connection=connection,
         target_metadata=metadata,
@@ -50,6 +53,7 @@ def _configure(connection: Connection, schema: str | None) -> None:
         version_table_schema=schema,
         include_object=_only_jobrun_tables,
         render_as_batch=connection.dialect.name == "sqlite",
+        **({"literal_binds": True, "transactional_ddl": False} if offline else {}),
     )
 
 

@@ -52,7 +52,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Show one run in full: its record, its lease and its step ledger.",
     ),
     "start": (
-        _OPERATOR_MODULE,
+        "jobrun._cli.start_command",
         "Start a run of MODULE/JOB, or join the live run of the same key.",
     ),
     "ui": (

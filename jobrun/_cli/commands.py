@@ -1,4 +1,4 @@
-"""The operator commands (runs, show, watch, start, cancel, resume, release, prune, health).
+"""The operator commands (runs, show, watch, cancel, resume, release, prune, health).
 
 Each command is wiring only: parse the arguments, open the store from ``--url``
 (or ``JOBRUN_DATABASE_URL``) and ``--schema`` (or ``JOBRUN_SCHEMA``), call
@@ -8,15 +8,15 @@ print through :mod:`jobrun._cli.render`. Exit codes: 0 success, 1 failure, 2 usa
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
-from jobrun._cli.job_names import check_registered, warn_unchecked
-from jobrun._cli.params import Duration, JsonValue
+from jobrun._cli.params import Duration
 from jobrun._cli.render import (
     dumps,
     health_json,
@@ -28,15 +28,26 @@ from jobrun._cli.render import (
     terminal,
 )
 from jobrun._cli.render import now as utc_now
+from jobrun._cli.workers_render import (
+    NO_WORKER_KEY,
+    add_worker_rows,
+    health_workers_json,
+    unserved_ids,
+    unserved_lines,
+    with_workers,
+)
 from jobrun._core.actions import release_job_lease
-from jobrun._core.records import DEFAULT_INSTANCE, JobRun, RunRow
+from jobrun._core.browse import RunQuery
+from jobrun._core.formats import format_instant
+from jobrun._core.predicates import STRANDED
+from jobrun._core.records import JOB_RUN_LIST_MAX, JobRun, job_run_of
 from jobrun._core.runs import get_job_run, job_runs
+from jobrun._core.worker_registry import served_jobs
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,
     prune_job_runs,
     resume_job_run,
-    start_job_run,
 )
 from jobrun.errors import JobRunNotFoundError
 from jobrun.sql.store import SqlJobRunStore
@@ -45,6 +56,27 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
 )
 run_id_argument = click.argument("run_id", metavar="RUN_ID")
+
+
+async def _stranded_runs(
+    store: SqlJobRunStore,
+    module_id: str | None,
+    job: str | None,
+    instance: str | None,
+    limit: int,
+    at: datetime,
+) -> list[JobRun]:
+    """The console's "stranded" filter: the same read, so both list the same runs."""
+    query = RunQuery(
+        module_id=module_id,
+        job=job,
+        instance_prefix=instance,
+        stranded_at=format_instant(at),
+        limit=min(limit, JOB_RUN_LIST_MAX),
+    )
+    # The browse read matches an instance by prefix; --instance means that one.
+    rows = [row for row in await store.find(query) if instance in (None, row.instance)]
+    return [job_run_of(row) for row in rows]
 
 
 async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
@@ -65,8 +97,9 @@ async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
 @click.option(
     "--status",
     "-s",
-    type=click.Choice(["running", "done", "failed", "cancelled"]),
-    help="Only this status; failed includes the cancelled runs, cancelled only them.",
+    type=click.Choice(["running", "done", "failed", "cancelled", STRANDED]),
+    help="Only this status; failed includes the cancelled runs, cancelled only them; "
+    "stranded: running runs whose lease expired with no driver taking them (as the console's).",
 )
 @click.option(
     "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True,
@@ -90,19 +123,29 @@ def runs(
       jobrun runs --json --limit 500 | jq '.[] | select(.attempts > 3) | .id'
     """
 
-    found = run_on_store(
-        url,
-        lambda store: job_runs(
-            store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
-        ),
-    )
+    if status == STRANDED:
+        at = utc_now()
+
+        def read(store: SqlJobRunStore) -> Awaitable[list[JobRun]]:
+            return _stranded_runs(store, module_id, job, instance, limit, at)
+    else:
+
+        def read(store: SqlJobRunStore) -> Awaitable[list[JobRun]]:
+            return job_runs(
+                store, module_id=module_id, job=job, instance=instance, status=status, limit=limit
+            )
+
+    found, workers, at = run_on_store(url, lambda store: with_workers(store, read))
     if as_json:
-        click.echo(dumps([run_json(run) for run in found]))
+        unserved = unserved_ids(found, workers, at)
+        click.echo(dumps([run_json(run) | {NO_WORKER_KEY: run.id in unserved} for run in found]))
     elif not found:
         click.echo("no runs match")
     else:
         out = terminal()
         out.print(runs_table(found, utc_now(), out.width))
+        for line in unserved_lines(found, workers, at):
+            click.echo(line)
 
 
 @cli.command("show")
@@ -168,81 +211,6 @@ def watch(url: str, run_id: str, interval: float) -> None:
 
 
 # -- acting -------------------------------------------------------------------------
-
-
-class _StartRecorder(SqlJobRunStore):
-    """A store that remembers whether its last start inserted a run or joined one."""
-
-    inserted = False
-
-    async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        stored, self.inserted = await super().start_or_join(row)
-        return stored, self.inserted
-
-
-@cli.command("start")
-@url_option
-@click.argument("module_id", metavar="MODULE")
-@click.argument("job", metavar="JOB")
-@click.option(
-    "--instance", "-i", default=DEFAULT_INSTANCE, show_default=True,
-    help="The instance part of the run's key.",
-)  # fmt: skip
-@click.option("--payload", type=JsonValue(), default=None, help="The run's payload, as JSON.")
-@click.option(
-    "--priority", type=int, default=0, show_default=True,
-    help="Higher is claimed first among due runs.",
-)  # fmt: skip
-@click.option(
-    "--app", "app", metavar="MODULE:REGISTRY", default=None,
-    help="Refuse a job this JobRegistry does not register (without it, the name is not checked).",
-)  # fmt: skip
-@json_option
-def start(
-    url: str,
-    module_id: str,
-    job: str,
-    instance: str,
-    payload: Any,
-    priority: int,
-    app: str | None,
-    as_json: bool,
-) -> None:
-    """Start a run of MODULE/JOB, or join the live run of the same key.
-
-    Prints `started RUN_ID` when a new run was inserted, `joined RUN_ID` when a
-    run of the key was already live (its payload is kept, this one is ignored).
-    A driver that registers the job picks the run up. With --app, a job that
-    registry does not register is refused (with the nearest names it does);
-    without it, a warning says the name was not checked.
-
-    \b
-    Example:
-      jobrun start --url sqlite+aiosqlite:///app.db shop reindex -i shop-42 \\
-          --payload '{"shop": "shop-42"}' --app myapp.jobs:registry
-    """
-    if app is not None:
-        check_registered(app, module_id, job)
-
-    async def act(store: _StartRecorder) -> tuple[JobRun, bool]:
-        run = await start_job_run(
-            store,
-            module_id=module_id,
-            job=job,
-            instance=instance,
-            payload=payload,
-            priority=priority,
-        )
-        return run, store.inserted
-
-    run, inserted = run_on_store(url, act, _StartRecorder)
-    if as_json:
-        click.echo(dumps({"started": inserted, "run": run_json(run)}))
-    else:
-        click.echo(f"{'started' if inserted else 'joined'} {run.id}")
-    if app is None:
-        # After the answer, on stderr: a script reading the first line still gets it.
-        warn_unchecked(module_id, job)
 
 
 @cli.command("cancel")
@@ -367,8 +335,12 @@ def health(url: str, app: str | None, as_json: bool) -> None:
         from jobrun._cli.worker_command import load_registry
 
         registered = {(job.module_id, job.name): job.version for job in load_registry(app)}
-    counts = run_on_store(url, lambda store: job_run_health(store, by_job=True))
+    counts, workers, at = run_on_store(
+        url, lambda store: with_workers(store, lambda store: job_run_health(store, by_job=True))
+    )
     if as_json:
-        click.echo(dumps(health_json(counts, registered)))
+        click.echo(dumps(health_workers_json(health_json(counts, registered), workers)))
     else:
-        terminal().print(health_table(counts, registered))
+        table = health_table(counts, registered, served_jobs(workers))
+        add_worker_rows(table, workers, at)
+        terminal().print(table)

@@ -155,6 +155,20 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
+def missing_sqlite_message(path: Path, url_text: str) -> str:
+    """One line for a SQLite file that is not there. A relative path says from where:
+    ``sqlite:///tmp/x.db`` (three slashes) is ``tmp/x.db`` under the current directory,
+    and following the hint as typed would create it there."""
+    create = f"create it with `jobrun db upgrade --url {url_text}`"
+    if path.is_absolute():
+        return f"no SQLite database at {path}: {create}"
+    scheme = url_text.partition("://")[0]
+    return (
+        f"no SQLite database at {path}, a path relative to {Path.cwd()} (three slashes; "
+        f"for /{path} write {scheme}:////{path}): {create} to make it there"
+    )
+
+
 def make_engine(url: URL) -> AsyncEngine:
     connect_args: dict[str, Any] = {}
     if url.get_backend_name() == "postgresql" and "timeout" not in url.query:
@@ -194,9 +208,7 @@ async def open_engine(
         refuse_unusable_schema(engine, schema)
         path = sqlite_file(url)
         if path is not None and not create and not path.exists():
-            raise click.ClickException(
-                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url_text}`"
-            )
+            raise click.ClickException(missing_sqlite_message(path, url_text))
         await probe(engine)
         yield engine
     finally:
@@ -210,11 +222,17 @@ async def open_store(url_text: str, schema: str | None, store_type: type[S]) -> 
 
 
 def outdated_message(error: SchemaOutdatedError) -> str:
-    where = "has no jobrun schema" if error.found is None else f"is at revision {error.found}"
-    return (
-        f"the database {where}, and this jobrun needs revision {error.expected}: "
-        "run `jobrun db upgrade`"
-    )
+    """One line, with the command that fixes it (the command's ``--schema`` included)."""
+    schema = chosen_schema()
+    if schema is None:
+        where, upgrade = "the database", "jobrun db upgrade"
+    else:
+        where, upgrade = f"schema {schema}", f"jobrun db upgrade --schema {schema}"
+    if error.found is None:
+        found = "has no jobrun schema" if schema is None else "has no jobrun tables"
+    else:
+        found = f"is at revision {error.found}"
+    return f"{where} {found}, and this jobrun needs revision {error.expected}: run `{upgrade}`"
 
 
 def run_action(action: Callable[[], Coroutine[Any, Any, T]]) -> T:

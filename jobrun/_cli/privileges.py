@@ -4,7 +4,7 @@ The application role (the one workers and operators connect as, after an owner
 ran the migrations) needs USAGE on the schema, SELECT, INSERT, UPDATE and
 DELETE on the runs, the step ledger, the schedules table (a schedule removed
 from a registry loses its row), the retention table and the two limit tables
-(rate buckets, concurrency slots), and SELECT on jobrun's
+(rate buckets, concurrency slots), the workers' table (revision 0007), and SELECT on jobrun's
 version table (every store reads it once to check the revision) and on its
 compatibility record (revision 0006: read when the database is newer than the
 code). SQLite has no grants.
@@ -23,6 +23,7 @@ from jobrun.sql.schema import (
     job_runs,
     job_schedules,
     job_steps,
+    job_workers,
     rate_buckets,
 )
 
@@ -35,6 +36,8 @@ NEEDED: dict[str, tuple[str, ...]] = {
     job_retention.name: _DML,
     rate_buckets.name: _DML,
     concurrency_slots.name: _DML,
+    # Revision 0007: each worker writes, refreshes and deletes its own row.
+    job_workers.name: _DML,
     VERSION_TABLE: ("SELECT",),
     COMPAT_TABLE: ("SELECT",),
 }

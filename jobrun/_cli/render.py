@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from jobrun._core.limits import RateLimitBucket
 from jobrun._core.progress import span
 from jobrun._core.records import JobRun, JobRunHealth, StepRow
+from jobrun._core.starts import starts_later_at
 from jobrun._core.versions import runs_beyond_code
 
 if TYPE_CHECKING:
@@ -32,12 +33,14 @@ def terminal(stderr: bool = False) -> Console:
 
     Written to a pipe or file, rich would wrap at 80 columns; a wide table reads
     better unwrapped there, so it gets 200 columns unless ``COLUMNS`` says otherwise.
+    Markup is off: what is printed is stored data (a lease's ``[jobrun host=...]``, an
+    error quoting ``[red]``), never rich's style tags; styles come as ``Text``.
     """
     from rich.console import Console
 
-    made = Console(stderr=stderr, highlight=False)
+    made = Console(stderr=stderr, highlight=False, markup=False)
     if not made.is_terminal and "COLUMNS" not in os.environ:
-        made = Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
+        made = Console(stderr=stderr, highlight=False, markup=False, width=PIPE_WIDTH)
     return made
 
 
@@ -257,7 +260,11 @@ def lease_lines(run: JobRun, at: datetime) -> str:
 
 def waiting_text(run: JobRun) -> str | None:
     """The text "waiting until <instant> (Retry-After: <reason>)" while a run waits out the
-    delay its last pass asked for (``RetryAfter``); else ``None``."""
+    delay its last pass asked for (``RetryAfter``), or "starts at <instant>" while a run
+    started later is not due yet; else ``None``."""
+    later = starts_later_at(run)
+    if later is not None:
+        return f"starts at {instant(later)}"
     if run.status != "running" or run.lease_driver is not None:
         return None
     if not run.deferrals or run.next_attempt_at is None:
@@ -330,8 +337,12 @@ def run_view(run: JobRun, steps: Mapping[str, StepRow], at: datetime) -> Rendera
 
 
 def health_table(
-    health: JobRunHealth, registered: Mapping[tuple[str, str], int] | None = None
+    health: JobRunHealth,
+    registered: Mapping[tuple[str, str], int] | None = None,
+    served: Mapping[tuple[str, str], int] | None = None,
 ) -> Table:
+    """``served``: how many live workers register each job (due runs of a job none
+    registers are marked)."""
     table = _fields_table()
     table.add_row("running", str(health.running))
     table.add_row("due now", str(health.due))
@@ -344,6 +355,8 @@ def health_table(
         note = ""
         if registered is not None and (module_id, job) not in registered:
             note = "  (not registered by --app: nothing will run these)"
+        elif served is not None and (module_id, job) not in served:
+            note = "  (no live worker runs this job)"
         table.add_row(f"  due {module_id}/{job}", f"{due}{note}")
     for (module_id, job), runs in health.versions_by_job.items():
         if set(runs) != {1}:

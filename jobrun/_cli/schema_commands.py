@@ -13,7 +13,13 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.app import cli
-from jobrun._cli.connect import open_engine, run_action, schema_option, sqlite_file
+from jobrun._cli.connect import (
+    missing_sqlite_message,
+    open_engine,
+    run_action,
+    schema_option,
+    sqlite_file,
+)
 from jobrun._cli.many_databases import chosen_urls, many_urls_options, report, run_on_each
 from jobrun._cli.schema_check import SchemaState, check, revisions
 from jobrun.sql.migrate import alembic_ini, upgrade
@@ -87,7 +93,8 @@ def db_upgrade(
 def _existing_database(engine: AsyncEngine) -> None:
     path = sqlite_file(engine.url)
     if path is not None and not path.exists():
-        raise FileNotFoundError(f"no SQLite database at {path}")
+        url_text = engine.url.render_as_string(hide_password=True)
+        raise FileNotFoundError(missing_sqlite_message(path, url_text))
 
 
 @db.command("current")

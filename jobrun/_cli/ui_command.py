@@ -15,6 +15,7 @@ from jobrun._cli.connect import (
     OneLineUsageError,
     first_line,
     make_engine,
+    missing_sqlite_message,
     parse_url,
     refuse_unusable_schema,
     schema_option,
@@ -92,9 +93,7 @@ async def _serve(urls: tuple[str, ...], schema: str | None, serving: _Serving) -
             refuse_unusable_schema(engine, schema)
             path = sqlite_file(parsed)
             if path is not None and not path.exists():
-                raise click.ClickException(
-                    f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
-                )
+                raise click.ClickException(missing_sqlite_message(path, url))
             name = shown_url(parsed) if schema is None else f"{shown_url(parsed)} schema {schema}"
             stores[name] = SqlJobRunStore(engine, schema=schema)
         config = uvicorn.Config(

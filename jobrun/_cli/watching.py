@@ -82,8 +82,10 @@ def view(poll: Poll) -> RenderableType:
     counters.add_column("counter")
     counters.add_column("value", justify="right")
     counters.add_column("per second", justify="right")
+    rates = poll.work_rates()
     for name, value in sorted(run.counters.items()):
-        counters.add_row(name, number(value), f"{poll.rates.get(name, 0.0):,.1f}")
+        rate = rates.get(name)
+        counters.add_row(name, number(value), "-" if rate is None else f"{rate:,.1f}")
     parts.append(counters if run.counters else Text("no counters yet"))
     details = Table.grid(padding=(0, 2))
     details.add_row("cursor", shorten(compact_json(run.cursor), 100))
@@ -97,7 +99,8 @@ def view(poll: Poll) -> RenderableType:
 def line(poll: Poll) -> str:
     """The one-line form printed per change when the output is not a terminal."""
     run = poll.run
-    rates = " ".join(f"{name}/s={rate:,.1f}" for name, rate in sorted(poll.rates.items()))
+    work = sorted(poll.work_rates().items())
+    rates = " ".join(f"{name}/s={rate:,.1f}" for name, rate in work)
     text = f"{time.strftime('%H:%M:%S')} {run.outcome} {counters_text(run.counters) or '-'}"
     if rates:
         text += f" ({rates})"

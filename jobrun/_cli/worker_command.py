@@ -29,6 +29,7 @@ from jobrun._cli.connect import (
     URL_ENVVAR,
     OneLineUsageError,
     first_line,
+    missing_sqlite_message,
     outdated_message,
     parse_url,
     schema_option,
@@ -40,6 +41,7 @@ from jobrun._cli.params import Duration
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.options import DriveOptions
 from jobrun._core.registry import JobRegistry
+from jobrun._core.worker_registry import DEFAULT_HEARTBEAT_S, GONE_AFTER_BEATS
 from jobrun.errors import (
     CodeOutdatedError,
     JobValidationError,
@@ -402,6 +404,17 @@ class _Urls:
     help=f"Touch this file every {heartbeat.HEARTBEAT_INTERVAL_S:g} s while the worker's event "
     "loop turns, whatever the databases do (for a liveness probe); removed at exit.",
 )
+@click.option(
+    "--register-every",
+    "heartbeat_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_HEARTBEAT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Write this worker's row in each database (its jobs, for the console and "
+    f"`jobrun health`) every SECONDS; it counts as gone after {GONE_AFTER_BEATS} of them "
+    "without one.",
+)
 @loop_option
 @click.option(
     "--watchdog/--no-watchdog",
@@ -516,9 +529,7 @@ def _check_sqlite_files(urls: tuple[str, ...]) -> None:
     for url in urls:
         path = sqlite_file(parse_url(url))
         if path is not None and not path.exists():
-            raise click.ClickException(
-                f"no SQLite database at {path}: create it with `jobrun db upgrade --url {url}`"
-            )
+            raise click.ClickException(missing_sqlite_message(path, url))
 
 
 def _watchers(

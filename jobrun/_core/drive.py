@@ -12,7 +12,7 @@ from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.fair import ClaimTurns
-from jobrun._core.formats import format_instant
+from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.lease import MIN_LEASE_MS, Lease
 from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
 from jobrun._core.options import DriveOptions
@@ -162,7 +162,8 @@ async def _observed(
     except BaseException:
         probe.end("interrupted")
         raise
-    probe.end(outcome.status, outcome.error)
+    again = outcome.next_attempt_at
+    probe.end(outcome.status, outcome.error, None if again is None else parse_instant(again))
     return outcome
 
 

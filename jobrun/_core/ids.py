@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -41,7 +42,7 @@ class UlidMint:
             else:
                 self._last_ms = now_ms
                 self._last_random = int.from_bytes(self._random_bytes(10), "big")
-            return _base32(now_ms, 10) + _base32(self._last_random, 16)
+            return _ulid_text((now_ms << 80) | self._last_random)
 
 
 def first_id_at(instant_text: str) -> str:
@@ -56,6 +57,17 @@ def first_id_at(instant_text: str) -> str:
 
 
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode("ascii"))
+
+
+def _ulid_text(number: int) -> str:
+    """``_base32(number, 26)`` for a 130-bit number, in C: the standard base32 of its
+    bits (shifted to fill 17 bytes) with Crockford's alphabet swapped in. Minting is
+    paid once per start, thousands of times per batch."""
+    encoded = base64.b32encode((number << 6).to_bytes(17, "big"))[:26]
+    return encoded.translate(_TO_CROCKFORD).decode("ascii")
 
 
 def _base32(number: int, width: int) -> str:

@@ -64,6 +64,7 @@ def plan_map(
     rate_limit: object,
     concurrency_limit: object,
     used: Collection[str],
+    timeout_s: float | None = None,
 ) -> MapPlan:
     """Check a ``p.map`` call and name every item's step; nothing runs yet.
 
@@ -82,6 +83,8 @@ def plan_map(
             raise StepReusedError(step_name)
         seen.add(step_name)
         options = _options(retry, rate_limit, concurrency_limit, item, index)
+        if timeout_s is not None:
+            options["timeout_s"] = timeout_s
         steps.append(PlannedStep(step_name, functools.partial(fn, item), options))
     return MapPlan(steps, concurrency)
 

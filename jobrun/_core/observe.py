@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, Protocol, TypeAlias
 
+from jobrun._core.formats import format_instant
 from jobrun._core.records import RunKey
 from jobrun.errors import LeaseLostError, RetryAfter, StepFailedError, safe_message
 
@@ -78,6 +80,9 @@ class PassEnd:
     memo_hits: int
     steps_failed: int
     error: str | None = None
+    next_attempt_at: datetime | None = None
+    """When the run is due again after a ``retrying`` or ``deferred`` pass (its
+    backoff or ``RetryAfter``); ``None`` for every other outcome."""
 
 
 class PassWatch(Protocol):
@@ -182,7 +187,12 @@ class PassProbe:
         except Exception:
             _observer_failed("step_ended")
 
-    def end(self, outcome: PassOutcomeName, error: str | None = None) -> None:
+    def end(
+        self,
+        outcome: PassOutcomeName,
+        error: str | None = None,
+        next_attempt_at: datetime | None = None,
+    ) -> None:
         end = PassEnd(
             run=self.start.run,
             number=self.start.number,
@@ -192,6 +202,7 @@ class PassProbe:
             memo_hits=self.memo_hits,
             steps_failed=self.steps_failed,
             error=error,
+            next_attempt_at=next_attempt_at,
         )
         try:
             self.watch.pass_ended(end)
@@ -332,13 +343,18 @@ class _LoggedPass:
             "memo_hits": end.memo_hits,
             "steps_failed": end.steps_failed,
             "error": end.error,
+            "next_attempt_at": end.next_attempt_at,
         }
+        # "retrying at <when>": the time the run is due again, apart from how long
+        # the pass itself took (a "retrying in 0.9 ms" read as the delay).
+        again = "" if end.next_attempt_at is None else f" at {_instant(end.next_attempt_at)}"
         self._observer.pass_logger.info(
-            "pass %s/%s[%s] %s in %.1f ms: %s, %s (run %s)%s",
+            "pass %s/%s[%s] %s%s (pass took %.1f ms): %s, %s (run %s)%s",
             run.module_id,
             run.job,
             run.instance,
             end.outcome,
+            again,
             end.duration_s * 1000,
             _plural(end.steps_run, "step") + " run",
             _plural(end.memo_hits, "memo hit"),
@@ -354,7 +370,8 @@ class LoggingObserver:
     Every record carries its fields as attributes (``extra``): ``run_id``,
     ``module_id``, ``job``, ``instance``, ``pass_number``, ``driver``, and on a pass's
     end ``outcome``, ``duration_ms``, ``steps_run``, ``memo_hits``, ``steps_failed``,
-    ``error``; step records add ``step`` and ``attempt``. When neither logger is
+    ``error``, ``next_attempt_at`` (a retrying or deferred run's due instant); step records
+    add ``step`` and ``attempt``. When neither logger is
     enabled for its level, passes are not watched at all.
     """
 
@@ -399,3 +416,8 @@ class LoggingObserver:
 
 LOG_PASSES: PassObserver = LoggingObserver()
 """The default observer of :func:`jobrun.run_due_jobs`: log lines, nothing else."""
+
+
+def _instant(at: datetime) -> str:
+    """A log line's instant: the stored text without its date's separator noise."""
+    return format_instant(at).replace("T", " ")

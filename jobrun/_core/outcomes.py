@@ -70,6 +70,9 @@ class PassOutcome:
     # A KeyboardInterrupt or SystemExit user code raised, recorded as this
     # failure: the driver raises it again unless told to go on.
     raised: KeyboardInterrupt | SystemExit | None = None
+    # When a retrying or deferred run is due again (stored text), for the pass's
+    # observers.
+    next_attempt_at: str | None = None
 
 
 def cap_error_text(text: str) -> str:
@@ -216,7 +219,7 @@ async def record_failure(
     patch = pass_failure_patch(row, text, at, next_attempt_at, exception_origin(error))
     if not await _release_write(store, row.id, patch, lease):
         return PassOutcome("superseded", text)
-    return PassOutcome("failed" if exhausted else "retrying", text)
+    return PassOutcome("failed" if exhausted else "retrying", text, next_attempt_at=next_attempt_at)
 
 
 async def defer(
@@ -243,4 +246,4 @@ async def defer(
     if not await _release_write(store, row.id, patch, lease):
         return PassOutcome("superseded")
     # The text is for the pass's observers (its log line); no error is counted.
-    return PassOutcome("deferred", describe_exception(deferral))
+    return PassOutcome("deferred", describe_exception(deferral), next_attempt_at=due_at)

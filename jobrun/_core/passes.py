@@ -53,7 +53,7 @@ from jobrun._core.outcomes import (
 )
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunKey, RunRow, StepRow
-from jobrun._core.refusals import is_int, mistake
+from jobrun._core.refusals import as_mistake, checked_seconds, is_int, mistake
 from jobrun._core.results import (
     KEEP_CURSOR,
     HandlerResult,
@@ -66,12 +66,15 @@ from jobrun._core.versions import upgrade_run
 from jobrun.errors import (
     HandlerMistakeError,
     JobRunError,
+    JobValidationError,
     LeaseLostError,
     PassTimeoutError,
     RetryAfter,
     StepFailedError,
     StepReusedError,
+    StepTimeoutError,
     describe_exception,
+    timed_out_text,
 )
 
 if TYPE_CHECKING:
@@ -314,6 +317,7 @@ class JobPass:
         *,
         rate_limit: str | None = None,
         concurrency_limit: str | None = None,
+        timeout_s: float | None = None,
     ) -> Awaitable[Any]:
         """Run ``fn`` once for this pass, or return the result it already committed; await it.
 
@@ -336,26 +340,24 @@ class JobPass:
         than the limit run under that key, on every driver. Both are taken only
         when the body is about to run, never for a step the ledger answers; an
         undeclared name fails the run at once.
+
+        ``timeout_s`` bounds one attempt of the body: past it the awaitable ``fn``
+        returned is cancelled and the attempt fails as any other (``StepTimeoutError``,
+        a ``StepFailedError``; last error "step 'x' timed out after N s"), retried by
+        the step's policy. A synchronous body cannot be interrupted: its result
+        counts however long it took, and one that blocks the event loop past the
+        lease is what the watchdog is for. Work the body hands to a thread
+        (``asyncio.to_thread``) is not stopped by the cancellation either.
         """
-        if not isinstance(name, str):
-            raise mistake("step", f"a step name must be a str, got {type(name).__name__}")
-        problem = name_problem(name)
-        if problem is not None:
-            raise mistake("step", f"step name {shown_name(name)} {problem}")
-        if not callable(fn):
-            raise mistake("step", f"step {name!r}: fn must be callable, got {type(fn).__name__}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise mistake(
-                "step", f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}"
-            )
+        timeout_s = _checked_step_call(name, fn, retry, timeout_s)
         limits = self._gate.resolve(name, rate_limit, concurrency_limit)
         number = self._step_calls
         self._step_calls = number + 1
         # Without a probe the step's own coroutine is handed out: one layer fewer.
         if self._probe is None:
-            running = self._step(number, name, fn, retry, limits)
+            running = self._step(number, name, fn, retry, limits, timeout_s)
         else:
-            running = self._probed_step(self._probe, number, name, fn, retry, limits)
+            running = self._probed_step(self._probe, number, name, fn, retry, limits, timeout_s)
         self._unstarted[number] = (name, running)
         return running
 
@@ -369,16 +371,17 @@ class JobPass:
         retry: RetryPolicy | None = None,
         rate_limit: Any = None,
         concurrency_limit: str | Callable[[Any], str] | None = None,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         """Run ``fn(item)`` as step ``name(item)`` for every item, at most
         ``concurrency`` (default 8) at once; the results in item order.
 
         Each item is a ``p.step`` of its own (durable when it ends, answered from
         the ledger on a replay); ``retry``, ``rate_limit`` and ``concurrency_limit``
-        (a str, or a callable item -> str) go to each step when given. Every name
-        is checked before anything runs. The first item to raise stops new items;
-        the running ones end and are recorded, then its exception is raised. See
-        :mod:`jobrun._core.mapping`.
+        (a str, or a callable item -> str) and ``timeout_s`` (each item's own bound)
+        go to each step when given. Every name is checked before anything runs.
+        The first item to raise stops new items; the running ones end and are
+        recorded, then its exception is raised. See :mod:`jobrun._core.mapping`.
         """
         plan = plan_map(
             fn,
@@ -389,6 +392,7 @@ class JobPass:
             rate_limit=rate_limit,
             concurrency_limit=concurrency_limit,
             used=self._used,
+            timeout_s=None if timeout_s is None else _checked_timeout(timeout_s, "p.map"),
         )
         return await run_map(self.step, plan)
 
@@ -400,12 +404,13 @@ class JobPass:
         fn: Callable[[], Any],
         retry: RetryPolicy | None,
         limits: StepLimits,
+        timeout_s: float | None,
     ) -> Any:
         # Started: no longer a step coroutine nobody awaited (the inner one is awaited here).
         del self._unstarted[number]
         return await probe.around_step(
             name,
-            lambda: self._step(None, name, fn, retry, limits),
+            lambda: self._step(None, name, fn, retry, limits, timeout_s),
             lambda: self._attempt_of(name),
         )
 
@@ -439,6 +444,7 @@ class JobPass:
         fn: Callable[[], Any],
         retry: RetryPolicy | None,
         limits: StepLimits,
+        timeout_s: float | None,
     ) -> Any:
         if number is not None:
             # Started: no longer a step coroutine nobody awaited.
@@ -464,14 +470,14 @@ class JobPass:
         # The step's slot and token: only now that its body is about to run.
         held = await self._gate.enter(limits, name) if limits.any else None
         try:
-            if held is None and self._keeper.guard is None:
+            if held is None and self._keeper.guard is None and timeout_s is None:
                 # Nothing to watch or let go of: the body is called here (``_body``
                 # without its coroutine, on every step of a driver without a watchdog).
                 value = fn()
                 if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
                     value = await value
             else:
-                value = await self._body(fn, held)
+                value = await self._body(fn, held, timeout_s)
         except RetryAfter:
             # Not a failed attempt: nothing is recorded, and the pass is deferred
             # unless the handler catches it.
@@ -505,6 +511,9 @@ class JobPass:
         """A step body raised ``error``: record the failed attempt and say what the
         step raises (``error`` itself when it interrupts the pass, or is the job's
         own exit)."""
+        if isinstance(error, _TimedOut):
+            await self._record(StepRow(name, None, attempts, timed_out_text(error.timeout_s)))
+            return StepTimeoutError(name, attempts, policy, error.timeout_s)
         if isinstance(error, Exception):
             cause = cap_error_text(describe_exception(error))
         elif interrupts_the_pass(error):
@@ -521,14 +530,19 @@ class JobPass:
             return error
         return failure
 
-    async def _body(self, fn: Callable[[], Any], held: HeldSlot | None = None) -> Any:
-        """Run a step body, watched by the guard (if any) until it ends; then let go
-        of its concurrency slot (if ``held``), however it ended."""
+    async def _body(
+        self, fn: Callable[[], Any], held: HeldSlot | None = None, timeout_s: float | None = None
+    ) -> Any:
+        """Run a step body, watched by the guard (if any) until it ends, cancelled past
+        ``timeout_s`` (if given); then let go of its concurrency slot (if ``held``),
+        however it ended."""
         guard = self._keeper.guard
         entered = (
             None if guard is None else guard.enter(self._keeper.kill_at_s, self._keeper.presence_fd)
         )
         try:
+            if timeout_s is not None:
+                return await _within(timeout_s, fn)
             value = fn()
             if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
                 value = await value
@@ -551,6 +565,58 @@ class JobPass:
 
     def _now(self) -> str:
         return format_instant(self._clock.now())
+
+
+def _checked_step_call(name: object, fn: object, retry: object, timeout_s: object) -> float | None:
+    """A ``p.step`` call's arguments checked before anything runs (each a handler's
+    mistake); its ``timeout_s`` as a float."""
+    if not isinstance(name, str):
+        raise mistake("step", f"a step name must be a str, got {type(name).__name__}")
+    problem = name_problem(name)
+    if problem is not None:
+        raise mistake("step", f"step name {shown_name(name)} {problem}")
+    if not callable(fn):
+        raise mistake("step", f"step {name!r}: fn must be callable, got {type(fn).__name__}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise mistake(
+            "step", f"step {name!r}: retry must be a RetryPolicy, got {type(retry).__name__}"
+        )
+    return None if timeout_s is None else _checked_timeout(timeout_s, f"step {name!r}")
+
+
+async def _within(timeout_s: float, fn: Callable[[], Any]) -> Any:
+    """``fn``'s result, its awaitable cancelled past ``timeout_s`` (a synchronous ``fn``
+    holds the loop, so nothing can cancel it: its result stands)."""
+    window = asyncio.timeout(timeout_s)
+    try:
+        async with window:
+            value = fn()
+            if type(value) not in JSON_SCALARS and inspect.isawaitable(value):
+                value = await value
+            return value
+    except TimeoutError:
+        if window.expired():
+            # Ours, not a TimeoutError the body raised itself.
+            raise _TimedOut(timeout_s) from None
+        raise
+
+
+class _TimedOut(Exception):
+    """A step body's attempt ran past its ``timeout_s`` (turned into ``StepTimeoutError``
+    once the failed attempt is recorded)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(timed_out_text(timeout_s))
+        self.timeout_s = timeout_s
+
+
+def _checked_timeout(timeout_s: object, where: str) -> float:
+    """A step's (or a map's) ``timeout_s``: a positive, finite number of seconds, or the
+    handler's mistake, told as ``where`` (``step 'x'``, ``p.map``)."""
+    try:
+        return checked_seconds(timeout_s, "timeout_s")
+    except JobValidationError as error:
+        raise as_mistake(error, f"{where}: {error.message}") from None
 
 
 def _shown_number(value: object) -> str:

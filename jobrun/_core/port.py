@@ -28,6 +28,7 @@ from jobrun._core.records import (
 )
 from jobrun._core.refusals import checked_positive_int
 from jobrun._core.transitions import Claimed, RunChange
+from jobrun._core.worker_registry import WorkerRow
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
@@ -91,6 +92,19 @@ class JobRunStore(Protocol):
         live row unchanged. Atomic across connections, processes and hosts: two
         callers can never both insert a live row for one key. A run that is done
         or failed never blocks a new one.
+        """
+        ...
+
+    async def start_many(
+        self, rows: Sequence[RunRow], *, connection: object | None = None
+    ) -> list[tuple[RunRow, bool]]:
+        """:meth:`start_or_join` for each of ``rows`` (no two of one key), atomically as
+        a whole: ``(row, True)`` or ``(live_row, False)`` for each, in order.
+
+        Costs a fixed number of statements whatever the number of rows. With
+        ``connection`` (a SQL store's: the caller's SQLAlchemy ``AsyncConnection``
+        in an open transaction), the rows are written in that transaction and exist
+        only if it commits; a store that cannot use it refuses it.
         """
         ...
 
@@ -316,6 +330,21 @@ class OperatorStore(JobRunStore, Protocol):
 
     async def recorded_retention(self) -> dict[tuple[str, str], int]:
         """Every recorded retention, in seconds, whichever registry recorded it."""
+        ...
+
+    async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
+        """Write the worker's row (``row.id`` its key): inserted if absent, else its
+        ``jobs``, ``heartbeat_at`` and ``expires_at`` replaced. With ``sweep_at``,
+        also delete the rows of workers gone by then (``expires_at`` not after it;
+        see :mod:`jobrun._core.worker_registry`)."""
+        ...
+
+    async def forget_worker(self, worker_id: str) -> None:
+        """Delete the worker's row (it stopped); a missing one is no error."""
+        ...
+
+    async def live_workers(self, now_at: str) -> list[WorkerRow]:
+        """The rows of workers live at ``now_at`` (expiring after it), oldest first."""
         ...
 
 

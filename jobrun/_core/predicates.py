@@ -37,6 +37,15 @@ def due_at(row: RunRow) -> str:
     return row.next_attempt_at or row.started_at
 
 
+def waiting_since(row: RunRow) -> str:
+    """Since when a due run has waited for a driver: its due instant when one is
+    written (a backoff's end, a lease's expiry), else its last write (its start, or
+    the pass commit or release that left it without a lease). Health measures waits
+    from here; the claim keeps ordering by :func:`due_at`, so fair aging still
+    counts from the start."""
+    return row.next_attempt_at or row.updated_at
+
+
 def stored_version(row: RunRow) -> int:
     """The version of the job's code that last committed the run; NULL (a run from
     before revision 0006, or not committed yet) is version 1."""
@@ -89,6 +98,10 @@ CANCELLED = "cancelled"
 """How a run ended by an operator's cancel is shown and filtered: its status stays
 ``failed`` (a cancelled run resumes like any failed one); the stored marker
 (``cancelled``, revision 0006) tells the two apart."""
+
+STRANDED = "stranded"
+"""The filter word (CLI and console) for running runs whose lease expired untaken
+(:func:`is_stranded`); not a stored status."""
 
 
 def is_cancelled(row: RunRow) -> bool:

@@ -50,6 +50,12 @@ class Poll:
                 rates[name] = (value - self.run.counters.get(name, 0)) / elapsed
         return Poll(run, at, rates)
 
+    def work_rates(self) -> dict[str, float]:
+        """The rates of counters of work done: ``total`` is the size progress is
+        measured against, so a "rate" of it means nothing (``jobrun watch`` and the
+        console alike leave it out)."""
+        return {name: rate for name, rate in self.rates.items() if name != TOTAL}
+
 
 def span(seconds: float | timedelta | None) -> str:
     """A rough human duration: ``45s``, ``12m03s``, ``3h05m``, ``2d04h`` (CLI and console alike)."""

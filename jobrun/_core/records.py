@@ -231,6 +231,10 @@ class JobRun:
     ``outcome`` is how the run stands for people: its status, except ``cancelled``
     for a cancelled run (the one rule, ``jobrun._core.predicates.outcome_of``, that
     the console, the command line, the metrics and ``job_runs`` all use).
+    ``joined`` is set only on the record :func:`jobrun.start_job_run` (or
+    :func:`jobrun.start_job_runs`) returns: ``True`` when the start joined a run of
+    its key that was already live, ``False`` when it made a new run (and on every
+    record read otherwise). It takes no part in equality.
 
     A JSON column that cannot be decoded does not make the record unreadable: it
     reads as its fallback (``None``, ``None``, ``{}``) and ``decode_error`` names
@@ -265,6 +269,9 @@ class JobRun:
     cancelled: bool = False
     outcome: str = ""
     error_origin: str | None = None
+    # Not part of the run: how this record was got. Left out of equality, so the
+    # record a start returns equals the one ``get_job_run`` reads back.
+    joined: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,9 +304,11 @@ class JobRunHealth:
       cancelled ones included: their stored status is ``failed``.
     * ``cancelled``: of the failed runs, those an operator cancelled (so
       ``failed - cancelled`` ended by an error).
-    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited since
-      its due instant (0 when none): the number to alert on when drivers fall
-      behind or a job is registered nowhere.
+    * ``oldest_due_age_s``: seconds the longest-waiting due run has waited (0
+      when none), counted from its backoff's end or lease's expiry, else from its
+      last write (a run released between two passes has waited since that
+      pass's commit, not since its start): the number to alert on when drivers
+      fall behind or a job is registered nowhere.
     * ``due_by_job``: ``{(module_id, job): due runs}``, the same due runs per job
       (filled when asked for with ``by_job=True``, else empty).
     * ``orphaned``: of the leased runs, those whose holder is provably dead (a

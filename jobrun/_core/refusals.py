@@ -17,6 +17,7 @@ fails when a refusal or such a check is spelled anywhere else in ``jobrun/``.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import TypeGuard
 
 from jobrun.errors import ArgumentTypeError, HandlerMistakeError, JobValidationError
@@ -134,3 +135,32 @@ def checked_callable(value: object, path: str, what: str) -> None:
     """Nothing if ``value`` is ``None`` or callable; else "<path> must be <what>"."""
     if value is not None and not callable(value):
         raise refuse_type(path, f"must be {what}, got {type_name(value)}")
+
+
+def in_item(error: JobValidationError, path: str) -> JobValidationError:
+    """``error``, raised for one item of a list argument, as refused at ``path``
+    (``starts[3]``): the same type, its message and every error's path prefixed."""
+    errors = [{**entry, "path": f"{path}.{entry['path']}"} for entry in error.errors]
+    return type(error)(f"{path}: {error.message}", errors)
+
+
+def checked_aware(value: object, path: str) -> datetime:
+    """``value`` if it is a timezone-aware ``datetime``; a naive one is refused, since
+    it could mean any of the world's local times."""
+    if not isinstance(value, datetime):
+        raise refuse_type(path, f"must be an aware datetime, got {type_name(value)}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise refuse(
+            path,
+            "must be timezone-aware",
+            message=f"{path} must be timezone-aware (e.g. tzinfo=UTC), got naive {value!r}",
+        )
+    return value
+
+
+def checked_delay(value: object, path: str) -> float:
+    """``value`` as a float if it is a finite number of seconds, zero or more."""
+    seconds = checked_number(value, path, wanted="a number of seconds", show_value=True)
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise refuse(path, f"must be a finite number of seconds, 0 or more, got {value!r}")
+    return float(seconds)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from jobrun._core import starts
 from jobrun._core.clock import ClockLike
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
@@ -37,22 +39,12 @@ def new_run_row(
     at: str,
 ) -> RunRow:
     """A fresh ``running`` row, due at ``at``."""
-    return RunRow(
-        id=run_id,
-        module_id=module_id,
-        job=job,
-        instance=instance,
-        payload=payload_text,
-        status=JobRunStatus.RUNNING.value,
-        cursor=None,
-        counters="{}",
-        attempts=0,
-        last_error=None,
-        started_at=at,
-        updated_at=at,
-        next_attempt_at=None,
-        ended_at=None,
+    return starts.new_run_row(
+        run_id=run_id,
+        key=(module_id, job, instance),
+        payload_text=payload_text,
         priority=priority,
+        at=at,
     )
 
 
@@ -64,7 +56,10 @@ async def start_job_run(
     instance: str = DEFAULT_INSTANCE,
     payload: Any = None,
     priority: int = 0,
+    start_at: datetime | None = None,
+    delay_s: float | None = None,
     clock: ClockLike | None = None,
+    connection: object | None = None,
     sources: Sources,
 ) -> JobRun:
     """:func:`jobrun.start_job_run`, handed its sources (the id minter, the system clock)."""
@@ -72,20 +67,24 @@ async def start_job_run(
     require_name(job, "job")
     require_name(instance, "instance", allow_empty=True)
     checked_priority = priority_value(priority)
+    later = starts.start_at_of(start_at, delay_s)
     payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
-    row = new_run_row(
+    # The database's time with the default clock: a fast local clock must not
+    # date the run into the future, where no driver would see it due.
+    now = (await aligned_clock(store, clock, sources.clock)).now()
+    row = starts.new_run_row(
         run_id=sources.mint_id(),
-        module_id=module_id,
-        job=job,
-        instance=instance,
+        key=(module_id, job, instance),
         payload_text=payload_text,
         priority=checked_priority,
-        # The database's time with the default clock: a fast local clock must not
-        # date the run into the future, where no driver would see it due.
-        at=format_instant((await aligned_clock(store, clock, sources.clock)).now()),
+        at=format_instant(now),
+        due_at=starts.due_text(later, now),
     )
-    stored, _inserted = await store.start_or_join(row)
-    return job_run_of(stored)
+    if connection is None:
+        stored, inserted = await store.start_or_join(row)
+    else:
+        [(stored, inserted)] = await store.start_many([row], connection=connection)
+    return starts.started_record(stored, inserted)
 
 
 async def job_runs(

@@ -19,6 +19,7 @@ from typing import Literal
 
 from jobrun._core.limits import rate_limit_of_deferral
 from jobrun._core.records import JobRun
+from jobrun._core.starts import starts_later_at
 
 WaitKind = Literal["leased", "stranded", "backoff", "limit", "deferred", "later", "due"]
 
@@ -31,7 +32,8 @@ class Waiting:
     further away than its budget: due again at ``at``, when the token is), deferred
     (a pass raised ``RetryAfter``: due again at ``at``),
     later (the run is due again at ``at`` for another reason:
-    a pass asked to wait), due (``at``: since when it waits for a driver).
+    a pass asked to wait, or it was started to start later), due (``at``: since
+    when it waits for a driver).
     ``reason`` says why, in a few words."""
 
     kind: WaitKind
@@ -61,6 +63,8 @@ def waiting_of(run: JobRun, now: datetime) -> Waiting | None:
         if run.attempts > 0 and run.last_error:
             reason = f"backoff after failed attempt {run.attempts}"
             return Waiting("backoff", due, reason)
+        if starts_later_at(run) is not None:
+            return Waiting("later", due, "started to start later (start_at or delay_s)")
         return Waiting("later", due, "the last pass asked to wait")
     since = due if due is not None else run.started_at
     return Waiting("due", since, "waiting for a free driver")

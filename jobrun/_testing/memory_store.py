@@ -19,7 +19,6 @@ from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
 from jobrun._core.port import StoreLimits, not_watching
 from jobrun._core.predicates import (
-    due_at,
     is_cancelled,
     is_due,
     is_failed_since,
@@ -31,6 +30,7 @@ from jobrun._core.predicates import (
     refill_on_resume,
     slot_counts,
     stored_version,
+    waiting_since,
 )
 from jobrun._core.records import (
     ClaimRequest,
@@ -43,7 +43,9 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
+from jobrun._core.refusals import refuse
 from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.worker_registry import WorkerRow, worker_is_live
 from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
@@ -80,6 +82,7 @@ class MemoryJobRunStore:
         self.ledgers: dict[str, dict[str, tuple[StepRow, str]]] = {}
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self.retention: dict[tuple[str, str], int] = {}
+        self.workers: dict[str, WorkerRow] = {}
         self._owed_releases = OwedReleases()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
@@ -117,6 +120,18 @@ class MemoryJobRunStore:
             return existing, False
         self.runs[row.id] = row
         return row, True
+
+    async def start_many(
+        self, rows: Sequence[RunRow], *, connection: object | None = None
+    ) -> builtins.list[tuple[RunRow, bool]]:
+        if connection is not None:
+            raise refuse(
+                "connection",
+                "is for a SQL store's database transaction",
+                message="connection= is for a SqlJobRunStore: a MemoryJobRunStore has no "
+                "transaction to start a run in",
+            )
+        return [await self.start_or_join(row) for row in rows]
 
     async def get(self, run_id: str) -> RunRow | None:
         return self.runs.get(run_id)
@@ -270,7 +285,7 @@ class MemoryJobRunStore:
 
     async def health(self, now_at: str) -> HealthCounts:
         rows = self.runs.values()
-        waiting = [due_at(row) for row in rows if is_due(row, now_at)]
+        waiting = [waiting_since(row) for row in rows if is_due(row, now_at)]
         return HealthCounts(
             running=sum(1 for row in rows if is_live(row)),
             due=len(waiting),
@@ -416,7 +431,7 @@ class MemoryJobRunStore:
             load = loads.get(key) or JobLoad(row.module_id, row.job, 0, 0, None, 0, 0)
             oldest = load.oldest_due_at
             if due:
-                oldest = min(oldest or due_at(row), due_at(row))
+                oldest = min(oldest or waiting_since(row), waiting_since(row))
             loads[key] = replace(
                 load,
                 running=load.running + running,
@@ -432,3 +447,24 @@ class MemoryJobRunStore:
 
     async def live_presences(self) -> builtins.list[PresenceSeen]:
         return []
+
+    # -- OperatorStore: the workers that said they are alive ----------------------------------
+
+    async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
+        found = self.workers.get(row.id)
+        if found is not None:
+            row = replace(
+                found, jobs=row.jobs, heartbeat_at=row.heartbeat_at, expires_at=row.expires_at
+            )
+        self.workers[row.id] = row
+        if sweep_at is not None:
+            for worker in list(self.workers.values()):
+                if not worker_is_live(worker, sweep_at):
+                    del self.workers[worker.id]
+
+    async def forget_worker(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    async def live_workers(self, now_at: str) -> builtins.list[WorkerRow]:
+        live = [row for row in self.workers.values() if worker_is_live(row, now_at)]
+        return sorted(live, key=lambda row: (row.started_at, row.id))

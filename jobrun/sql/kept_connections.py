@@ -76,6 +76,10 @@ class PostgresConnections:
         self._pool_was_full = False
         self.closed = False
 
+    def limit_to(self, limit: int) -> None:
+        """From now on at most ``limit`` out (those out past it go back as they come free)."""
+        self._limit = limit
+
     def take_idle(self) -> _Kept | None:
         """An idle connection still open, at once, or ``None`` (then ``acquire``):
         the step's path, which usually finds one, needs no coroutine for it."""
@@ -138,6 +142,11 @@ class PostgresConnections:
             # to a pool that is gone.
             self._out -= 1
             self._in_task(self._close(kept))
+            return
+        if self._out > self._limit and not self._waiters:
+            # The limit was lowered while this was out (keep_at_most on an engine in use).
+            self._out -= 1
+            self._in_task(self._check_in(kept))
             return
         now = self._loop.time()
         if (
@@ -272,9 +281,12 @@ _keep_limits: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary
 
 def keep_at_most(engine: AsyncEngine, limit: int) -> None:
     """At most ``limit`` connections out at once on ``engine``, whatever its pool (the
-    worker's own engines have no pool to size: ``--max-connections-per-database``).
-    Call before the engine's first operation."""
+    worker's ``max_connections_per_database``, on its own engines and those handed in).
+    An engine already in use keeps those it has out, and takes no more past ``limit``."""
     _keep_limits[engine.sync_engine] = limit
+    found = _postgres_connections.get(engine.sync_engine)
+    if found is not None:
+        found.limit_to(limit)
 
 
 class _PostgresEngineConnections:
@@ -298,6 +310,11 @@ class _PostgresEngineConnections:
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PostgresConnections] = (
             weakref.WeakKeyDictionary()
         )
+
+    def limit_to(self, limit: int) -> None:
+        self.limit = limit
+        for connections in list(self._by_loop.values()):
+            connections.limit_to(limit)
 
     def of_running_loop(self) -> PostgresConnections:
         loop = asyncio.get_running_loop()

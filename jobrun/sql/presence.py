@@ -21,6 +21,15 @@ apply), and a round trip on it every ``PRESENCE_CHECK_INTERVAL_S``, allowed
 When a check fails the presence is *lost*: the watchers of its key are told at
 once (the lease keepers cancel the passes it vouched for), the connection is
 closed, and the next claim opens a new presence under a new key.
+
+A free lock proves death only on the server where the lock was taken. Advisory
+locks are not replicated: on a replica promoted to primary every presence of
+the old primary looks free, and the old primary may still be running their
+holders (split brain). So the top bits of a key name the server it was taken on
+(``SERVER_TAG_BITS``: eight bits of its system identifier's hash, eight of its
+timeline, which a promotion increments); a lease whose presence was taken under
+another tag proves nothing here (``presence_held`` is NULL), and its run waits
+for its lease to expire, or for a same-host proof by pid.
 """
 
 from __future__ import annotations
@@ -33,7 +42,18 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import BigInteger, case, column, event, func, literal, null, select, text
+from sqlalchemy import (
+    BigInteger,
+    case,
+    column,
+    event,
+    func,
+    literal,
+    literal_column,
+    null,
+    select,
+    text,
+)
 from sqlalchemy.exc import MissingGreenlet
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
@@ -103,14 +123,38 @@ def live_presences_statement() -> Any:
     ).bindparams(application=PRESENCE_APPLICATION + " %")
 
 
+# A presence key: a server tag in its top bits, random bits below (63 in all,
+# so that it stays a positive bigint).
+SERVER_TAG_BITS = 16
+_RANDOM_BITS = 63 - SERVER_TAG_BITS
+
+# This server's tag: its system identifier (another cluster) and its timeline (the
+# same cluster, promoted since), eight bits each; the timeline counts as 0 on a
+# replica still in recovery (``pg_current_wal_lsn`` needs a primary).
+_SERVER_TAG = (
+    "(((hashtext((SELECT system_identifier FROM pg_control_system())::text) & 255) << 8)"
+    " | CASE WHEN pg_is_in_recovery() THEN 0 ELSE ('x' || "
+    "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int & 255 END)::bigint"
+)
+
+
 def presence_held() -> Any:
-    """Per run row: whether the presence its ``lease_driver`` names is held
-    (NULL when it names none)."""
+    """Per run row: whether the presence its ``lease_driver`` names is held (NULL when
+    it names none, or one taken under another server tag: its lock's absence here
+    proves nothing)."""
     key = func.substring(job_runs.c.lease_driver, literal(PRESENCE_PATTERN)).cast(BigInteger)
+    this_server = literal_column(_SERVER_TAG, BigInteger)
     return case(
         (key.is_(None), null()),
+        (key.op(">>")(literal_column(str(_RANDOM_BITS))).is_distinct_from(this_server), null()),
         else_=key.in_(select(_HELD_KEYS.c.key)),
     )
+
+
+async def _new_key(raw: Any) -> int:
+    """A fresh presence key under this server's tag."""
+    tag = int(await raw.fetchval(f"SELECT {_SERVER_TAG}"))
+    return (tag << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS)
 
 
 class Presence:
@@ -189,11 +233,11 @@ class Presence:
             self._own = create_async_engine(
                 self._engine.url, pool=pool, isolation_level="AUTOCOMMIT"
             )
-        key = secrets.randbits(63)
         connection = await self._own.connect()
         try:
             raw = (await connection.get_raw_connection()).driver_connection
             await _keep_session(raw)
+            key = await _new_key(raw)
             # Autocommit: the lock lives in the session, no transaction stays open.
             await connection.execute(select(func.pg_advisory_lock(key)))
             await _check_held(raw, key)

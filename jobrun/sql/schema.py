@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -237,4 +237,24 @@ concurrency_slots = Table(
     Column("step", Text, primary_key=True),
     Column("run_id", Text, nullable=False),
     Column("acquired_at", Text, nullable=False),
+)
+
+# -- Revision 0007: the workers that said they are alive (jobrun._core.worker_registry) -------
+
+job_workers = Table(
+    "_substrat_job_workers",
+    metadata,
+    # One row per worker process (a fresh id each time it starts) per database.
+    Column("id", Text, primary_key=True),
+    # The driver name it claims under, and the host and pid it runs as.
+    Column("name", Text, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    # The jobs it registers: a JSON list of [module_id, job], sorted.
+    Column("jobs", Text, nullable=False),
+    Column("started_at", Text, nullable=False),
+    Column("heartbeat_at", Text, nullable=False),
+    # Written by each heartbeat: after it, readers take the worker for gone.
+    # Not indexed: a few rows per database, read whole.
+    Column("expires_at", Text, nullable=False),
 )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     TIMESTAMP,
     Integer,
     String,
@@ -46,6 +47,7 @@ from sqlalchemy.sql.expression import ClauseElement
 
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun._core.transitions import CLAIM_FIELDS
+from jobrun._core.worker_registry import WorkerRow
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import (
@@ -58,6 +60,7 @@ from jobrun.sql.schema import (
     job_runs,
     job_schedules,
     job_steps,
+    job_workers,
     rate_buckets,
 )
 
@@ -81,6 +84,11 @@ _RUNS = job_runs.c
 def due_at(runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.predicates.due_at` (the claim-order index's key)."""
     return due_at_of(runs)
+
+
+def waiting_since(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.waiting_since` (health's oldest wait)."""
+    return func.coalesce(runs.next_attempt_at, runs.updated_at)
 
 
 def is_live(runs: Any = _RUNS) -> Any:
@@ -235,22 +243,93 @@ RECORD_STEP_ORDER = (
 """The step write's parameters, in the order the store passes them."""
 
 
-def start_insert(is_postgres: bool) -> Any:
+def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
-    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
+    unless ``notify`` is false (``jobrun.sql.start_wakeups`` sends it later)."""
     insert = (
         dialect_insert(is_postgres, job_runs)
         .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
         .returning(job_runs.c.id)
     )
-    if not is_postgres:
+    if not (is_postgres and notify):
         return insert
     # Wake listening workers now rather than at their next poll.
     added = insert.cte("added")
     channel = bindparam("notify_channel", type_=Text)
     payload = bindparam("notify_payload", type_=Text)
     return select(func.pg_notify(channel, payload)).select_from(added)
+
+
+def _given_rows(name: str, is_postgres: bool) -> Any:
+    """The JSON array bound as ``name`` (a text), one row per element in ``value``:
+    one statement text for a batch of any size, so statement caches hit."""
+    if is_postgres:
+        from sqlalchemy.dialects.postgresql import JSONB
+
+        # jsonb: parsed once; each ``->>`` on plain json would parse its element again.
+        source = func.jsonb_array_elements(cast(bindparam(name, type_=Text), JSONB))
+    else:
+        source = func.json_each(bindparam(name, type_=Text))
+    return source.table_valued("value").alias(f"given_{name}")
+
+
+def _element(given: Any, index: int, column: Any) -> Any:
+    """Element ``index`` of each given row's array, as ``column``'s type (``->>``
+    reads both dialects' JSON the same way: a string unquoted, null as NULL)."""
+    value = given.c.value.op("->>")(literal_column(str(index)))
+    return cast(value, Integer) if isinstance(column.type, Integer) else value
+
+
+def start_many_insert(is_postgres: bool) -> Any:
+    """Insert each run of the JSON array ``rows`` (each an array of ``RUN_COLUMNS``
+    values) whose key is not live; returns the inserted ids. On Postgres one NOTIFY
+    per job among them rides in the statement: one wake-up per batch, not per run."""
+    given = _given_rows("rows", is_postgres)
+    values = [_element(given, index, job_runs.c[name]) for index, name in enumerate(RUN_COLUMNS)]
+    # SQLite: an INSERT ... SELECT with an upsert clause needs a WHERE, or its
+    # parser reads ON CONFLICT as a join's ON.
+    chosen = select(*values).select_from(given).where(true())
+    insert = (
+        dialect_insert(is_postgres, job_runs)
+        .from_select(list(RUN_COLUMNS), chosen)
+        .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
+    )
+    if not is_postgres:
+        return insert.returning(job_runs.c.id)
+    added = insert.returning(job_runs.c.id, job_runs.c.module_id, job_runs.c.job).cte("added")
+    job_text = cast(func.json_build_array(added.c.module_id, added.c.job), Text).label("job")
+    jobs = select(job_text).distinct().subquery("added_jobs")
+    # Postgres refuses a notification of 8000 bytes or more: then an empty one,
+    # which wakes listeners for any job (as notify_payload does).
+    payload = case((func.octet_length(jobs.c.job) <= 7000, jobs.c.job), else_=literal(""))
+    woke = select(func.pg_notify(bindparam("notify_channel", type_=Text), payload)).cte("woke")
+    # A CTE runs only where it is read: this reads ``woke`` once the batch inserted.
+    sent = select(func.count()).select_from(woke).scalar_subquery()
+    return select(added.c.id).where(sent >= 0)
+
+
+def notify_many() -> Any:
+    """Postgres: one NOTIFY ``notify_channel`` per payload of the JSON array ``payloads``,
+    in one statement (``jobrun.sql.start_wakeups``)."""
+    given = func.json_array_elements_text(cast(bindparam("payloads", type_=Text), JSON))
+    payloads = given.table_valued("value").alias("payloads")
+    channel = bindparam("notify_channel", type_=Text)
+    return select(func.pg_notify(channel, payloads.c.value)).select_from(payloads)
+
+
+def live_runs_of_keys(is_postgres: bool) -> Any:
+    """The live run of each key of the JSON array ``keys`` (each ``[module_id, job,
+    instance]``) that has one."""
+    given = _given_rows("keys", is_postgres)
+    runs = job_runs.c
+    matches = and_(
+        runs.module_id == _element(given, 0, runs.module_id),
+        runs.job == _element(given, 1, runs.job),
+        runs.instance == _element(given, 2, runs.instance),
+    )
+    return select(job_runs).select_from(given).join(job_runs, matches).where(is_live())
 
 
 class Statements:
@@ -288,6 +367,10 @@ class Statements:
         self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
         self.start = compile_(start_insert(is_postgres))
         self.live = compile_(live_run_of())
+        self.start_quiet = compile_(start_insert(is_postgres, notify=False))
+        self.notify_many = compile_(notify_many())
+        self.start_many = compile_(start_many_insert(is_postgres))
+        self.live_many = compile_(live_runs_of_keys(is_postgres))
         self._operator(compile_)
 
     def _operator(self, compile_: Compiler) -> None:
@@ -321,7 +404,7 @@ class Statements:
                 func.count().filter(waiting),
                 func.count().filter(is_leased(now_at)),
                 func.count().filter(runs.status == FAILED),
-                func.min(due_at()).filter(waiting),
+                func.min(waiting_since()).filter(waiting),
                 func.count().filter(is_cancelled()),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
         )
@@ -805,6 +888,52 @@ def recorded_retention_statement() -> Any:
     return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
 
 
+# -- the workers that said they are alive (jobrun._core.worker_registry) -------------------
+
+WORKER_COLUMNS = tuple(column.name for column in job_workers.c)
+# Rows come back in table order, which is WorkerRow's field order.
+assert tuple(WorkerRow.__dataclass_fields__) == WORKER_COLUMNS
+
+
+def worker_is_live(now_at: Any) -> Any:
+    """Twin of :func:`jobrun._core.worker_registry.worker_is_live`."""
+    return job_workers.c.expires_at > now_at
+
+
+def beat_worker_statement(is_postgres: bool) -> Any:
+    """Write the worker row ``worker_*``: inserted at its first heartbeat (or again, if a
+    sweep took it for gone), its heartbeat, expiry and jobs refreshed after."""
+    inserted = dialect_insert(is_postgres, job_workers).values(
+        {name: bindparam(f"worker_{name}") for name in WORKER_COLUMNS}
+    )
+    return inserted.on_conflict_do_update(
+        index_elements=[job_workers.c.id],
+        set_={
+            name: getattr(inserted.excluded, name)
+            for name in ("jobs", "heartbeat_at", "expires_at")
+        },
+    )
+
+
+def forget_worker_statement() -> Any:
+    """Delete the row of the worker ``worker_id`` (it stopped)."""
+    return delete(job_workers).where(job_workers.c.id == bindparam("worker_id"))
+
+
+def sweep_workers_statement() -> Any:
+    """Delete the rows of workers gone by ``now_at``."""
+    return delete(job_workers).where(not_(worker_is_live(bindparam("now_at", type_=Text))))
+
+
+def live_workers_statement() -> Any:
+    """The rows of workers live at ``now_at``, oldest first."""
+    return (
+        select(job_workers)
+        .where(worker_is_live(bindparam("now_at", type_=Text)))
+        .order_by(job_workers.c.started_at, job_workers.c.id)
+    )
+
+
 # -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------
 
 
@@ -925,7 +1054,7 @@ def job_loads_statement() -> Any:
             runs.job,
             func.count().filter(live),
             func.count().filter(waiting),
-            func.min(due_at()).filter(waiting),
+            func.min(waiting_since()).filter(waiting),
             func.count().filter(is_stranded(now_at)),
             func.count().filter(failed),
         )

@@ -19,8 +19,10 @@ from contextlib import asynccontextmanager
 from dataclasses import astuple
 from datetime import timedelta
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.activity import ActivityQuery, Counts
@@ -56,15 +58,18 @@ from jobrun._core.transitions import (
     claim_transition,
     is_orphan,
 )
+from jobrun._core.worker_registry import WorkerRow
 from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
+from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
 from jobrun.sql.database_clock import DatabaseClockLeases
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
 from jobrun.sql.presence import Presence, PresenceNotHeld, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
+from jobrun.sql.start_wakeups import StartWakeUps
 from jobrun.sql.statements import (
     LIST_FILTERS,
     PATCH_COLUMNS,
@@ -76,6 +81,7 @@ from jobrun.sql.statements import (
     activity_ended_statement,
     activity_started_statement,
     add_schedule_statement,
+    beat_worker_statement,
     change_statement,
     claim_read,
     claim_read_on_database_clock,
@@ -85,11 +91,13 @@ from jobrun.sql.statements import (
     count_statement,
     find_statement,
     forget_retention_statement,
+    forget_worker_statement,
     held_leases_statement,
     is_bytewise_collation,
     job_loads_statement,
     limit_locks,
     list_statement,
+    live_workers_statement,
     point_slot_statement,
     prune_ledgers,
     prune_runs,
@@ -98,11 +106,14 @@ from jobrun.sql.statements import (
     remove_schedule_statement,
     reset_schedule_statement,
     schedule_rows_statement,
+    sweep_workers_statement,
     take_slot_statement,
 )
 from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 __all__ = ["SqlJobRunStore", "limit_lock_key", "notify_payload"]
+
+WORKER_FIELDS = tuple(WorkerRow.__dataclass_fields__)
 
 _START_RETRIES = 10
 _NOTIFY_MAX_BYTES = 7000  # Postgres refuses payloads of 8000 bytes and more
@@ -178,6 +189,18 @@ def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
         "slot_job": schedule.job,
         "slot_schedule": schedule.schedule,
     }
+
+
+_RUN_VALUES = attrgetter(*RUN_COLUMNS)
+
+
+def _key_of(row: RunRow) -> tuple[str, str, str]:
+    return (row.module_id, row.job, row.instance)
+
+
+def _rows_json(rows: Sequence[RunRow]) -> str:
+    """Rows as one JSON array of arrays (``RUN_COLUMNS`` order): ``start_many``'s ``rows``."""
+    return json.dumps(builtins.list(map(_RUN_VALUES, rows)), ensure_ascii=False)
 
 
 def _kept_changing(operation: str) -> StoreError:
@@ -269,6 +292,7 @@ class SqlJobRunStore:
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
+        self._start_wakeups = StartWakeUps()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
@@ -356,25 +380,50 @@ class SqlJobRunStore:
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
         values = self._start_values(row)
+        fetch = partial(self._executor.fetch, "start_or_join")
         async with self._operation("start_or_join"):
             # The partial unique index decides: at most one live row per key,
-            # whatever number of hosts race here. On Postgres the NOTIFY that
-            # wakes listening workers rides in the same statement.
-            started = await self._start_in(
-                partial(self._executor.fetch, "start_or_join"), row, values
-            )
+            # whatever number of hosts race here.
+            if self._is_postgres:
+                started = await self._start_waking(fetch, row, values)
+            else:
+                started = await self._start_in(fetch, row, values)
         if started is None:
             raise _kept_changing("start_or_join")
         return started
 
-    async def _start_in(
+    async def _start_waking(
         self, fetch: Fetch, row: RunRow, values: Mapping[str, Any]
     ) -> tuple[RunRow, bool] | None:
-        """Insert ``row``, or read the live run of its key; ``None`` when the live run
-        kept ending between the two."""
+        """Postgres: :meth:`_start_in`, waking listening workers with at most one NOTIFY
+        in flight per store (``jobrun.sql.start_wakeups``): the NOTIFY rides in the
+        insert when none is, else the wake-up goes out after the commit, shared."""
+        wakeups = self._start_wakeups
+
+        async def send(payloads: builtins.list[str]) -> object:
+            channel = notify_channel(self._schema)
+            notify = {"notify_channel": channel, "payloads": json.dumps(payloads)}
+            return await fetch(self._statements.notify_many, notify)
+
+        if wakeups.take():
+            try:
+                return await self._start_in(fetch, row, values)
+            finally:
+                await wakeups.release(send)
+        started = await self._start_in(fetch, row, values, self._statements.start_quiet)
+        if started is not None and started[1]:
+            await wakeups.after_commit(values["notify_payload"], send)
+        return started
+
+    async def _start_in(
+        self, fetch: Fetch, row: RunRow, values: Mapping[str, Any], insert: Any = None
+    ) -> tuple[RunRow, bool] | None:
+        """Insert ``row`` (with ``insert``, by default the one that notifies on Postgres),
+        or read the live run of its key; ``None`` when the live run kept ending between
+        the two."""
         statements = self._statements
         for _ in range(_START_RETRIES):
-            if await fetch(statements.start, values):
+            if await fetch(insert or statements.start, values):
                 return row, True
             found = await fetch(statements.live, values)
             if found:
@@ -387,6 +436,50 @@ class SqlJobRunStore:
             "notify_channel": notify_channel(self._schema),
             "notify_payload": notify_payload(row),
         }
+
+    async def start_many(
+        self, rows: Sequence[RunRow], *, connection: object | None = None
+    ) -> builtins.list[tuple[RunRow, bool]]:
+        if not rows:
+            return []
+        async with self._operation("start_many"):
+            if connection is None:
+                found = await self._start_many_in(partial(self._executor.fetch, "start_many"), rows)
+            else:
+                fetch = caller_fetch(checked_caller_connection(connection, self._engine))
+                try:
+                    found = await self._start_many_in(fetch, rows)
+                except SQLAlchemyError as error:
+                    raise StoreError("start_many", error) from error
+        if found is None:
+            raise _kept_changing("start_many")
+        return found
+
+    async def _start_many_in(
+        self, fetch: Fetch, rows: Sequence[RunRow]
+    ) -> builtins.list[tuple[RunRow, bool]] | None:
+        """Insert the rows whose key is not live (one statement), then read the live
+        run of each other key (one more, only if any); ``None`` when a key's live run
+        kept ending between the two."""
+        found: dict[tuple[str, str, str], tuple[RunRow, bool]] = {}
+        # In key order, so that two batches sharing keys lock them in one order
+        # (Postgres: no deadlock between their inserts).
+        todo = sorted(rows, key=_key_of)
+        for _ in range(_START_RETRIES):
+            values = {"rows": _rows_json(todo), "notify_channel": notify_channel(self._schema)}
+            inserted = {answer[0] for answer in await fetch(self._statements.start_many, values)}
+            rest = [row for row in todo if row.id not in inserted]
+            found.update((_key_of(row), (row, True)) for row in todo if row.id in inserted)
+            if rest:
+                keys = json.dumps([_key_of(row) for row in rest])
+                for answer in await fetch(self._statements.live_many, {"keys": keys}):
+                    live = RunRow(*answer)
+                    found[_key_of(live)] = (live, False)
+            todo = [row for row in rest if _key_of(row) not in found]
+            if not todo:
+                return [found[_key_of(row)] for row in rows]
+            # A live run ended between the insert and the read: try its key again.
+        return None
 
     async def get(self, run_id: str) -> RunRow | None:
         async with self._operation("get"):
@@ -952,3 +1045,26 @@ class SqlJobRunStore:
         async with self._operation("live_presences"):
             rows = await self._executor.fetch("live_presences", statement, {})
         return [presence_seen(int(row[0]), row[1], row[2], row[3]) for row in rows]
+
+    # -- OperatorStore: the workers that said they are alive ----------------------------------
+
+    async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
+        # One statement; with ``sweep_at``, a second deletes the rows of workers gone by then.
+        beat = self._shapes.of(beat_worker_statement, self._is_postgres)
+        values = {f"worker_{name}": getattr(row, name) for name in WORKER_FIELDS}
+        async with self._operation("beat_worker"):
+            await self._executor.fetch("beat_worker", beat, values)
+            if sweep_at is not None:
+                sweep = self._shapes.of(sweep_workers_statement)
+                await self._executor.fetch("beat_worker", sweep, {"now_at": sweep_at})
+
+    async def forget_worker(self, worker_id: str) -> None:
+        statement = self._shapes.of(forget_worker_statement)
+        async with self._operation("forget_worker"):
+            await self._executor.fetch("forget_worker", statement, {"worker_id": worker_id})
+
+    async def live_workers(self, now_at: str) -> builtins.list[WorkerRow]:
+        statement = self._shapes.of(live_workers_statement)
+        async with self._operation("live_workers"):
+            rows = await self._executor.fetch("live_workers", statement, {"now_at": now_at})
+        return [WorkerRow(*row) for row in rows]

@@ -9,10 +9,9 @@ from urllib.parse import urlencode
 
 from jobrun._core.browse import RunQuery
 from jobrun._core.formats import format_instant
-from jobrun._core.predicates import CANCELLED, FAILED
+from jobrun._core.predicates import CANCELLED, FAILED, STRANDED
 from jobrun._core.records import JobRunStatus
 
-STRANDED = "stranded"
 STATUS_CHOICES = (*(member.value for member in JobRunStatus), CANCELLED, STRANDED)
 """What the status filter offers: ``failed`` means failed and not cancelled;
 ``cancelled`` the failed runs an operator cancelled."""

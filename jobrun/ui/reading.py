@@ -15,13 +15,15 @@ from starlette.responses import Response
 from jobrun._core.browse import COUNT_CAP
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.holders import parse_holder
-from jobrun._core.progress import TOTAL, Poll, progress_of
+from jobrun._core.predicates import STRANDED
+from jobrun._core.progress import Poll, progress_of
 from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
 from jobrun._core.refusals import is_number
 from jobrun._core.waiting import Waiting, waiting_of
+from jobrun._core.worker_registry import DUE_KINDS, served_jobs, waits_for_no_one
 from jobrun._core.workers import driver_name
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
-from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, STRANDED, RunsFilter
+from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text
 from jobrun.ui.views import instant
 
@@ -72,11 +74,13 @@ async def runs_page(request: Request) -> Response:
                 runs_filter.query(now, before_id=before, limit=PAGE_SIZE + 1)
             )
             context["counts"] = await _status_counts(database, runs_filter, now)
+            shown = rows[:PAGE_SIZE]
+            context["runs"] = await _flagged(
+                database, [run_line(job_run_of(row), now) for row in shown], now
+            )
         except DATABASE_FAILURES as error:
             context["error"] = failure_text(error, database)
         else:
-            shown = rows[:PAGE_SIZE]
-            context["runs"] = [run_line(job_run_of(row), now) for row in shown]
             if len(rows) > PAGE_SIZE:
                 context["older"] = runs_filter.encoded(before=shown[-1].id)
     status = 400 if context["problems"] else 200
@@ -85,13 +89,27 @@ async def runs_page(request: Request) -> Response:
 
 @dataclass(frozen=True, slots=True)
 class RunLine:
-    """One run as the runs list shows it."""
+    """One run as the runs list shows it (``unserved``: due, and no live worker
+    registers its job)."""
 
     run: JobRun
     progress: tuple[str, float, float] | None
     duration_s: float
     waiting: Waiting | None
     wait_s: float | None
+    unserved: bool = False
+
+
+async def _flagged(database: Database, lines: list[RunLine], now: datetime) -> list[RunLine]:
+    """``lines`` with the due runs no live worker takes flagged; the workers are read only
+    when a line is due."""
+    if not any(line.waiting is not None and line.waiting.kind in DUE_KINDS for line in lines):
+        return lines
+    served = served_jobs(await database.store.live_workers(format_instant(now)))
+    return [
+        replace(line, unserved=True) if waits_for_no_one(line.run, now, served) else line
+        for line in lines
+    ]
 
 
 def run_line(run: JobRun, now: datetime) -> RunLine:
@@ -159,7 +177,7 @@ def _meaningful_rates(
     the total a progress bar measures against (``None``: show none)."""
     if not compared or poll.run.status != JobRunStatus.RUNNING:
         return {}
-    return {name: rate for name, rate in poll.rates.items() if name != TOTAL}
+    return dict(poll.work_rates())
 
 
 def waiting_text(run: JobRun) -> str | None:
@@ -241,9 +259,13 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "upgrade": upgrade_command(database),
         "limits": None,
         "versions": {},
+        "workers": 0,
+        "served": {},
     }
     try:
         part["revisions"] = await revisions_of(database)
+        workers = await database.store.live_workers(format_instant(now))
+        part["workers"], part["served"] = len(workers), served_jobs(workers)
         loads = await database.store.job_loads(
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )

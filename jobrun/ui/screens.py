@@ -14,6 +14,7 @@ from jobrun._core.browse import RunQuery
 from jobrun._core.error_groups import group_errors
 from jobrun._core.formats import format_instant
 from jobrun._core.records import JOB_RUN_LIST_MAX, RunRow
+from jobrun._core.worker_registry import unserved, workers_seen
 from jobrun._core.workers import drivers_of, idle_presences
 from jobrun.ui.chart import chart_of
 from jobrun.ui.databases import DATABASE_FAILURES, Database
@@ -92,6 +93,8 @@ async def workers_page(request: Request) -> Response:
     context: dict[str, Any] = {
         "db": request.path_params["db"],
         "database": database,
+        "workers": [],
+        "unserved": [],
         "drivers": [],
         "idle": [],
         "more": False,
@@ -103,11 +106,15 @@ async def workers_page(request: Request) -> Response:
     try:
         rows, more = await _all(database, query, WORKERS_MAX)
         presences = await database.store.live_presences()
+        workers = await database.store.live_workers(format_instant(now))
+        due_by_job = await database.store.due_by_job(format_instant(now))
     except DATABASE_FAILURES as error:
         context["error"] = failure_text(error, database)
     else:
         drivers = drivers_of(rows)
         context |= {
+            "workers": workers_seen(workers, drivers),
+            "unserved": sorted(unserved(due_by_job, workers).items()),
             "drivers": drivers,
             "idle": idle_presences(presences, drivers),
             "more": more,

@@ -60,6 +60,15 @@ def shorten(text: str | None, limit: int = 120) -> str:
     return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
 
 
+SHORT_ID_CHARS = 8
+
+
+def short_id(run_id: str) -> str:
+    """A run id as the runs list shows it: its last characters (a ULID's random part,
+    which tells runs of one millisecond apart); the whole id is in the link."""
+    return run_id if len(run_id) <= SHORT_ID_CHARS + 1 else "…" + run_id[-SHORT_ID_CHARS:]
+
+
 def _environment() -> Environment:
     environment = Environment(
         loader=FileSystemLoader(HERE / "templates"),
@@ -76,6 +85,7 @@ def _environment() -> Environment:
         capped=capped,
         pretty=pretty,
         shorten=shorten,
+        short_id=short_id,
     )
     return environment
 

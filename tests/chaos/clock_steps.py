@@ -10,11 +10,18 @@ client that does not hold the run, or of the holder itself.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import signal
 import time
 from pathlib import Path
 
-from tests.chaos.stage import Fault, Stage
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import jobrun
+from tests.chaos.stage import REPO, Fault, Stage
+
+WORKER_CHILD = REPO / "tests" / "processes" / "chaos_worker.py"
 
 # Debian's libfaketime (package ``libfaketime``; the ``faketime`` wrapper depends on it).
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -65,10 +72,49 @@ class ClockStep(Fault):
         stage.notes.append(f"stepped at d{holder}'s body of {event['step']}")
 
 
+class ClockStepUnderWorker(ClockStep):
+    """The same step, the drivers being real ``jobrun worker`` processes
+    (``tests/processes/chaos_worker.py``); once every run is done, they are stopped
+    with SIGTERM (a worker never stops by itself)."""
+
+    driver_script = WORKER_CHILD
+
+    def __init__(self, whom: str, seconds: int, backends: tuple[str, ...]) -> None:
+        super().__init__(whom, seconds, backends)
+        self.name += " (jobrun worker)"
+
+    async def inject(self, stage: Stage) -> None:
+        await super().inject(stage)
+        stage.notes.append("the drivers are jobrun worker processes: they report no pass counts")
+        await until_no_run_is_running(stage.url, deadline_s=self.deadline_s)
+        for child in stage.children:
+            child.process.send_signal(signal.SIGTERM)
+        for child in stage.children:
+            await asyncio.to_thread(child.process.wait, 60)
+            # Noted here, so that the end of the scenario waits for no report from it.
+            stage.deaths.setdefault(child.process.pid, time.monotonic_ns())
+
+
+async def until_no_run_is_running(url: str, deadline_s: float) -> None:
+    engine = create_async_engine(url)
+    store = jobrun.SqlJobRunStore(engine)
+    try:
+        deadline = time.monotonic() + deadline_s
+        while await jobrun.job_runs(store, status="running", limit=1):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"runs still running after {deadline_s:.0f} s")
+            # sleep: a poll for the runs to finish
+            await asyncio.sleep(0.1)
+    finally:
+        await engine.dispose()
+
+
 def clock_steps() -> list[ClockStep]:
     return [
         ClockStep("host", 90, ("sqlite",)),
         ClockStep("host", -90, ("sqlite",)),
         ClockStep("client", 90, ("postgres",)),
         ClockStep("holder", -90, ("postgres",)),
+        ClockStepUnderWorker("host", 90, ("sqlite",)),
+        ClockStepUnderWorker("client", 90, ("postgres",)),
     ]

@@ -26,7 +26,7 @@ VERSION = "15"
 FILLER = "filler"
 
 
-def _run(*command: str, timeout_s: float = 120) -> str:
+def run_command(*command: str, timeout_s: float = 120) -> str:
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {done.returncode} {done.stderr.strip()[-500:]}")
@@ -38,47 +38,61 @@ async def mount_tmpfs(stage: Stage, size_mb: int) -> Path:
     directory = Path(tempfile.mkdtemp(prefix="jobrun-chaos-"))
     try:
         await asyncio.to_thread(
-            _run, "mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(directory)
+            run_command, "mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(directory)
         )
     except BaseException:
         os.rmdir(directory)
         raise
 
     def unmount() -> None:
-        _run("umount", str(directory))
+        run_command("umount", str(directory))
         directory.rmdir()
 
     stage.stack.callback(unmount)
     return directory
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
 def _drop_cluster(name: str) -> None:
-    if name in _run("pg_lsclusters", "-h", VERSION):
-        _run("pg_dropcluster", "--stop", VERSION, name)
+    if name in run_command("pg_lsclusters", "-h", VERSION):
+        run_command("pg_dropcluster", "--stop", VERSION, name)
 
 
-async def throwaway_cluster(stage: Stage) -> tuple[str, Path]:
-    """Create and start a cluster on a tmpfs: its name and mount. Points ``server_url`` at it."""
+async def new_cluster(stage: Stage, role: str, *, start: bool = True) -> tuple[str, int]:
+    """A cluster of a unique name on a fresh tmpfs and a free port (dropped at the end,
+    even on failure): its name and port; started unless ``start`` is false."""
     mount = await mount_tmpfs(stage, 160)
     shutil.chown(mount, "postgres", "postgres")
-    name, port = f"chaos_{uuid.uuid4().hex[:6]}", _free_port()
+    name, port = f"chaos_{role}_{uuid.uuid4().hex[:6]}", free_port()
     stage.stack.callback(_drop_cluster, name)
     settings = ["max_wal_size=48MB", "min_wal_size=4MB"]
     settings += ["shared_buffers=16MB", "fsync=off", "restart_after_crash=on"]
     create = ["pg_createcluster", "-q", "-p", str(port), "-d", str(mount / "data")]
     create += [option for setting in settings for option in ("-o", setting)]
     create += [VERSION, name, "--", "--auth=trust", "--wal-segsize=1"]
-    await asyncio.to_thread(_run, *create)
-    await asyncio.to_thread(_run, "pg_ctlcluster", VERSION, name, "start")
+    await asyncio.to_thread(run_command, *create)
+    if start:
+        await asyncio.to_thread(run_command, "pg_ctlcluster", VERSION, name, "start")
+    return name, port
+
+
+async def throwaway_cluster(stage: Stage) -> tuple[str, Path]:
+    """Create and start a cluster on a tmpfs: its name and mount. Points ``server_url`` at it."""
+    name, port = await new_cluster(stage, "server")
     stage.server_url = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
     stage.notes.append(f"throwaway cluster {name} on a 160 MB tmpfs")
-    return name, mount
+    return name, data_directory(name).parent
+
+
+def data_directory(cluster: str) -> Path:
+    """Where ``cluster`` keeps its data."""
+    found = run_command("pg_conftool", "-s", VERSION, cluster, "show", "data_directory")
+    return Path(found.strip())
 
 
 def fill(directory: Path, limit_mb: int) -> int:
@@ -110,7 +124,7 @@ class PostgresRestart(Fault):
         await stage.victim_body()
         if self.outage_s:
             await asyncio.to_thread(
-                _run, "pg_ctlcluster", VERSION, self.cluster, "stop", "-m", "fast"
+                run_command, "pg_ctlcluster", VERSION, self.cluster, "stop", "-m", "fast"
             )
             # sleep: the outage's length
             await asyncio.sleep(self.outage_s)
@@ -178,7 +192,7 @@ async def until_back(stage: Stage, *command: str) -> None:
     Not when the command returns: ``pg_ctlcluster`` waits a while after the
     server is ready, and the drivers do not.
     """
-    running = asyncio.ensure_future(asyncio.to_thread(_run, *command))
+    running = asyncio.ensure_future(asyncio.to_thread(run_command, *command))
     seen_down, deadline = False, time.monotonic() + 120
     while time.monotonic() < deadline:
         up = await _accepts(stage.server_url)

@@ -202,6 +202,7 @@ def all_scenarios() -> list[tuple[Fault, str]]:
     """Every (fault, backend) pair, the quick ones first."""
     from tests.chaos.clock_steps import clock_steps
     from tests.chaos.cluster import DiskFull, PostgresRestart, SqliteDiskFull
+    from tests.chaos.failover import Failover, SplitBrain
     from tests.chaos.idle_survivor import IdleSurvivor
 
     faults: list[Fault] = [
@@ -222,6 +223,10 @@ def all_scenarios() -> list[tuple[Fault, str]]:
         DiskFull(),
         SqliteDiskFull(),
         *clock_steps(),
+        Failover(),
+        Failover(lag_s=1.5),
+        Failover(lag_s=1.5, synchronous=True),
+        SplitBrain(),
     ]
     pairs, seen = [], set()
     for fault in faults:

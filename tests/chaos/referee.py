@@ -12,6 +12,9 @@ and when one died (a body without an end line ends there).
   nothing a lease does can stop a process that is not running;
 * repeated: a body that started after a body of the same step of the same run
   had finished (``ok``): finished work done again;
+* acknowledged repeats: steps recorded (``p.step`` returned: an ``A`` line) whose
+  body started again afterwards: acknowledged work lost (a failover to a
+  replica that had not received it);
 * resume: from a reference moment (the fault's end, or the kill) to the first
   body of each affected run that started after it; the slowest run counts.
 """
@@ -45,6 +48,7 @@ class Verdict:
     resumed_tails: int = 0
     longest_tail_ms: float = 0.0
     repeated: int = 0
+    acknowledged_repeats: int = 0
     resume_s: float | None = None
     overlapping: list[str] = field(default_factory=list)
 
@@ -119,6 +123,22 @@ def _count_repeated(bodies: list[Body]) -> int:
     return repeated
 
 
+def acknowledged_repeats(lines: list[str]) -> int:
+    """Steps recorded (an ``A`` line) whose body started again after the recording."""
+    acknowledged: dict[tuple[str, str], int] = {}
+    started: list[tuple[tuple[str, str], int]] = []
+    for line in lines:
+        kind, run, step, _pid, start_ns, *rest = line.split()
+        if kind == "A":
+            ack_ns = int(rest[0])
+            acknowledged[run, step] = min(ack_ns, acknowledged.get((run, step), ack_ns))
+        elif kind == "B":
+            started.append(((run, step), int(start_ns)))
+    # Whatever order the drivers' lines landed in: the times decide.
+    repeated = {key for key, start_ns in started if start_ns > acknowledged.get(key, start_ns)}
+    return len(repeated)
+
+
 def resume_seconds(bodies: list[Body], since_ns: int, runs: set[str] | None) -> float | None:
     """From ``since_ns`` to the first body after it, for the slowest of the affected runs.
 
@@ -149,6 +169,8 @@ def judge(
             body, pauses.get(body.pid, []), deaths.get(body.pid), now_ns
         )
     verdict = Verdict(bodies=len(bodies), repeated=_count_repeated(bodies))
+    if log.exists():
+        verdict.acknowledged_repeats = acknowledged_repeats(log.read_text().splitlines())
     _count_overlaps(verdict, bodies)
     if resume_from_ns is not None:
         verdict.resume_s = resume_seconds(bodies, resume_from_ns, affected_runs)

@@ -104,13 +104,15 @@ class Fault:
     deadline_s = 60.0
     # The fault is aimed at the first driver: it must hold a run, so it starts alone.
     first_driver_alone = False
-    # Runs started, their lease, and whether the drivers are run_worker processes
-    # (``jobrun worker`` as deployed) rather than run_due_jobs loops.
+    # Runs started, their lease, and whether the drivers (of chaos_child.py) are
+    # run_worker processes (``jobrun worker`` as deployed) rather than run_due_jobs loops.
     runs = 2
     lease_ms = LEASE_MS
     worker_drivers = False
     # The quick set asserts that the affected runs resumed within this (None: not asked).
     resume_within_s: float | None = None
+    # What a driver runs: a run_due_jobs loop, or (tests/processes/chaos_worker.py) a worker.
+    driver_script = CHILD
 
     async def before_database(self, stage: Stage) -> None:
         pass
@@ -143,7 +145,12 @@ async def _make_database(stage: Stage) -> None:
         owner = f' OWNER "{stage.owner}"' if stage.owner else ""
         await admin(stage.server_url, f'CREATE DATABASE "{stage.database}"{owner}')
         drop = f'DROP DATABASE IF EXISTS "{stage.database}" WITH (FORCE)'
-        stage.stack.push_async_callback(admin, stage.server_url, drop)
+
+        async def drop_database() -> None:
+            # The server read at the end: a failover fault moves it to the promoted one.
+            await admin(stage.server_url, drop)
+
+        stage.stack.push_async_callback(drop_database)
         user = {"username": stage.owner} if stage.owner else {}
         stage.url = url_with(stage.server_url, database=stage.database, **user)
 
@@ -180,7 +187,9 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     for index in range(drivers):
         url = stage.driver_urls.get(index, stage.url)
         env = dict(os.environ, **stage.driver_env[index]) if index in stage.driver_env else None
-        child = Child(f"d{index}", url, stage.workdir, *options, script=CHILD, env=env)
+        child = Child(
+            f"d{index}", url, stage.workdir, *options, script=fault.driver_script, env=env
+        )
         stage.children.append(child)
         threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
         if index == 0 and fault.first_driver_alone:

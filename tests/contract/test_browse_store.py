@@ -105,8 +105,9 @@ async def test_job_loads_per_job(store: Any, engine: Any) -> None:
         store,
         engine,
         [
-            _row(1, started_at="2026-01-01T11:00:00.000Z"),  # due an hour ago
-            _row(2, started_at="2026-01-01T11:30:00.000Z"),  # due
+            # Never claimed: last written as they started (waiting since then).
+            _row(1, started_at="2026-01-01T11:00:00.000Z", updated_at="2026-01-01T11:00:00.000Z"),
+            _row(2, started_at="2026-01-01T11:30:00.000Z", updated_at="2026-01-01T11:30:00.000Z"),
             _row(3, next_attempt_at="2026-01-01T11:59:00.000Z", **leased),  # stranded, so due
             _row(4, status="failed", ended_at="2026-01-01T11:10:00.000Z"),  # failed recently
             _row(5, status="failed", ended_at="2025-12-31T00:00:00.000Z"),  # failed long ago

@@ -73,15 +73,36 @@ def _registry(bodies: Bodies) -> jobrun.JobRegistry:
     return registry
 
 
-async def _advance(clock: FakeClock, seconds: float) -> None:
+RENEWING = "_renewals_in_flight"
+
+
+def _count_renewals(store: Any) -> None:
+    """Count ``store``'s renewals in flight. A renewal runs under a deadline on the
+    holder's clock, a sleeper too: the sleeper count is back before its round trip
+    has landed, and advancing the clock then would expire that deadline mid-trip."""
+    extend_lease = store.extend_lease
+    setattr(store, RENEWING, 0)
+
+    async def counted(*args: Any) -> bool:
+        setattr(store, RENEWING, getattr(store, RENEWING) + 1)
+        try:
+            return bool(await extend_lease(*args))
+        finally:
+            setattr(store, RENEWING, getattr(store, RENEWING) - 1)
+
+    store.extend_lease = counted
+
+
+async def _advance(clock: FakeClock, seconds: float, store: Any) -> None:
     """Move the fake clock in small steps; after each, wait until every sleeper it woke
     (the lease keeper, whose renewal is a store round trip) has gone back to sleep on
-    it, so the renewal has landed before time moves on, however loaded the machine."""
+    it and no renewal is in flight, so the renewal has landed before time moves on,
+    however loaded the machine."""
     for _ in range(round(seconds / 0.05)):
         sleeping = clock.sleepers
         clock.advance(seconds=0.05)
         deadline = time.monotonic() + 30
-        while clock.sleepers < sleeping:
+        while clock.sleepers < sleeping or getattr(store, RENEWING, 0):
             assert time.monotonic() < deadline, "a woken sleeper never slept again"
             await asyncio.sleep(0.001)  # poll: the woken renewer's round trip
 
@@ -91,6 +112,7 @@ async def _hold(
 ) -> tuple[str, Bodies, jobrun.JobRegistry, asyncio.Task[jobrun.JobDriveReport]]:
     """A run started and driven by ``holder``, its first body in flight (holding the lease)."""
     run_id = await start_id(store, holder_clock, module_id=MODULE, job=JOB)
+    _count_renewals(store)
     bodies = Bodies()
     registry = _registry(bodies)
     holding = asyncio.create_task(
@@ -106,7 +128,7 @@ async def _step_under_a_held_lease(
 ) -> tuple[Bodies, str]:
     run_id, bodies, registry, holding = await _hold(store, holder_clock)
     # Let a renewal see the clock before the step (the watch learns its basis).
-    await _advance(holder_clock, LEASE_MS / 4000 + 0.1)
+    await _advance(holder_clock, LEASE_MS / 4000 + 0.1, store)
     (holder_clock if holder else claimer_clock).step_wall(seconds=step_s)
     for _ in range(6):
         report = await jobrun.run_due_jobs(
@@ -114,7 +136,7 @@ async def _step_under_a_held_lease(
         )
         assert report.attempted == 0, "the claimer took a live lease"
         # Past several renewals of the holder, on its clock.
-        await _advance(holder_clock, LEASE_MS / 4000)
+        await _advance(holder_clock, LEASE_MS / 4000, store)
     assert bodies.overlaps == 0
     bodies.release.set()
     async with asyncio.timeout(30):  # bounds a hang only
@@ -173,7 +195,7 @@ async def test_the_holders_clock_behind_renews_ahead_on_postgres(
     run_id, bodies, registry, holding = await _hold(store, holder_clock)
     holder_clock.step_wall(seconds=-90)
     # Past a renewal on the holder's clock.
-    await _advance(holder_clock, LEASE_MS / 4000 + 0.1)
+    await _advance(holder_clock, LEASE_MS / 4000 + 0.1, store)
     async with engine.connect() as connection:
         database_now = (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
     expires_at = (await row_of(store, run_id)).next_attempt_at

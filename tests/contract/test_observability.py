@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 from typing import Any, cast
 
 import pytest
@@ -85,6 +86,26 @@ async def two_passes(observer: jobrun.PassObserver | None = None) -> tuple[str, 
     return run.id, reports
 
 
+async def test_a_retrying_pass_tells_when_the_run_is_due_again() -> None:
+    store = MemoryJobRunStore()
+    registry = jobrun.JobRegistry()
+
+    @registry.job("m", "slow-retry", retry=jobrun.RetryPolicy(max_attempts=3, base_delay_ms=60_000))
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        raise RuntimeError("upstream hiccup")
+
+    run = await jobrun.start_job_run(store, module_id="m", job="slow-retry")
+    recorder = Recorder()
+    await jobrun.run_due_jobs(store, registry, observer=recorder)
+    (end,) = recorder.of("pass_ended")
+    stored = await jobrun.get_job_run(store, run.id)
+    assert stored is not None
+    assert stored.next_attempt_at is not None
+    assert end.outcome == "retrying"
+    assert end.next_attempt_at == stored.next_attempt_at  # the backoff, not the pass's time
+    assert end.next_attempt_at - stored.updated_at >= timedelta(seconds=30)
+
+
 # --- logging --------------------------------------------------------------------------------
 
 
@@ -106,8 +127,14 @@ async def test_each_pass_logs_one_info_line_with_its_fields(caplog: pytest.LogCa
     )
     assert "upstream hiccup" in first.error  # type: ignore[attr-defined]
     assert (second.outcome, second.steps_run, second.memo_hits) == ("completed", 1, 1)  # type: ignore[attr-defined]
+    # A retrying pass says when the run is due again, apart from how long it took.
+    retried = first.getMessage()
+    assert first.next_attempt_at is not None  # type: ignore[attr-defined]
+    assert retried.startswith("pass m/j[i-1] retrying at 20"), retried
+    assert " (pass took " in retried
     message = second.getMessage()
-    assert message.startswith("pass m/j[i-1] completed in ")
+    assert second.next_attempt_at is None  # type: ignore[attr-defined]
+    assert message.startswith("pass m/j[i-1] completed (pass took "), message
     assert "1 step run, 1 memo hit" in message
     assert run_id in message
     # INFO only: no per-step lines.

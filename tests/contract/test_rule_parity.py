@@ -58,6 +58,8 @@ def _table() -> list[RunRow]:
                 # Versioned jobs: none stored (version 1), 1, 2 and 3.
                 job_version=(None, 1, 2, 3)[index % 4],
                 cancelled=int(index % 3 == 0),
+                # Apart from started_at, so the wait's fallback is told from the due instant's.
+                updated_at=INSTANTS[index % 3],
             )
         )
     return rows
@@ -99,6 +101,8 @@ async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engin
     async with engine.connect() as connection:
         found = await connection.execute(select(job_runs.c.id, statements.due_at()))
         assert dict(found.all()) == {row.id: predicates.due_at(row) for row in ROWS}
+        found = await connection.execute(select(job_runs.c.id, statements.waiting_since()))
+        assert dict(found.all()) == {row.id: predicates.waiting_since(row) for row in ROWS}
         found = await connection.execute(select(job_runs.c.id, statements.stored_version()))
         assert dict(found.all()) == {row.id: predicates.stored_version(row) for row in ROWS}
     for versions in VERSIONS:
@@ -160,7 +164,7 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
         due=len(due),
         leased=len(_ids(ROWS, lambda row: predicates.is_leased(row, at))),
         failed=sum(1 for row in ROWS if row.status == "failed"),
-        oldest_due_at=min(map(predicates.due_at, due), default=None),
+        oldest_due_at=min(map(predicates.waiting_since, due), default=None),
         cancelled=len(_ids(ROWS, predicates.is_cancelled)),
     )
     by_job = {job: sum(1 for row in due if (row.module_id, row.job) == job) for job in JOBS}
@@ -180,7 +184,7 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
         assert dataclasses.astuple(load)[2:] == (
             len(_ids(rows, predicates.is_live)),
             len(job_due),
-            min(map(predicates.due_at, job_due), default=None),
+            min(map(predicates.waiting_since, job_due), default=None),
             len(_ids(rows, lambda row: predicates.is_stranded(row, at))),
             len(_ids(rows, lambda row: predicates.is_failed_since(row, at))),
         )
@@ -362,3 +366,16 @@ async def test_postgres_reads_the_presence_key_as_python_does(store: Any, engine
             )
             holder = parse_holder(text)
             assert found == (None if holder is None else holder.presence), text
+
+
+@pytest.mark.parametrize("at", INSTANTS)
+async def test_the_live_workers_are_those_the_rule_keeps(store: Any, at: str) -> None:
+    from jobrun._core.worker_registry import WorkerRow, worker_is_live
+
+    rows = [WorkerRow(f"w{index}", "n", "h", 1, "[]", BEFORE, BEFORE, expiry)
+            for index, expiry in enumerate(INSTANTS)]  # fmt: skip
+    for row in rows:
+        await store.beat_worker(row)
+    expected = [row for row in rows if worker_is_live(row, at)]
+    assert await store.live_workers(at) == expected
+    assert len(expected) == INSTANTS[::-1].index(at)

@@ -14,7 +14,7 @@ import jobrun
 from jobrun._core.records import RunRow
 from jobrun.sql.compat import refusal
 from jobrun.sql.migrate import downgrade
-from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE
+from jobrun.sql.schema import COMPAT_TABLE
 from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
@@ -67,11 +67,14 @@ async def _tables(engine: AsyncEngine) -> set[str]:
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_0006_keeps_every_run_at_version_1_and_records_the_oldest_code(
     at_0005: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = at_0005
     before = await _runs(engine)
-    await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0006"
+    await jobrun.upgrade(engine, "0006")
+    assert await revision_of(engine) == "0006"
+    # Read and driven as code of 0006 would (this code needs the workers' table of 0007).
+    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
     assert await _runs(engine) == before
     assert await _scalars(engine, f"SELECT DISTINCT job_version FROM {RUNS}") == [None]
     assert await _scalars(engine, f"SELECT oldest_code_revision FROM {COMPAT_TABLE}") == ["0006"]
@@ -114,7 +117,7 @@ async def _store_of(engine: AsyncEngine) -> jobrun.SqlJobRunStore:
 async def test_code_older_than_the_record_refuses_a_newer_database(
     blank: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await jobrun.upgrade(blank)
+    await jobrun.upgrade(blank, "0006")
     # This code, as if it were of revision 0005 (before versioned jobs), on a 0006 database.
     monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0005")
     with pytest.raises(jobrun.CodeOutdatedError) as refused:
@@ -139,10 +142,9 @@ async def test_code_older_than_the_record_refuses_a_newer_database(
 async def test_a_future_revision_decides_by_its_record(
     blank: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await jobrun.upgrade(blank)
-    # A revision 0007 that this code (0006) may run against: its record says 0006.
-    async with blank.begin() as connection:
-        await connection.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '0007'"))
+    await jobrun.upgrade(blank, "0007")
+    # Revision 0007 (the workers' table) lets code of 0006 run: its record says 0006.
+    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
     assert await jobrun.job_runs(await _store_of(blank)) == []
     # One that it may not: its record says 0007.
     async with blank.begin() as connection:

@@ -50,6 +50,8 @@ JOBRUN_TABLES = {
     "_substrat_concurrency_slots",
     # Revision 0005: each job's own keep_for.
     "_substrat_job_retention",
+    # Revision 0007: the workers that said they are alive.
+    "_substrat_job_workers",
 }
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
@@ -430,7 +432,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade 0002 -> 0003" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0003 -> 0004" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0004 -> 0005" in output
-    assert f"INFO  [alembic.runtime.migration] Running upgrade 0005 -> {SCHEMA_REVISION}" in output
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0005 -> 0006" in output
+    assert f"INFO  [alembic.runtime.migration] Running upgrade 0006 -> {SCHEMA_REVISION}" in output
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE, COMPAT_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")

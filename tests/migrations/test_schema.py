@@ -37,6 +37,7 @@ from jobrun.sql.schema import (
     job_runs,
     job_schedules,
     job_steps,
+    job_workers,
     metadata,
     rate_buckets,
 )
@@ -48,8 +49,17 @@ SCHEDULES = "_substrat_job_schedules"
 BUCKETS = "_substrat_rate_buckets"
 SLOTS = "_substrat_concurrency_slots"
 RETENTION = "_substrat_job_retention"
-TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS, RETENTION)
-TABLE_OBJECTS = (job_runs, job_steps, job_schedules, rate_buckets, concurrency_slots, job_retention)
+WORKERS = "_substrat_job_workers"
+TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS, RETENTION, WORKERS)
+TABLE_OBJECTS = (
+    job_runs,
+    job_steps,
+    job_schedules,
+    rate_buckets,
+    concurrency_slots,
+    job_retention,
+    job_workers,
+)
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
@@ -175,6 +185,21 @@ EXPECTED: dict[str, Any] = {
             ("updated_at", "TEXT", False, None),
         ],
         "primary_key": ["module_id", "job"],
+        "indexes": [],
+    },
+    # Revision 0007: the workers that said they are alive.
+    WORKERS: {
+        "columns": [
+            ("id", "TEXT", False, None),
+            ("name", "TEXT", False, None),
+            ("host", "TEXT", False, None),
+            ("pid", "INTEGER", False, None),
+            ("jobs", "TEXT", False, None),
+            ("started_at", "TEXT", False, None),
+            ("heartbeat_at", "TEXT", False, None),
+            ("expires_at", "TEXT", False, None),
+        ],
+        "primary_key": ["id"],
         "indexes": [],
     },
 }

@@ -214,6 +214,7 @@ GRANT USAGE ON SCHEMA public TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_runs, _substrat_job_steps TO {role};
 GRANT SELECT ON jobrun_alembic_version, jobrun_schema_compat TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_schedules, _substrat_job_retention TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_workers TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE
     ON _substrat_rate_buckets, _substrat_concurrency_slots TO {role};
 """

@@ -10,7 +10,9 @@ sleeps a known time (``--body-ms`` to twice that, by step) and writes to the
 referee's log, a file shared by every driver and opened with ``O_APPEND``:
 ``B <run> <step> <pid> <start_ns>`` when it starts and
 ``E <run> <step> <pid> <start_ns> <end_ns> <outcome>`` when it ends (``ok``,
-or ``cancelled`` when the pass was stopped inside it). Times are
+or ``cancelled`` when the pass was stopped inside it), and
+``A <run> <step> <pid> <start_ns> <ack_ns>`` when the step it ran was recorded
+(``p.step`` returned: the step is acknowledged, durable). Times are
 ``time.monotonic_ns()``, one clock for every process on Linux. A killed body
 leaves only its ``B`` line.
 
@@ -94,8 +96,11 @@ def make_registry(args: argparse.Namespace, log_fd: int) -> jobrun.JobRegistry:
     def write(line: str) -> None:
         os.write(log_fd, line.encode())  # one write: O_APPEND keeps lines whole
 
+    # The start of the body each step of each run ran here, until the step is recorded.
+    started: dict[tuple[str, str], int] = {}
+
     async def body(run_id: str, step: str, sleep_ms: int) -> str:
-        start_ns = time.monotonic_ns()
+        start_ns = started[run_id, step] = time.monotonic_ns()
         write(f"B {run_id} {step} {os.getpid()} {start_ns}\n")
         emit("body", run=run_id, step=step, ns=start_ns)
         outcome = "cancelled"
@@ -115,6 +120,9 @@ def make_registry(args: argparse.Namespace, log_fd: int) -> jobrun.JobRegistry:
             step = f"p{pass_no}.s{index}"
             sleep_ms = args.body_ms * (1 + (pass_no + index) % 2)
             await p.step(step, lambda step=step, sleep_ms=sleep_ms: body(p.run.id, step, sleep_ms))
+            start_ns = started.pop((p.run.id, step), None)
+            if start_ns is not None:  # not replayed from the ledger: run and recorded here
+                write(f"A {p.run.id} {step} {os.getpid()} {start_ns} {time.monotonic_ns()}\n")
         return jobrun.PassResult(cursor=pass_no, done=pass_no >= args.passes)
 
     return registry

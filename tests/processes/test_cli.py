@@ -143,11 +143,11 @@ def file_url(path: Path) -> str:
 def _db_upgrade_current_check(url: str) -> None:
     assert "no jobrun schema" in fails(1, "db", "check", "--url", url).stdout
     assert "upgraded from none" in ok("db", "upgrade", "--url", url).stdout
-    assert "already at head: 0006" in ok("db", "upgrade", "--url", url).stdout
+    assert "already at head: 0007" in ok("db", "upgrade", "--url", url).stdout
     current = ok("db", "current", "--url", url).stdout
-    assert "current: 0006" in current
-    assert "head:    0006" in current
-    assert "ok: at head 0006" in ok("db", "check", "--url", url).stdout
+    assert "current: 0007" in current
+    assert "head:    0007" in current
+    assert "ok: at head 0007" in ok("db", "check", "--url", url).stdout
 
 
 def test_db_upgrade_on_a_new_sqlite_file(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_db_current_and_check_report_a_schema_behind(database_url: str) -> None:
     run_in_thread(to_0001)
     assert "current: 0001  (behind" in ok("db", "current", "--url", database_url).stdout
     drift = fails(1, "db", "check", "--url", database_url).stdout
-    assert "drift: the database is at 0001, head is 0006" in drift
+    assert "drift: the database is at 0001, head is 0007" in drift
     # Every other command refuses, naming the fix.
     refused = fails(1, "runs", "--url", database_url)
     assert "revision 0001" in refused.stderr
@@ -281,6 +281,29 @@ def test_runs_table_and_json(database_url: str) -> None:
     assert "no runs match" in ok("runs", "--url", database_url, "--module", "nope").stdout
 
 
+def test_runs_lists_the_stranded_runs_as_the_console_does(database_url: str) -> None:
+    stranded_id = start(database_url, instance="stranded")
+    held_id = start(database_url, instance="held")
+    idle_id = start(database_url, instance="idle")
+    for run_id, expires_at in (
+        (stranded_id, "2000-01-01T00:00:00.000Z"),  # a lease long expired, untaken
+        (held_id, "2999-01-01T00:00:00.000Z"),  # a lease still good
+    ):
+        execute(
+            database_url,
+            update(runs_table)
+            .where(runs_table.c.id == run_id)
+            .values(lease_owner="token", lease_driver="gone:1", next_attempt_at=expires_at),
+        )
+    listed = json.loads(ok("runs", "--url", database_url, "-s", "stranded", "--json").stdout)
+    assert [record["id"] for record in listed] == [stranded_id]
+    assert idle_id not in ok("runs", "--url", database_url, "--status", "stranded").stdout
+    only = ["runs", "--url", database_url, "-s", "stranded", "-i", "stranded", "--json"]
+    assert [record["id"] for record in json.loads(ok(*only).stdout)] == [stranded_id]
+    other = ["runs", "--url", database_url, "-s", "stranded", "-i", "strand", "--json"]
+    assert json.loads(ok(*other).stdout) == []  # --instance is exact, as for other statuses
+
+
 def test_show_has_the_record_the_lease_and_the_ledger(database_url: str) -> None:
     run_id = start(database_url, job="flaky")
     finish(database_url, run_id)
@@ -353,6 +376,29 @@ def test_show_and_release_a_lease(database_url: str) -> None:
     assert "host-a:123" in released
     assert "held no lease" in ok("release", "--url", database_url, run_id).stdout
     assert "not leased" in ok("show", "--url", database_url, run_id).stdout
+
+
+def test_bracketed_text_is_printed_as_stored(database_url: str) -> None:
+    # A real driver's lease_driver ends in "[jobrun host=...]" and error texts quote
+    # code ("[red]"): both are data, never rich markup to be swallowed.
+    run_id = start(database_url)
+    driver = "vm:15368 [jobrun host=vm pid=15368]"
+    execute(
+        database_url,
+        update(runs_table)
+        .where(runs_table.c.id == run_id)
+        .values(
+            lease_owner="token",
+            lease_driver=driver,
+            next_attempt_at="2999-01-01T00:00:00.000Z",
+            last_error="KeyError: [red]items[/red]",
+        ),
+    )
+    shown = " ".join(ok("show", "--url", database_url, run_id).stdout.split())
+    assert f"held by {driver}, expires" in shown
+    assert "KeyError: [red]items[/red]" in shown
+    listed = ok("runs", "--url", database_url).stdout
+    assert "[red]items" in listed
 
 
 # --- acting -------------------------------------------------------------------------------
@@ -457,6 +503,8 @@ def test_watch_follows_a_run_to_done(database_url: str) -> None:
     changes = [line for line in output.splitlines() if " attempts=" in line]
     assert changes
     assert " done objects=30 total=30" in changes[-1]
+    # A total is the size of the work, not work done: it gets no rate.
+    assert "total/s" not in output
     # Then the final view, with its progress bar and counters table.
     assert "30 / 30 objects (100.0%)" in output
     assert "per second" in output

@@ -117,6 +117,19 @@ def test_the_worker_reads_the_url_from_the_environment(tmp_path: Path) -> None:
     )
 
 
+def test_a_relative_sqlite_path_says_from_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sqlite:///tmp/x.db (three slashes) is tmp/x.db under the current directory: the
+    # hint says so, and how to write the absolute path that was probably meant.
+    monkeypatch.chdir(tmp_path)
+    line = one_line_failure(invoke("runs", "--url", "sqlite:///tmp/x.db"), 1)
+    assert line.startswith(f"Error: no SQLite database at tmp/x.db, a path relative to {tmp_path}")
+    assert "sqlite:////tmp/x.db" in line
+    assert "`jobrun db upgrade --url sqlite:///tmp/x.db`" in line
+    assert not (tmp_path / "tmp").exists()  # reading created nothing
+
+
 # --- jobrun runs at 80 and 120 columns --------------------------------------------------------
 
 
@@ -172,8 +185,8 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
     counts = json.loads(invoke("health", "--url", database_url, "--json").stdout)
     assert counts["due"] == 3
     assert counts["due_by_job"] == [
-        {"module_id": "shop", "job": "forgotten", "due": 1},
-        {"module_id": "shop", "job": "walk", "due": 2},
+        {"module_id": "shop", "job": "forgotten", "due": 1, "live_workers": 0},
+        {"module_id": "shop", "job": "walk", "due": 2, "live_workers": 0},
     ]
     marked = invoke("health", "--url", database_url, "--app", "tests.processes.test_cli:registry")
     assert marked.exit_code == 0, marked.output
@@ -181,7 +194,8 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
         marked.output
     )
     [walk_line] = [line for line in marked.output.splitlines() if "due shop/walk" in line]
-    assert walk_line.split() == ["due", "shop/walk", "2"]
+    # Registered by --app, but no live worker runs it either (none is running).
+    assert " ".join(walk_line.split()) == "due shop/walk 2 (no live worker runs this job)"
     as_json = invoke(
         "health", "--url", database_url, "--app", "tests.processes.test_cli:registry", "--json"
     )

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from playwright.async_api import Page, async_playwright, expect
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
+from jobrun._core.formats import format_instant
+from jobrun._core.worker_registry import WorkerRow, beat_row, jobs_text
 from jobrun.ui import create_app
 from tests.support import IN_CI, REPO
 
@@ -117,7 +120,8 @@ async def test_list_filter_open_and_cancel(
     await page.fill('input[name="module"]', "billing")
     await page.click("text=Filter")
     await expect(page.locator("table.runs tbody tr")).to_have_count(1)
-    await page.click(f"text={target.id}")
+    # The list shows a short id; the link holds the whole one.
+    await page.click(f'a[title="{target.id}"]')
     await expect(page.locator("h1 .status")).to_have_text("running")
     await page.fill('input[name="reason"]', "wrong month")
     await page.click('button:has-text("Cancel")')
@@ -283,9 +287,18 @@ async def test_activity_and_workers(page: Page, served: str, store: Any, tmp_pat
     await expect(page.locator("svg.chart rect.bar-started")).not_to_have_count(0)
     await expect(page.locator(".legend")).to_contain_text("finished 9")
     await _screenshot(page, "activity", tmp_path)
+    # An idle worker's own row, and a due run of a job no live worker registers.
+    blank = WorkerRow(
+        "idle", "web-9:77", "web-9", 77, jobs_text([("shop", "quick"), ("shop", "long")]),
+        format_instant(datetime.now(UTC)), "", "",
+    )  # fmt: skip
+    await store.beat_worker(beat_row(blank, datetime.now(UTC), 60.0))
+    await jobrun.start_job_run(store, module_id="shop", job="quik", instance="typo")
     await page.goto(f"{served}/db/0/workers")
     await expect(page.locator("table.workers tbody tr")).to_have_count(1)
     await expect(page.locator("table.workers tbody tr")).to_contain_text("web-7")
+    await expect(page.locator("table.registered tbody tr")).to_contain_text("idle")
+    await expect(page.locator("ul.unserved")).to_contain_text("shop / quik")
     await _screenshot(page, "workers", tmp_path)
 
 
@@ -306,5 +319,105 @@ async def test_narrow_and_dark(chromium: Path, served: str, store: Any, tmp_path
             width = await narrow.evaluate("document.documentElement.scrollWidth")
             assert width <= 390
             await _screenshot(narrow, "runs-narrow-dark", tmp_path)
+        finally:
+            await browser.close()
+
+
+# -- the console at 1280 and 390 px (issue 33 item 9) ------------------------------------------
+
+_BOXES = """
+(selectors) => {
+  const inside = (element) => {
+    const box = element.getBoundingClientRect();
+    const empty = !element.textContent.trim() && !element.querySelector("progress");
+    // Text spilling out of its own cell (over the next row or column) is not in sight.
+    const spills = element.scrollWidth > element.clientWidth + 1
+      || element.scrollHeight > element.clientHeight + 1;
+    return {
+      left: box.left, right: box.right, width: box.width, height: box.height, empty, spills,
+    };
+  };
+  const rows = [...document.querySelectorAll("table.runs tbody tr")].map((row) => ({
+    height: row.getBoundingClientRect().height,
+    cells: Object.fromEntries(
+      selectors.map((s) => [s, row.querySelector(s) && inside(row.querySelector(s))])),
+  }));
+  const boxes = [...document.querySelectorAll(".table-box")].map(
+    (box) => [box.scrollWidth, box.clientWidth]);
+  const error = document.querySelector("pre.error-text");
+  return {
+    rows, boxes, error: error && inside(error),
+    page: document.documentElement.scrollWidth, viewport: window.innerWidth,
+  };
+}
+"""
+# What must stay in sight on the runs list at every width: status, key, progress, next, error.
+_KEPT = ["td.status-cell", "td.run-key", "td.progress-cell", "td.next", "td.error-text"]
+_LONG_ERROR = (
+    "ValueError: the upstream answered 502 for https://api.example.com/v2/orders/"
+    "4411/lines?expand=customer,shipments,invoices&page=17 after 3 tries; giving up on it"
+)
+
+
+async def _layout_history(store: Any) -> tuple[str, str]:
+    """Failed runs with long errors, a running run with progress (due: no worker
+    registers its job, so flagged), one backing off; one failed run's id and error."""
+    failed = await _failing_history(store)
+    await _set(store, failed[0], last_error=_LONG_ERROR)
+    live = await jobrun.start_job_run(store, module_id="shop", job="reindex", instance="all")
+    await _set(store, live.id, counters='{"total": 1000, "done": 250}')
+    later = await jobrun.start_job_run(store, module_id="shop", job="sync", instance="retry")
+    await _set(
+        store,
+        later.id,
+        attempts=2,
+        last_error="OSError: connection reset by peer",
+        next_attempt_at=format_instant(datetime.now(UTC) + timedelta(minutes=40)),
+    )
+    return failed[0], _LONG_ERROR
+
+
+def _check_boxes(found: dict[str, Any], width: int) -> None:
+    assert found["page"] <= width, ("the page scrolls sideways", found["page"], width)
+    for scroll_width, client_width in found["boxes"]:
+        assert scroll_width <= client_width, ("a table overflows its box", scroll_width)
+    assert len(found["rows"]) == 6
+    # Each of them has something to show on some row: progress, next and an error.
+    for selector in _KEPT:
+        assert any(not row["cells"][selector]["empty"] for row in found["rows"]), selector
+    for row in found["rows"]:
+        for selector in _KEPT:
+            box = row["cells"][selector]
+            assert box is not None, selector
+            assert box["width"] > 0 or box["empty"], (selector, "hidden", width)
+            assert not box["spills"], (selector, "spills out of its cell", width)
+            assert box["left"] >= 0, (selector, box, width)
+            assert box["right"] <= width, (selector, box, width)
+        # No row turns into a tall blank band (a cut error wrapping word by word).
+        assert row["height"] < 160, (row, width)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+async def test_runs_and_run_pages_keep_what_matters_in_sight(
+    chromium: Path, served: str, store: Any, tmp_path: Path, width: int
+) -> None:
+    failed_id, error = await _layout_history(store)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(chromium), headless=True)
+        try:
+            context = await browser.new_context(viewport={"width": width, "height": 900})
+            shown = await context.new_page()
+            await shown.goto(f"{served}/db/0/runs")
+            await expect(shown.locator("table.runs tbody tr")).to_have_count(6)
+            await expect(shown.locator(".unserved")).not_to_have_count(0)
+            _check_boxes(await shown.evaluate(_BOXES, _KEPT), width)
+            await _screenshot(shown, "runs" if width == 1280 else "runs-narrow", tmp_path)
+            await shown.goto(f"{served}/db/0/runs/{failed_id}")
+            await expect(shown.locator("pre.error-text")).to_have_text(error)
+            found = await shown.evaluate(_BOXES, _KEPT)
+            assert found["page"] <= width
+            box = found["error"]
+            assert box["left"] >= 0, (box, width)
+            assert box["right"] <= width, (box, width)
         finally:
             await browser.close()

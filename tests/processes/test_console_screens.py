@@ -76,12 +76,12 @@ async def test_the_runs_list_shows_progress_duration_priority_and_what_each_wait
     )
     page = (await client_for(store).get("/db/0/runs")).text
     assert re.search(r'<progress max="200" value="50"[^>]*></progress> 25%', page)
-    assert '<td class="num">7</td>' in page
+    assert '<td class="num opt">7</td>' in page
     assert re.search(r"next attempt in (39|40)s", page)
     # A lease's expiry is shown as the lease, never as a next attempt.
     assert re.search(r"leased, 2\ds left", page)
     assert page.count("next attempt in") == 1
-    assert re.search(r'<td class="num">30m0\ds</td>', page)
+    assert re.search(r'<td class="num opt">30m0\ds</td>', page)
 
 
 async def test_a_cancelled_run_shows_cancelled_and_the_filter_picks_it(

@@ -105,6 +105,7 @@ def test_demo_walks_every_object_once(tmp_path: Path) -> None:
     assert started, done.stdout
     assert f"run {started[1]}: done" in done.stdout
     assert "bytes match the source: OK" in done.stdout
+    assert "slow it down: --latency-ms 200" in done.stdout  # not given: suggested
     # 30 pages, 4 a pass: 8 passes, each committed once.
     assert committed_passes(done.stdout) == 8
     run = the_run(db)
@@ -119,6 +120,18 @@ def test_demo_walks_every_object_once(tmp_path: Path) -> None:
     )
     assert watched.returncode == 0, watched.stdout + watched.stderr
     assert f"run {run.id} is done" in watched.stdout
+
+
+def test_demo_progress_lines_fall_on_their_marks(tmp_path: Path) -> None:
+    # A pass walks 2,000 objects (4 pages of 500) and fails often here: the progress
+    # line comes at the pass that reaches each 10,000, never a pass or more later.
+    db = tmp_path / "demo.db"
+    options = ("--objects", "30000", "--failure-rate", "0.2", "--latency-ms", "0")
+    done = finish(db, demo(db, *options), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    walked = re.findall(r"^\s*([\d,]+) objects walked", done.stdout, re.MULTILINE)
+    assert walked == ["10,000", "20,000", "30,000"], done.stdout
+    assert "--latency-ms 200" not in done.stdout  # given: not suggested again
 
 
 def test_killed_demo_resumes_the_same_run(tmp_path: Path) -> None:

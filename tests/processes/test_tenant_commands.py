@@ -28,7 +28,7 @@ from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.tenancy import in_schema
 from jobrun.ui import create_app
-from tests.support import iso, run_in_thread, set_columns
+from tests.support import REPO, iso, run_in_thread, set_columns
 
 TENANTS = ("tenant_a", "tenant_b")
 
@@ -269,3 +269,44 @@ def test_a_schema_name_jobrun_cannot_use_is_refused_in_one_line(tenants_url: str
     assert code == 2
     assert output.startswith("Error: schema 'Tenant-A' is not usable"), output
     assert len(output.splitlines()) == 1
+
+
+README_URL = "postgresql://postgres@127.0.0.1/app"
+
+
+def _readme_tenant_session() -> list[tuple[str, list[str]]]:
+    """The README's tenant example: each ``$ jobrun ...`` line with the lines it shows."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split(f"$ jobrun db upgrade --url {README_URL} --schema tenant_a", 1)[1]
+    block = f"$ jobrun db upgrade --url {README_URL} --schema tenant_a" + block.split("```", 1)[0]
+    session: list[tuple[str, list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            session.append((line[2:], []))
+        elif line.strip():
+            session[-1][1].append(line)
+    return session
+
+
+def _same_but_ids(line: str) -> str:
+    """A line with its run ids and revision numbers made generic (they differ per run)."""
+    return re.sub(r"\b0\d{3}\b", "REV", re.sub(r"\b[0-9A-Z]{26}\b", "RUN_ID", line))
+
+
+@pytest.mark.postgres
+def test_the_readme_tenant_example_prints_what_it_shows(empty_postgres_url: str) -> None:
+    url = empty_postgres_url.replace("+asyncpg", "")
+    env: dict[str, str] = {}
+    session = _readme_tenant_session()
+    assert len(session) >= 8, session  # the example is still there, whole
+    for command, shown in session:
+        words = command.replace(README_URL, url).split()
+        if words[0] == "export":
+            name, _, value = words[1].partition("=")
+            env[name] = value
+            continue
+        assert words[0] == "jobrun", command
+        _code, output = jobrun_cli(*words[1:], env=env)
+        printed = [_same_but_ids(line) for line in output.splitlines()]
+        for line in shown:
+            assert _same_but_ids(line) in printed, (command, output)

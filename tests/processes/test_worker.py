@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun.wakeups
 import jobrun.worker
+from jobrun._core.worker_registry import DEFAULT_HEARTBEAT_S
 from jobrun.sql.schema import job_runs
 from jobrun.testing import FakeClock
 from tests.processes import worker_app
@@ -270,7 +271,10 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     # Besides the claims: the read of held leases that finds runs stranded by a
     # dead driver (see jobrun._core.orphans), at most once a second.
     scans = [sql for operation, sql, _ in idle if operation == "held_leases"]
-    assert len(claims) + len(scans) == len(idle), idle
+    # And the worker's own row, written again every heartbeat (jobrun._worker_registration).
+    beats = [sql for operation, sql, _ in idle if operation == "beat_worker"]
+    assert len(claims) + len(scans) + len(beats) == len(idle), idle
+    assert len(beats) <= 2 * (elapsed_s / DEFAULT_HEARTBEAT_S + 1), (len(beats), elapsed_s)
     # One poller at one claim per interval at most (a late poll only makes fewer), never
     # four: upper bounds from the time that actually passed, so load cannot fail them.
     assert len(claims) <= elapsed_s / interval + 2, (len(claims), elapsed_s)

@@ -103,3 +103,23 @@ def test_resume_is_the_slowest_affected_runs_first_body_after_the_fault(tmp_path
     assert plain(log, resume_from_ns=ms(1_000)).resume_s == 2.0
     only_r1 = plain(log, resume_from_ns=ms(1_000), affected_runs={"r1"})
     assert only_r1.resume_s == 0.5
+
+
+def test_an_acknowledged_step_run_again_is_counted_apart_from_an_unacknowledged_one(
+    tmp_path: Path,
+) -> None:
+    log = write_log(
+        tmp_path / "bodies.log",
+        ("r1", "p1.s1", 1, 0, 100, "ok"),  # recorded at 110 (below), run again at 500
+        ("r1", "p1.s2", 1, 120, 200, "ok"),  # finished, never recorded: run again at 600
+        ("r1", "p1.s1", 2, 500, 600, "ok"),
+        ("r1", "p1.s2", 2, 600, 700, "ok"),
+        ("r2", "p1.s1", 3, 0, 100, "ok"),  # recorded, never run again
+    )
+    with log.open("a") as lines:
+        lines.write(f"A r1 p1.s1 1 {ms(0)} {ms(110)}\n")
+        lines.write(f"A r2 p1.s1 3 {ms(0)} {ms(105)}\n")
+    verdict = plain(log)
+    assert verdict.bodies == 5  # an A line is no body of its own
+    assert verdict.repeated == 2
+    assert verdict.acknowledged_repeats == 1

@@ -25,7 +25,14 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     (
         "the due instant",
         r"next_attempt_at\s+or\b|\bor\s+\w+\.started_at|coalesce\([^)]*next_attempt_at",
-        {PREDICATES: {"due_at"}, "sql/schema.py": {"due_at_of"}},
+        # waiting_since reads next_attempt_at first too, then its own fallback.
+        {PREDICATES: {"due_at", "waiting_since"}, "sql/schema.py": {"due_at_of"}}
+        | {STATEMENTS: {"waiting_since"}},
+    ),
+    (
+        "waiting since: a due run's wait counted from its last write",
+        r"next_attempt_at\s+or\s+\w+\.updated_at|coalesce\([^)]*updated_at",
+        {PREDICATES: {"waiting_since"}, STATEMENTS: {"waiting_since"}},
     ),
     (
         "due, leased, stranded: a lease's expiry or the due instant compared",
@@ -78,6 +85,11 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
         "the presence field of lease_driver",
         r"presence=\(|presence=\[",
         {"_core/holders.py": None},
+    ),
+    (
+        "a worker is live: its row's expiry is still ahead",
+        r"\.expires_at\s*[<>]",
+        {"_core/worker_registry.py": {"worker_is_live"}, STATEMENTS: {"worker_is_live"}},
     ),
 ]
 # The console and the command line read public JobRun records, not stored rows.

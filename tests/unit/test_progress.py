@@ -31,6 +31,19 @@ def test_a_rate_counts_a_new_counter_from_zero() -> None:
     assert Poll(before, at=10.0).follow(after, at=9.0).rates == {}  # time ran back: no rate
 
 
+def test_the_total_has_no_work_rate() -> None:
+    before = jobrun.JobRun(
+        id="r", module_id="m", job="j", instance="i", status="running", payload=None,
+        cursor=None, counters={"done": 4, "total": 100}, attempts=0, last_error=None,
+        started_at=FakeClock().now(), updated_at=FakeClock().now(), next_attempt_at=None,
+        ended_at=None,
+    )  # fmt: skip
+    after = replace(before, counters={"done": 10, "total": 120})
+    poll = Poll(before, at=10.0).follow(after, at=12.0)
+    assert poll.rates == {"done": 3.0, "total": 10.0}
+    assert poll.work_rates() == {"done": 3.0}
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [

@@ -55,6 +55,7 @@ EXPECTED_CODES = {
     "JobConflictError": "conflict",
     "StepReusedError": "conflict",
     "StepFailedError": "step_failed",
+    "StepTimeoutError": "step_timeout",
     "PassTimeoutError": "pass_timeout",
     "SchemaOutdatedError": "schema_outdated",
     "CodeOutdatedError": "code_outdated",
@@ -207,9 +208,11 @@ def test_codes_are_distinct_apart_from_the_conflict_subtype() -> None:
         for error in error_classes().values()
         if error.__bases__[0] is jobrun.JobRunError
     ]
-    subtypes = {"handler_mistake"}
+    subtypes = {"handler_mistake", "step_timeout"}
     assert sorted(direct) == sorted(set(EXPECTED_CODES.values()) - subtypes)
     assert issubclass(jobrun.StepReusedError, jobrun.JobConflictError)
+    # A step that timed out is a failed attempt, with a code of its own.
+    assert jobrun.StepTimeoutError.__bases__ == (jobrun.StepFailedError,)
     # A handler mistake is refused input too, with a code of its own.
     assert jobrun.HandlerMistakeError.__bases__ == (jobrun.JobValidationError,)
 

@@ -1,0 +1,100 @@
+"""The worker's row in each database it serves: who it is, which jobs it runs, that it lives.
+
+A task per served database (started with the database's other tasks, so a
+worker serving in turns registers only while it serves): one write at once, one
+every ``heartbeat_s`` after (every ``SWEEP_EVERY_BEATS``-th also deletes the rows
+of workers gone), and the row deleted when the worker stops serving the
+database. A failed write is logged and tried again at the next heartbeat: the
+worker's real work never waits on its row. See
+:mod:`jobrun._core.worker_registry` for what readers make of the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from jobrun._core.clock import Clock
+from jobrun._core.formats import format_instant
+from jobrun._core.registry import JobRegistry
+from jobrun._core.worker_registry import (
+    DEFAULT_HEARTBEAT_S,
+    WorkerRow,
+    beat_row,
+    jobs_text,
+    sweep_due,
+)
+from jobrun._system import current_pid, host_name
+from jobrun._worker_database import ServedDatabase
+from jobrun.errors import describe_exception
+
+log = logging.getLogger("jobrun.worker")
+
+FORGET_TIMEOUT_S = 5.0
+"""How long a stopping worker waits for its row's deletion (else the row expires)."""
+
+__all__ = ["DEFAULT_HEARTBEAT_S", "Registration"]
+
+Opening = Callable[[ServedDatabase], AbstractAsyncContextManager[None]]
+
+
+class Registration:
+    """One worker process's registration: the same id in every database it serves."""
+
+    def __init__(self, registry: JobRegistry, name: str, clock: Clock, heartbeat_s: float) -> None:
+        self.clock = clock
+        self.heartbeat_s = heartbeat_s
+        jobs = jobs_text((job.module_id, job.name) for job in registry)
+        started_at = format_instant(clock.now())
+        self.row = WorkerRow(
+            uuid.uuid4().hex, name, host_name(), current_pid(), jobs, started_at, "", ""
+        )
+
+    async def keep(self, database: ServedDatabase, opening: Opening) -> None:
+        """Register in ``database`` until it stops being served, then deregister."""
+        beats = 0
+        failing = False
+        try:
+            while not database.stop.is_set():
+                failing = await self._beat(database, opening, beats, failing)
+                beats += 1
+                with contextlib.suppress(TimeoutError):
+                    async with self.clock.timeout(self.heartbeat_s):
+                        await database.stop.wait()
+        finally:
+            await self._forget(database, opening)
+
+    async def _beat(
+        self, database: ServedDatabase, opening: Opening, beats: int, failing: bool
+    ) -> bool:
+        """One heartbeat; whether it failed (a streak of failures is warned of once)."""
+        now = self.clock.now()
+        row = beat_row(self.row, now, self.heartbeat_s)
+        try:
+            async with opening(database):
+                await database.store.beat_worker(
+                    row, format_instant(now) if sweep_due(beats) else None
+                )
+        except Exception as error:
+            log.log(
+                logging.DEBUG if failing else logging.WARNING,
+                "registering this worker in %s failed: %s; trying again in %.1f s",
+                database.label,
+                describe_exception(error),
+                self.heartbeat_s,
+                extra={"database": database.label},
+            )
+            return True
+        return False
+
+    async def _forget(self, database: ServedDatabase, opening: Opening) -> None:
+        try:
+            async with asyncio.timeout(FORGET_TIMEOUT_S), opening(database):
+                await database.store.forget_worker(self.row.id)
+        except Exception as error:
+            # Left behind, the row expires by itself at its expiry.
+            log.debug("deregistering from %s failed: %s", database.label, error)
