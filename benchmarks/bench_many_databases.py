@@ -26,6 +26,9 @@ a database picked at random (SQLite and Postgres in turn): the pickup latency
 written by the job itself, ``many_app.py``), median, p99 and max per dialect.
 The load average is recorded before and after. "first drive" is also given from
 the worker's "worker started" log line (its imports and set-up behind it).
+``--held-by-peer N`` leases a run in the first N databases of each kind to a live
+process standing for another worker, for the idle window: the worker then looks
+at each for its holder's death twice a second, and the idle CPU measures that.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 import jobrun
+from jobrun._core.formats import add_milliseconds, format_instant
+from jobrun._core.records import ClaimRequest
+from jobrun._system import local_identity
 
 DATABASE_PREFIX = "jobrun_many_"
 
@@ -122,6 +130,39 @@ async def start_pickup(url: str, log: Path, label: str) -> None:
         )
     finally:
         await engine.dispose()
+
+
+def peer_process() -> tuple[subprocess.Popen[bytes], str]:
+    """A live process standing for a peer worker, and a ``lease_driver`` naming it."""
+    peer = subprocess.Popen(["sleep", "3600"])
+    stat = Path(f"/proc/{peer.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    here = local_identity()
+    driver = replace(here, host="peer", pid=peer.pid, start_ticks=int(stat[19])).describe("peer")
+    return peer, driver
+
+
+async def hold_by_peer(urls: list[str], count: int, log: Path) -> subprocess.Popen[bytes] | None:
+    """With ``--held-by-peer N``: in the first N databases of each kind, a run leased
+    for ten minutes by a live process of ours standing for a peer worker (``sleep``),
+    so that the worker looks at each of them for its holder's death twice a second
+    (jobrun._worker_deaths): the idle CPU then measures those looks."""
+    if count <= 0:
+        return None
+    peer, driver = peer_process()
+    chosen = [url for url in urls if url.startswith("sqlite")][:count]
+    chosen += [url for url in urls if url.startswith("postgresql")][:count]
+    for number, url in enumerate(chosen):
+        label = f"held-{number}"
+        await start_pickup(url, log, label)
+        engine = create_async_engine(url, poolclass=NullPool)
+        try:
+            now_at = format_instant(datetime.now(UTC))
+            expiry = add_milliseconds(now_at, 600_000)
+            request = ClaimRequest(now_at, f"PEER{number}", driver, {("bench", "pickup"): expiry})
+            assert await jobrun.SqlJobRunStore(engine).claim(request) is not None
+        finally:
+            await engine.dispose()
+    return peer
 
 
 def picked(log: Path) -> dict[str, float]:
@@ -246,6 +287,8 @@ async def scenario(args: Any) -> None:
         urls_file = directory / "urls.txt"
         urls_file.write_text("# the benchmark's scope databases\n" + "\n".join(urls) + "\n")
         pickups = directory / "pickups.log"
+        # Before any other run: the peer's claims take the only run of each database.
+        peer = await hold_by_peer(urls, args.held_by_peer, directory / "held.log")
         # A run waits in the last database of each kind listed: "first drive" is when
         # the later of them starts its pass (every database has been looked at).
         firsts = {}
@@ -262,6 +305,9 @@ async def scenario(args: Any) -> None:
                 args, worker, urls, pickups, (spawned_at, set(firsts)), starts, idle_s
             )
         finally:
+            if peer is not None:
+                peer.kill()
+                peer.wait()
             worker.send_signal(signal.SIGTERM)
             try:
                 worker.wait(30)
@@ -273,6 +319,7 @@ async def scenario(args: Any) -> None:
         shutil.rmtree(directory, ignore_errors=True)
         await drop_databases(args.postgres_url, names)
     results["sizes"] = {"sqlite": sqlite_count, "postgres": postgres_count, "starts": starts}
+    results["held_by_peer"] = args.held_by_peer
     results["load_before"] = [round(value, 2) for value in load_before]
     results["load_after"] = [round(value, 2) for value in os.getloadavg()]
     report(results)
@@ -362,6 +409,7 @@ if __name__ == "__main__":
         seed=7,
         worker_args="",
         spawn_timeout_s=120.0,
+        held_by_peer=0,
     )
     if arguments.postgres_url == DEFAULT_POSTGRES:
         arguments.postgres_url = DEFAULT_POSTGRES.rsplit("/", 1)[0] + "/postgres"

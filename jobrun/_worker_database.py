@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core.clock import Clock
 from jobrun._core.observe import PassStart, PassWatch
+from jobrun._core.records import HeldLease
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 from jobrun.wakeups import sqlite_path
@@ -44,6 +45,11 @@ class ServedDatabase:
         # idle database is probed for its next due instant instead of polled.
         self.watched = False
         self.listening = False
+        # SQLite: writes seen by inotify (or all, after lost events), and the held
+        # leases last read with the count before that read: while no write comes, a
+        # look for dead holders re-judges them (pid checks) without reading the file.
+        self.writes_seen = 0
+        self.leases_read: tuple[int, list[HeldLease]] | None = None
         # Postgres: until its first LISTEN stands (or fails), the drivers wait for it
         # rather than claim: a start-up costs one session per database, not two.
         self.awaiting_listen = False

@@ -140,6 +140,7 @@ class DatabaseTurns:
     def _written(self, path: Path) -> None:
         database = self._by_path.get(path)
         if database is not None:
+            database.writes_seen += 1
             self.wakeups["write"] += 1
             log.debug("woken by a write to %s", database.label, extra={"database": database.label})
             database.wake_all()
@@ -147,6 +148,7 @@ class DatabaseTurns:
     def _wake_every_file(self) -> None:
         self.wakeups["sweep"] += 1
         for database in list(self._by_path.values()):
+            database.writes_seen += 1  # any of them may have been written
             database.wake_all()
 
 

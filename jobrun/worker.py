@@ -60,6 +60,7 @@ from jobrun._core.wallsteps import lease_instants
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
+from jobrun._worker_deaths import dead_holder_seen, jobs_of
 from jobrun._worker_listen import Listening
 from jobrun._worker_registration import DEFAULT_HEARTBEAT_S, Registration
 from jobrun._worker_start import first_read, keep_on_given
@@ -308,37 +309,80 @@ class _Worker(DatabaseTurns, Listening):
         return report
 
     async def _due_now(self, database: _Database) -> bool:
-        """A woken database: whether a run is due now; if none is, wait (until the
-        next due instant, a wake-up or the sweep) and say no."""
+        """A woken database: whether to drive it now (a run is due, or the holder of
+        one is proven dead); if not, wait (until the next due instant, the next look
+        for a dead holder, a wake-up or the sweep) and say no."""
         try:
-            if database.path is not None:
-                due_at = sqlite_next_due_at(database.path)
-            else:
-                due_at = await postgres_next_due_at(database.store)
+            due_in_s = await self._due_in_s(database)
         except Exception as error:
             # Drive it: the drive says what is wrong, in the usual way.
             log.debug("reading when %s is next due failed: %s", database.label, error)
             return True
+        if due_in_s is not None and due_in_s <= 0:
+            return True
+        now_s = self.clock.monotonic()
+        # The sweep's instant stands across the looks' waits: a missed wake-up is
+        # still found within SWEEP_S, however long the lease being looked at.
+        due_at_s, sweep_at_s = None if due_in_s is None else now_s + due_in_s, now_s + SWEEP_S
+        while True:
+            looked_at = database.writes_seen
+            wait = await self._look_for_the_dead(database, due_at_s, sweep_at_s)
+            if wait is None:
+                return True
+            timeout_s, looking = wait
+            database.delay_s = FIRST_IDLE_DELAY_S
+            if database.polling:
+                await database.idle(None)
+                return False
+            database.polling = True
+            try:
+                woken = await database.idle(timeout_s)
+            finally:
+                database.polling = False
+            # SQLite woken by the look's own timer, nothing written since: the due
+            # instant stands, and the look re-judges the leases it read (pid checks).
+            if woken or not looking or database.path is None:
+                break
+            if database.writes_seen != looked_at:
+                break
+        if not woken:
+            self.wakeups["timer"] += 1
+        return False
+
+    async def _look_for_the_dead(
+        self, database: _Database, due_at_s: float | None, sweep_at_s: float
+    ) -> tuple[float, bool] | None:
+        """``None``: a holder of a live run is proven dead, drive now; else how long
+        to wait (until the due instant ``due_at_s``, the sweep at ``sweep_at_s``, both
+        monotonic, or the next look) and whether that is the next look's wait. See
+        jobrun._worker_deaths."""
+        jobs, owed = jobs_of(self.registry), False
+        if due_at_s is not None:
+            # Live runs, none due: one may be leased by a holder that died (a leased
+            # run is due only at its expiry).
+            host, listens = SYSTEM_SOURCES.host, _listens(database.engine)
+            dead, owed = await dead_holder_seen(database, jobs, self.clock, host, listens=listens)
+            if dead:
+                return None
+        now_s = self.clock.monotonic()
+        timeout_s = (sweep_at_s if due_at_s is None else min(due_at_s, sweep_at_s)) - now_s
+        look_s = orphans.look_again_in_s(database.store, jobs, now_s, owed=owed)
+        if look_s is not None and look_s < timeout_s:
+            return look_s, True
+        return max(0.0, timeout_s), False
+
+    async def _due_in_s(self, database: _Database) -> float | None:
+        """Seconds until the database's next run comes due (``None``: no live run)."""
+        if database.path is not None:
+            due_at = sqlite_next_due_at(database.path)
+        else:
+            due_at = await postgres_next_due_at(database.store)
+        if due_at is None:
+            return None
         # Judged as the claim judges it: after a wall-clock step a live lease must not
         # look due here while the claim (rightly) passes it over, in a loop.
         now, _ = lease_instants(self.clock)
-        due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
-        if due_in_s is not None and due_in_s <= 0:
-            return True
-        database.delay_s = FIRST_IDLE_DELAY_S
-        if database.polling:
-            await database.idle(None)
-            return False
-        database.polling = True
-        try:
-            timeout_s = SWEEP_S if due_in_s is None else min(due_in_s, SWEEP_S)
-            if orphans.leases_held(database.store):
-                timeout_s = min(timeout_s, orphans.SCAN_INTERVAL_S)
-            if not await database.idle(timeout_s):
-                self.wakeups["timer"] += 1
-        finally:
-            database.polling = False
-        return False
+        return (parse_instant(due_at) - now).total_seconds()
 
     async def _wait_for_work(self, database: _Database) -> None:
         if database.polling:
@@ -349,10 +393,14 @@ class _Worker(DatabaseTurns, Listening):
         try:
             delay = database.delay_s
             database.delay_s = min(self.interval_s, delay * 2)
-            if orphans.leases_held(database.store):
-                # Another holder may die: look often enough to take over in time.
-                delay = min(delay, orphans.SCAN_INTERVAL_S)
-            await database.idle(delay)
+            # Another process's holder may die: the next drive's claim scans again
+            # (once its last scan is SCAN_INTERVAL_S old) and takes over in time.
+            now_s = self.clock.monotonic()
+            jobs = jobs_of(self.registry)
+            look_s = orphans.look_again_in_s(
+                database.store, jobs, now_s, every_s=orphans.SCAN_INTERVAL_S
+            )
+            await database.idle(delay if look_s is None else min(delay, look_s))
         finally:
             database.polling = False
 

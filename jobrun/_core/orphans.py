@@ -20,7 +20,12 @@ Finding them costs one read (``held_leases``: the running runs whose lease has
 not expired, a range of the due index) plus, per holder on this host, a look at
 ``/proc`` (through the :class:`~jobrun._core.holders.Host` the caller hands in).
 A driver process does it at its first claim on a store, then at most once per
-``SCAN_INTERVAL_S`` whatever the number of drivers in the process.
+``SCAN_INTERVAL_S`` whatever the number of drivers in the process. A worker with
+nothing due reads the same leases itself, without claiming (``look_due``,
+``judge_leases``), every ``IDLE_LOOK_S`` while another process holds a lease of
+its jobs there (``look_again_in_s``), and drives only when a holder is proven
+dead: a leased run is due only at its expiry, so waiting for it to come due would
+wait out the dead holder's lease.
 
 What the scans have seen is kept by the store object (``orphan_scans``), the
 one thing every drive of a database in this process shares, the way it keeps
@@ -36,13 +41,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from jobrun._core.holders import Host, Liveness, parse_holder
+from jobrun._core.holders import HolderIdentity, Host, Liveness, parse_holder
 from jobrun._core.records import HeldLease
 
 if TYPE_CHECKING:
     from jobrun._core.port import JobRunStore
 
 SCAN_INTERVAL_S = 1.0
+# An idle worker's looks, while another process holds a lease: half the scan
+# interval, so a death proven by pid is acted on within a second even when the
+# look, the claim and the pass's start run late on a loaded machine.
+IDLE_LOOK_S = 0.5
 # A live holder runs a round trip on its presence session this often...
 PRESENCE_CHECK_INTERVAL_S = 0.5
 # ...and gives up on one that has not answered in this long:
@@ -63,7 +72,8 @@ class _Scan:
     dead: dict[str, str] = field(default_factory=dict)
     # When this process first saw each token's presence free (the drive clock's monotonic s).
     free_since: dict[str, float] = field(default_factory=dict)
-    # Whether the last scan saw any unexpired lease at all (a holder that may die).
+    # Whether the last scan saw an unexpired lease of another process (a holder that
+    # may die; this process's own leases end with it, and prove nothing here).
     held: bool = False
 
 
@@ -123,11 +133,9 @@ async def dead_holders(
     return [lease for lease in leases if holder_is_dead(lease, host=host)]
 
 
-async def _scan(
-    store: JobRunStore, now_at: str, jobs: Jobs, host: Host, scan: _Scan, now_s: float
-) -> list[HeldLease]:
-    """:func:`dead_holders`, remembering in ``scan`` since when each presence is seen free."""
-    leases = await store.held_leases(now_at, jobs)
+def _judge(leases: list[HeldLease], host: Host, scan: _Scan, now_s: float) -> list[HeldLease]:
+    """The leases of provably dead holders among ``leases`` (read at ``now_s``),
+    remembering in ``scan`` since when each presence is seen free."""
     free_since = {
         lease.lease_owner: _seen_free_since(scan.free_since.get(lease.lease_owner), now_s)
         for lease in leases
@@ -135,12 +143,25 @@ async def _scan(
     }
     # Tokens no longer held are forgotten: a token is never leased again.
     scan.free_since = free_since
-    scan.held = bool(leases)
+    here = host.identity()
+    scan.held = any(not _held_by(here, lease) for lease in leases)
     return [
         lease
         for lease in leases
         if holder_is_dead(lease, _elapsed(free_since.get(lease.lease_owner), now_s), host=host)
     ]
+
+
+def _held_by(here: HolderIdentity, lease: HeldLease) -> bool:
+    """Whether ``lease`` is held by the process ``here`` (its pid and start time, in
+    its own process table); ``False`` when that cannot be told."""
+    holder = parse_holder(lease.lease_driver)
+    return (
+        holder is not None
+        and here.knows_its_process()
+        and here.same_process_table(holder)
+        and (holder.pid, holder.start_ticks) == (here.pid, here.start_ticks)
+    )
 
 
 def _elapsed(since_s: float | None, now_s: float) -> float | None:
@@ -161,12 +182,67 @@ async def dead_owners(
     ``now_s``: the drive clock's monotonic seconds."""
     scan = store.orphan_scans.of(jobs)
     last = scan.scanned_at
-    # A scan "from the future" was timed on another clock: it is old too.
-    if last is None or not 0 <= now_s - last < SCAN_INTERVAL_S:
+    if _stale(last, now_s, SCAN_INTERVAL_S):
         scan.scanned_at = now_s
-        found = await _scan(store, now_at, jobs, host, scan, now_s)
-        scan.dead = {lease.lease_owner: lease.run_id for lease in found}
+        leases = await store.held_leases(now_at, jobs)
+        _remember(scan, leases, host, now_s)
     return frozenset(scan.dead)
+
+
+def _stale(scanned_at: float | None, now_s: float, every_s: float) -> bool:
+    # A scan "from the future" was timed on another clock: it is old too.
+    return scanned_at is None or not 0 <= now_s - scanned_at < every_s
+
+
+def _remember(scan: _Scan, leases: list[HeldLease], host: Host, now_s: float) -> None:
+    found = _judge(leases, host, scan, now_s)
+    scan.dead = {lease.lease_owner: lease.run_id for lease in found}
+
+
+def look_due(store: JobRunStore, jobs: Jobs, now_s: float) -> bool:
+    """Whether an idle worker should read ``jobs``' held leases on ``store`` again now
+    (never read, or last read ``IDLE_LOOK_S`` ago or more, by a look or a claim).
+    Marks the look as taken: a second driver asking meanwhile is told no."""
+    scan = store.orphan_scans.of(jobs)
+    if not _stale(scan.scanned_at, now_s, IDLE_LOOK_S):
+        return False
+    scan.scanned_at = now_s
+    return True
+
+
+def judge_leases(
+    store: JobRunStore, jobs: Jobs, leases: list[HeldLease], *, now_s: float, host: Host
+) -> frozenset[str]:
+    """An idle worker's look: ``leases`` (``held_leases`` of ``jobs``, read at the
+    drive clock's ``now_s``) judged and remembered as a scan, which the next claim
+    within ``SCAN_INTERVAL_S`` acts on. The tokens of the holders proven dead."""
+    scan = store.orphan_scans.of(jobs)
+    scan.scanned_at = now_s
+    _remember(scan, leases, host, now_s)
+    return frozenset(scan.dead)
+
+
+def look_again_in_s(
+    store: JobRunStore,
+    jobs: Jobs,
+    now_s: float,
+    every_s: float = IDLE_LOOK_S,
+    *,
+    owed: bool = False,
+) -> float | None:
+    """How long an idle driver of ``jobs`` may wait before it looks at ``store``'s
+    held leases again: until the last scan is ``every_s`` old (0: now) while that
+    scan saw a lease of another process, or while a look is ``owed`` (the driver
+    found live runs, none due, and its look was refused as too soon: the last scan
+    may predate a lease taken since, as when a peer wins the claim a NOTIFY woke
+    both to); ``None`` otherwise (nothing that can die; a new lease comes with a
+    write, a NOTIFY or a due instant that wakes the driver anyway)."""
+    scan = store.orphan_scans.get(jobs)
+    if scan is None or scan.scanned_at is None:
+        return None
+    if not (owed or scan.held or scan.dead):
+        return None
+    return max(0.0, min(every_s, scan.scanned_at + every_s - now_s))
 
 
 def suspects(store: JobRunStore) -> bool:
@@ -174,11 +250,11 @@ def suspects(store: JobRunStore) -> bool:
     return any(token not in scan.dead for scan in store.orphan_scans for token in scan.free_since)
 
 
-def leases_held(store: JobRunStore) -> bool:
-    """Whether the last scan on ``store`` saw unexpired leases: their holders may die,
-    and an idle driver that looks again every ``SCAN_INTERVAL_S`` takes a dead one's
-    runs over within about a second of the proof (instead of its idle interval)."""
-    return any(scan.held for scan in store.orphan_scans)
+def dead_known(store: JobRunStore, jobs: Jobs) -> bool:
+    """Whether the last scan of ``jobs`` on ``store`` proved a holder dead whose run
+    no claim of this process has taken yet."""
+    scan = store.orphan_scans.get(jobs)
+    return scan is not None and bool(scan.dead)
 
 
 def claimed(store: JobRunStore, jobs: Jobs, run_id: str) -> None:

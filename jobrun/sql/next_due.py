@@ -1,6 +1,10 @@
-"""When a database's next run comes due, read without a pool connection.
+"""When a database's next run comes due, and who holds its leases, read without a
+pool connection.
 
-An idle worker sleeps until then (or until woken): see :mod:`jobrun.wakeups`.
+An idle worker sleeps until then (or until woken): see :mod:`jobrun.wakeups`;
+while another process holds a lease there it also looks, as often as
+``jobrun._core.orphans.IDLE_LOOK_S``, whether the holder died
+(:func:`sqlite_held_leases`; Postgres: ``SqlJobRunStore.held_leases_on_presence``).
 SQLite: a short-lived stdlib ``sqlite3`` connection, opened, read and closed in
 the calling thread (a read of a small local index, well under a millisecond,
 and no aiosqlite thread kept for an idle database). Postgres: on the store's
@@ -17,9 +21,11 @@ from typing import Any
 
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
+from jobrun._core.records import HeldLease
 from jobrun.sql.executor import Compiler, Prepared
-from jobrun.sql.statements import next_due_statement
+from jobrun.sql.statements import held_leases_statement, next_due_statement
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.store import _pairs as job_pairs
 
 # A WAL reader waits for nobody; this only bounds a file being recovered.
 _SQLITE_TIMEOUT_S = 0.2
@@ -30,18 +36,39 @@ def _sqlite_statement() -> Prepared:
     return Compiler(sqlite_dialect.dialect(paramstyle="qmark"))(next_due_statement())
 
 
-def sqlite_next_due_at(path: Path) -> str | None:
-    """The earliest due instant of the live runs in the SQLite file ``path`` (``None``:
-    no live run). Raises ``sqlite3.Error`` when it cannot be read (no schema yet)."""
-    prepared = _sqlite_statement()
+@functools.cache
+def _sqlite_held_leases(jobs: int) -> Prepared:
+    return Compiler(sqlite_dialect.dialect(paramstyle="qmark"))(
+        held_leases_statement(jobs, with_presence=False)
+    )
+
+
+def _sqlite_read(path: Path, prepared: Prepared, values: Mapping[str, Any]) -> list[Any]:
     # mode=rw: a file that went away is an error here, not a new empty database.
     address = f"{path.resolve().as_uri()}?mode=rw"
     connection = sqlite3.connect(address, timeout=_SQLITE_TIMEOUT_S, uri=True)
     try:
-        row = connection.execute(prepared.sql, prepared.arguments({})).fetchone()
+        return connection.execute(prepared.sql, prepared.arguments(values)).fetchall()
     finally:
         connection.close()
-    return None if row is None or row[0] is None else str(row[0])
+
+
+def sqlite_next_due_at(path: Path) -> str | None:
+    """The earliest due instant of the live runs in the SQLite file ``path`` (``None``:
+    no live run). Raises ``sqlite3.Error`` when it cannot be read (no schema yet)."""
+    rows = _sqlite_read(path, _sqlite_statement(), {})
+    return None if not rows or rows[0][0] is None else str(rows[0][0])
+
+
+def sqlite_held_leases(
+    path: Path, now_at: str, jobs: frozenset[tuple[str, str]]
+) -> list[HeldLease]:
+    """``held_leases`` of ``jobs`` at ``now_at`` in the SQLite file ``path``, read the
+    way the next due instant is (a stdlib connection, opened and closed here)."""
+    if not jobs:
+        return []
+    values = {"now_at": now_at} | job_pairs("", sorted(jobs))
+    return [HeldLease(*row) for row in _sqlite_read(path, _sqlite_held_leases(len(jobs)), values)]
 
 
 async def postgres_next_due_at(store: SqlJobRunStore) -> str | None:

@@ -515,6 +515,22 @@ class SqlJobRunStore:
         async with self._operation("presence"):
             return await self._presence.on_connection(operation)
 
+    async def held_leases_on_presence(
+        self, now_at: str, jobs: frozenset[tuple[str, str]]
+    ) -> builtins.list[HeldLease]:
+        """Postgres: :meth:`held_leases` of ``jobs`` read on the presence connection,
+        as an idle worker looks for dead holders (``jobrun.worker``): one round trip,
+        no pool connection taken for it."""
+        if not jobs:
+            return []
+        statement = self._shapes.of(held_leases_statement, len(jobs), True)
+        arguments = statement.arguments({"now_at": now_at} | _pairs("", sorted(jobs)))
+
+        async def read(raw: Any) -> Any:
+            return await raw.fetch(statement.sql, *arguments)
+
+        return [HeldLease(*row) for row in await self.on_presence_connection(read)]
+
     async def clock_offset_s(self) -> float:
         if not self._is_postgres:
             return 0.0

@@ -203,9 +203,12 @@ def all_scenarios() -> list[tuple[Fault, str]]:
     from tests.chaos.clock_steps import clock_steps
     from tests.chaos.cluster import DiskFull, PostgresRestart, SqliteDiskFull
     from tests.chaos.failover import Failover, SplitBrain
+    from tests.chaos.idle_survivor import IdleSurvivor
 
     faults: list[Fault] = [
         KillHolder(),
+        IdleSurvivor(),
+        IdleSurvivor(elsewhere=True),
         StopHolder(),
         TerminatePresence(),
         IdleSessionTimeout(1, "database"),

@@ -104,7 +104,13 @@ class Fault:
     deadline_s = 60.0
     # The fault is aimed at the first driver: it must hold a run, so it starts alone.
     first_driver_alone = False
+    # Runs started, their lease, and whether the drivers (of chaos_child.py) are
+    # run_worker processes (``jobrun worker`` as deployed) rather than run_due_jobs loops.
+    runs = 2
     lease_ms = LEASE_MS
+    worker_drivers = False
+    # The quick set asserts that the affected runs resumed within this (None: not asked).
+    resume_within_s: float | None = None
     # What a driver runs: a run_due_jobs loop, or (tests/processes/chaos_worker.py) a worker.
     driver_script = CHILD
 
@@ -174,6 +180,7 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     if str(REPO) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, paths)])
     options = ["--log", str(stage.log), "--lease-ms", str(fault.lease_ms)]
+    options += ["--worker"] if fault.worker_drivers else []
     # One claim covers a whole run: a holder keeps its lease for seconds, the spare driver polls.
     options += ["--passes", str(fault.passes), "--max-passes", str(fault.passes)]
     options += ["--body-ms", str(BODY_MS), "--deadline-s", str(fault.deadline_s)]
@@ -229,7 +236,7 @@ async def _final_statuses(url: str) -> list[jobrun.JobRun]:
 
 
 async def run_scenario(
-    fault: Fault, backend: str, postgres_url: str, workdir: Path, *, drivers: int = 3, runs: int = 2
+    fault: Fault, backend: str, postgres_url: str, workdir: Path, *, drivers: int = 3
 ) -> Outcome:
     """Run one fault on one backend; never leaves anything behind."""
     os.makedirs(workdir, exist_ok=True)
@@ -239,7 +246,7 @@ async def run_scenario(
         try:
             await fault.before_database(stage)
             await _make_database(stage)
-            await _start_runs(stage.url, runs)
+            await _start_runs(stage.url, fault.runs)
             await fault.before_drivers(stage)
             await asyncio.to_thread(_start_drivers, stage, fault, drivers)
             await fault.inject(stage)
@@ -270,6 +277,9 @@ async def assert_a_clean_scenario(fault: Fault, backend: str, url: str, tmp: Pat
     assert verdict.overlaps == 0, verdict.overlapping
     assert outcome.failed == 0, "a healthy run failed"
     assert outcome.lost == 0, f"{outcome.lost} of {outcome.runs} runs not done"
+    if fault.resume_within_s is not None:
+        assert verdict.resume_s is not None, "the affected run never resumed"
+        assert verdict.resume_s < fault.resume_within_s, f"resumed {verdict.resume_s:.1f} s after"
 
 
 def _judge(stage: Stage) -> Verdict:

@@ -16,6 +16,12 @@ or ``cancelled`` when the pass was stopped inside it), and
 ``time.monotonic_ns()``, one clock for every process on Linux. A killed body
 leaves only its ``B`` line.
 
+With ``--worker`` it drives through :func:`jobrun.run_worker` instead, as ``jobrun
+worker`` does (library defaults: one driver, woken or idle between drives), and
+stops it once a run exists and none is left running. ``JOBRUN_CHAOS_MACHINE=NAME`` in its
+environment makes it claim and judge as if it ran on machine NAME (a boot id of
+its own: ``/proc`` proves nothing across machines).
+
 Events go to stdout as JSON lines (``tests.support.Child`` reads them):
 ``ready``, ``body`` (a body started: run, step, ns), ``error``, ``report``
 (the drive reports' counters summed, store errors, and ``taken_over``: passes
@@ -56,17 +62,32 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-passes", type=int, default=2, help="passes per claim")
     parser.add_argument("--poll-s", type=float, default=0.05)
     parser.add_argument("--deadline-s", type=float, default=90.0)
+    parser.add_argument("--worker", action="store_true", help="drive with run_worker")
     return parser.parse_args(argv)
 
 
 class CountTakeovers:
-    """A pass observer that counts the passes that began with a takeover."""
+    """A pass observer that counts the passes that began with a takeover (and, for a
+    worker, whose counts no report sums, every pass by its outcome)."""
 
-    def __init__(self, totals: dict[str, Any]) -> None:
+    def __init__(self, totals: dict[str, Any], outcomes: bool = False) -> None:
         self.totals = totals
+        self.outcomes = outcomes
 
-    def pass_started(self, start: Any) -> None:
+    def pass_started(self, start: Any) -> CountTakeovers | None:
         self.totals["taken_over"] += int(start.taken_over)
+        return self if self.outcomes else None
+
+    def step_started(self, name: str) -> None:
+        return None
+
+    def step_ended(self, end: Any) -> None:
+        return None
+
+    def pass_ended(self, end: Any) -> None:
+        self.totals["attempted"] += 1
+        if end.outcome in COUNTED:
+            self.totals[end.outcome] += 1
 
 
 def make_registry(args: argparse.Namespace, log_fd: int) -> jobrun.JobRegistry:
@@ -136,7 +157,54 @@ async def drive(
     emit("deadline")
 
 
+async def drive_as_worker(
+    args: argparse.Namespace, store: Any, registry: jobrun.JobRegistry, totals: dict[str, Any]
+) -> None:
+    """``run_worker`` with the library's defaults, stopped once no run is left running."""
+    stop = asyncio.Event()
+    observer = CountTakeovers(totals, outcomes=True)
+    worker = asyncio.create_task(
+        jobrun.run_worker(
+            [store], registry, stop=stop, observer=observer, driver_name=args.name,
+            max_passes=args.max_passes, limit=1,
+        )
+    )  # fmt: skip
+    deadline = time.monotonic() + args.deadline_s
+    try:
+        while not worker.done() and time.monotonic() < deadline:
+            try:
+                # Done once a run exists and none is running (the run may come later).
+                if await jobrun.job_runs(store, limit=1) and not await jobrun.job_runs(
+                    store, status="running", limit=1
+                ):
+                    break
+            except Exception as error:
+                totals["store_errors"] += 1
+                emit("error", error=f"{type(error).__name__}: {error}"[:300])
+            # sleep: a poll interval between looks for a run left to drive
+            await asyncio.sleep(0.2)
+        else:
+            if not worker.done():
+                emit("deadline")
+    finally:
+        stop.set()
+        await worker
+
+
+def claim_from_elsewhere(machine: str) -> None:
+    """Claim and judge as if on another machine (see the module's docstring)."""
+    from dataclasses import replace
+
+    from jobrun import _system
+
+    elsewhere = replace(_system.local_identity(), host=machine, boot=f"boot-of-{machine}")
+    _system.local_identity = lambda: elsewhere  # type: ignore[assignment]
+
+
 async def main(args: argparse.Namespace) -> None:
+    machine = os.environ.get("JOBRUN_CHAOS_MACHINE")
+    if machine:
+        claim_from_elsewhere(machine)
     log_fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     engine = create_async_engine(args.url)
     store = jobrun.SqlJobRunStore(engine)
@@ -145,7 +213,8 @@ async def main(args: argparse.Namespace) -> None:
         emit("ready", name=args.name)
         totals: dict[str, Any] = dict.fromkeys(COUNTED, 0)
         totals |= {"calls": 0, "store_errors": 0, "taken_over": 0}
-        await drive(args, store, make_registry(args, log_fd), totals)
+        driver = drive_as_worker if args.worker else drive
+        await driver(args, store, make_registry(args, log_fd), totals)
         emit("report", name=args.name, **totals)
     finally:
         os.close(log_fd)

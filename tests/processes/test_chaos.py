@@ -27,6 +27,7 @@ from tests.chaos.faults import (
     StopHolder,
     TerminatePresence,
 )
+from tests.chaos.idle_survivor import IdleSurvivor
 from tests.chaos.stage import Fault, assert_a_clean_scenario
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL", "")
@@ -35,12 +36,15 @@ POSTGRES = pytest.mark.postgres
 
 def case(fault: Fault, backend: str, *marks: pytest.MarkDecorator) -> object:
     marks += (POSTGRES,) if backend == "postgres" else ()
-    return pytest.param(fault, backend, id=f"{type(fault).__name__}-{backend}", marks=marks)
+    label = getattr(fault, "case_id", type(fault).__name__)
+    return pytest.param(fault, backend, id=f"{label}-{backend}", marks=marks)
 
 
 QUICK = [
     case(KillHolder(), "sqlite"),
     case(KillHolder(), "postgres"),
+    case(IdleSurvivor(), "sqlite"),
+    case(IdleSurvivor(), "postgres"),
     case(StopHolder(), "sqlite"),
     case(StopHolder(), "postgres"),
     case(TerminatePresence(), "postgres"),

@@ -121,3 +121,83 @@ def test_the_old_name_of_the_scans_warns_and_answers_the_same() -> None:
     store = MemoryJobRunStore()
     with pytest.warns(DeprecationWarning, match="orphan_scans"):
         assert store.stranded_scans is store.orphan_scans
+
+
+# --- an idle worker's looks (jobrun._worker_deaths): when to look again -------------------------
+
+
+async def test_an_idle_look_is_taken_at_most_once_an_interval_and_stands_as_the_claims_scan() -> (
+    None
+):
+    now = [100.0]
+    store = _HeldLeases([])
+    jobs = frozenset({("m", "j")})
+    assert orphans.look_due(store, jobs, now[0])  # type: ignore[arg-type]
+    # Taken: a second driver asking at the same moment is told no.
+    assert not orphans.look_due(store, jobs, now[0])  # type: ignore[arg-type]
+    leases = [_held("run-dead", "DEAD", dead_driver())]
+    judged = orphans.judge_leases(store, jobs, leases, now_s=now[0], host=THIS_HOST)  # type: ignore[arg-type]
+    assert judged == {"DEAD"}
+    assert orphans.dead_known(store, jobs)  # type: ignore[arg-type]
+    assert not orphans.dead_known(store, frozenset({("m", "other")}))  # type: ignore[arg-type]
+    now[0] += orphans.IDLE_LOOK_S / 2
+    assert not orphans.look_due(store, jobs, now[0])  # type: ignore[arg-type]
+    # The claim right after acts on the look's proof, without a read of its own.
+    at = "2026-01-01T00:00:01.000Z"
+    assert await _dead_owners_at(now)(store, at, jobs) == {"DEAD"}
+    assert store.reads == []
+    orphans.claimed(store, jobs, "run-dead")  # type: ignore[arg-type]
+    assert not orphans.dead_known(store, jobs)  # type: ignore[arg-type]
+    now[0] += orphans.IDLE_LOOK_S / 2
+    assert orphans.look_due(store, jobs, now[0])  # type: ignore[arg-type]
+    # A look "from the future" (timed on another clock) is old too.
+    assert orphans.look_due(store, jobs, now[0] - 50)  # type: ignore[arg-type]
+
+
+def test_an_idle_driver_looks_again_at_its_next_death_check_only_while_a_peer_holds_a_lease() -> (
+    None
+):
+    store = _HeldLeases([])
+    jobs = frozenset({("m", "j")})
+    look_again_in_s = orphans.look_again_in_s
+    # Never looked: nothing known to wait for (the first look comes with the first probe).
+    assert look_again_in_s(store, jobs, 10.0) is None  # type: ignore[arg-type]
+    # A peer's live lease (a held presence: proof of life): look again IDLE_LOOK_S later.
+    peer = [_held("run", "PEER", None, presence=True)]
+    orphans.judge_leases(store, jobs, peer, now_s=10.0, host=THIS_HOST)  # type: ignore[arg-type]
+    assert look_again_in_s(store, jobs, 10.0) == orphans.IDLE_LOOK_S  # type: ignore[arg-type]
+    assert look_again_in_s(store, jobs, 10.2) == pytest.approx(0.3)  # type: ignore[arg-type]
+    assert look_again_in_s(store, jobs, 11.0) == 0.0  # type: ignore[arg-type]
+    # Timed on another clock: never longer than the interval.
+    assert look_again_in_s(store, jobs, 5.0) == orphans.IDLE_LOOK_S  # type: ignore[arg-type]
+    # The polling worker's claims rescan every SCAN_INTERVAL_S: it waits for that.
+    every = orphans.SCAN_INTERVAL_S
+    assert look_again_in_s(store, jobs, 10.25, every) == pytest.approx(every - 0.25)  # type: ignore[arg-type]
+    # Only this process's own lease: it ends with us, nothing to look for.
+    ours = [_held("run", "OURS", local_identity().describe("me"))]
+    orphans.judge_leases(store, jobs, ours, now_s=12.0, host=THIS_HOST)  # type: ignore[arg-type]
+    assert look_again_in_s(store, jobs, 12.0) is None  # type: ignore[arg-type]
+    # No lease at all: the same...
+    orphans.judge_leases(store, jobs, [], now_s=13.0, host=THIS_HOST)  # type: ignore[arg-type]
+    assert look_again_in_s(store, jobs, 13.0) is None  # type: ignore[arg-type]
+    # ...unless a look is owed: live runs found none due, the look refused as too soon
+    # (a peer may have won, since that last look, the claim a NOTIFY woke both to).
+    assert look_again_in_s(store, jobs, 13.1, owed=True) == pytest.approx(0.4)  # type: ignore[arg-type]
+
+
+def test_looks_every_idle_interval_prove_a_free_presence_dead_exactly_at_the_grace() -> None:
+    store = _HeldLeases([])
+    jobs = frozenset({("m", "j")})
+    gone = [_held("run", "GONE", None, presence=False)]
+    looks = round(orphans.PRESENCE_GRACE_S / orphans.IDLE_LOOK_S)
+    # First seen free at 0: a suspect at every look before the grace has passed...
+    for number in range(looks):
+        now_s = number * orphans.IDLE_LOOK_S
+        assert orphans.look_due(store, jobs, now_s)  # type: ignore[arg-type]
+        found = orphans.judge_leases(store, jobs, gone, now_s=now_s, host=THIS_HOST)  # type: ignore[arg-type]
+        assert found == frozenset()
+        assert orphans.look_again_in_s(store, jobs, now_s) == orphans.IDLE_LOOK_S  # type: ignore[arg-type]
+    # ...and dead at the first look once it has: G after the first sight, not G + 1 s.
+    now_s = looks * orphans.IDLE_LOOK_S
+    assert orphans.look_due(store, jobs, now_s)  # type: ignore[arg-type]
+    assert orphans.judge_leases(store, jobs, gone, now_s=now_s, host=THIS_HOST) == {"GONE"}  # type: ignore[arg-type]
