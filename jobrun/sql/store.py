@@ -524,7 +524,7 @@ class SqlJobRunStore:
         if not jobs:
             return []
         statement = self._shapes.of(held_leases_statement, len(jobs), True)
-        arguments = statement.arguments({"now_at": now_at} | _pairs("", sorted(jobs)))
+        arguments = statement.arguments({"now_at": now_at} | pairs("", sorted(jobs)))
 
         async def read(raw: Any) -> Any:
             return await raw.fetch(statement.sql, *arguments)
