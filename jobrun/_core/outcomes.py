@@ -22,7 +22,7 @@ and sent again before the driver's next claim on the store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
@@ -140,24 +140,34 @@ async def commit(
     except BaseException:
         if successor is not None:
             # If the commit landed after all, give back the lease it handed on.
-            await hand_back(store, committed, successor)
+            await hand_back(store, committed, successor, clock)
         raise
     if not applied:
         return PassOutcome("superseded")
     return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
 
 
-async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
+async def hand_back(
+    store: JobRunStore, row: RunRow, lease: Lease, clock: Clock | None = None
+) -> None:
     """Give a held lease back (fenced), shielded from a cancellation in progress.
 
     Never raises for a store failure: the hand-back is then owed (see
     ``jobrun._core.owed``) and sent again before the next claim on the store.
+    Nor does it wait on a store that does not answer: abandoned after a renewal
+    interval (on ``clock``, the loop's time without one), it is owed too.
     """
     patch = unleased(row)
     try:
-        await asyncio.shield(store.patch(row.id, patch, lease.token))
+        await asyncio.shield(_bounded(store.patch(row.id, patch, lease.token), lease, clock))
     except Exception:
         store.owed_releases.owe(row.id, patch, lease.token)
+
+
+async def _bounded(write: Awaitable[bool], lease: Lease, clock: Clock | None) -> bool:
+    seconds = lease.renew_interval_s()
+    async with asyncio.timeout(seconds) if clock is None else clock.timeout(seconds):
+        return await write
 
 
 async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:

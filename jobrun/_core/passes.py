@@ -486,7 +486,16 @@ class JobPass:
         # The write that makes the step durable; the one round trip a new step costs
         # (``_record``'s call written out: one coroutine layer fewer on every step).
         row = StepRow(name, stored, attempts, None)
-        if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+        # In flight, known to the keeper (``keeper.call`` written out): a write that
+        # never answers stops the renewals, and the fence then abandons it.
+        calls, lease = self._keeper.calls, self._lease
+        started = self._clock.monotonic()
+        calls.append(started)
+        try:
+            applied = await self._store.record_step(self.run.id, row, self._now(), lease.token)
+        finally:
+            calls.remove(started)
+        if not applied:
             self._refused()
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
@@ -496,7 +505,7 @@ class JobPass:
         later memo hit is served from it."""
         async with self._ledger_read:
             if self._ledger is None:
-                self._ledger = await self._store.steps(self.run.id)
+                self._ledger = await self._keeper.call(self._store.steps(self.run.id))
             return self._ledger
 
     async def _failed_attempt(
@@ -540,7 +549,8 @@ class JobPass:
                 await held.release()
 
     async def _record(self, row: StepRow) -> None:
-        if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+        written = self._store.record_step(self.run.id, row, self._now(), self._lease.token)
+        if not await self._keeper.call(written):
             self._refused()
 
     def _refused(self) -> None:
@@ -659,23 +669,59 @@ async def run_job_pass(
         )
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
         minted = settings.mint_id if keep_lease else None
-        return await commit(store, clock, row, lease, result, context.counters, minted, job.version)
+        committing = commit(store, clock, row, lease, result, context.counters, minted, job.version)
+        return await _within_fence(keeper, clock, row.id, committing)
     except LeaseLostError:
         if not keeper.refused:
-            # The holder stopped itself (self-fence, lost presence) and may still
-            # hold the lease: handed back, so any driver may take the run at once.
-            await hand_back(store, row, lease)
+            # The holder stopped itself (self-fence, lost presence, a call that never
+            # answered) and may still hold the lease: handed back, so any driver may
+            # take the run at once.
+            await hand_back(store, row, lease, clock)
         return PassOutcome("superseded")
     except RetryAfter as deferral:
-        return await defer(store, clock, row, lease, deferral, job.max_deferrals)
+        deferring = defer(store, clock, row, lease, deferral, job.max_deferrals)
+        return await _within_fence(keeper, clock, row.id, deferring, UNANSWERED)
     except UserExit as escaped:
-        outcome = await _failed(settings, row, lease, job_policy, escaped.failure)
+        failing = _failed(settings, row, lease, job_policy, escaped.failure)
+        outcome = await _within_fence(keeper, clock, row.id, failing, UNANSWERED)
         return replace(outcome, raised=escaped.raised)
     except Exception as error:
-        return await _failed(settings, row, lease, job_policy, error)
+        failing = _failed(settings, row, lease, job_policy, error)
+        return await _within_fence(keeper, clock, row.id, failing, UNANSWERED)
     except BaseException:
-        await hand_back(store, row, lease)
+        await hand_back(store, row, lease, clock)
         raise
+
+
+# A release write (failure, deferral) that never answered: it is owed (see
+# ``outcomes._release_write``), and sent again before the next claim on the store.
+UNANSWERED = PassOutcome("superseded", "the store did not answer the pass's last write")
+
+
+async def _within_fence(
+    keeper: LeaseKeeper,
+    clock: Clock,
+    run_id: str,
+    write: Coroutine[Any, Any, PassOutcome],
+    unanswered: PassOutcome | None = None,
+) -> PassOutcome:
+    """An outcome write, abandoned if it has not answered by ``keeper.write_deadline_s``
+    (its connection is then discarded by the executor, never reused).
+
+    Abandoned, it is a lost lease to the pass: ``unanswered`` is the outcome, or,
+    without it (the commit), ``LeaseLostError``, so the lease is handed back.
+    """
+    deadline = clock.timeout(keeper.write_deadline_s())
+    try:
+        async with deadline:
+            return await write
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        keeper.lose()
+        if unanswered is not None:
+            return unanswered
+        raise LeaseLostError(run_id) from None
 
 
 async def _failed(

@@ -188,6 +188,9 @@ class _SqliteConnection:
         # The last loop's lock, looked up without the weak dictionary (every statement asks).
         self._last_loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None
         self._last_lock: asyncio.Lock | None = None
+        # Connections given up on (``abandon``), kept referenced: their thread may
+        # still be inside the call nobody waits for any more.
+        self._abandoned: list[tuple[AsyncConnection, Any]] = []
 
     def lock(self) -> asyncio.Lock:
         """Whose turn it is, per event loop (an asyncio lock belongs to one loop)."""
@@ -230,6 +233,27 @@ class _SqliteConnection:
             raise
         self._connection, self.driver = connection, driver
         return driver
+
+    def abandon(self, driver: Any) -> bool:
+        """Give up on ``driver`` after a call on it was cancelled: the next operation
+        opens a fresh connection. Whether it was given up (a pool of one shared
+        connection keeps it: that connection is the database, in memory).
+
+        The call may still be running in the connection's thread (a thread blocked
+        in the file system, say): nobody can end it from here. The connection is
+        told to close once the thread is free (a transaction left open rolls back
+        with the close) and is never used again, so whatever held it up holds up
+        nothing else in this process.
+        """
+        if driver is not self.driver:
+            return True  # given up on already
+        pool = self._engine.sync_engine.pool
+        if self._connection is None or isinstance(pool, StaticPool | SingletonThreadPool):
+            return False
+        self._abandoned.append((self._connection, driver))
+        self._connection = self.driver = None
+        driver.stop()
+        return True
 
     def close(self) -> None:
         """Close the connection; called from ``Engine.dispose`` (inside SQLAlchemy's greenlet)."""
@@ -279,12 +303,16 @@ class SqliteExecutor(_Executor):
             driver = connection.driver
             if driver is None:
                 driver = await connection.open()
-            if self._hook is not None:
-                return await self._send(driver, operation, statement.sql, arguments)
             try:
+                if self._hook is not None:
+                    return await self._send(driver, operation, statement.sql, arguments)
                 rows: list[Row] = await driver.execute_fetchall(statement.sql, arguments)
             except ValueError as error:
                 raise sqlite3.OperationalError(str(error)) from error
+            except asyncio.CancelledError:
+                # Abandoned in flight (the pass's fence, say): the call may never end.
+                connection.abandon(driver)
+                raise
             return rows
 
     async def write_in_order(
@@ -302,12 +330,16 @@ class SqliteExecutor(_Executor):
             driver = connection.driver
             if driver is None:
                 driver = await connection.open()
-            if self._hook is not None:
-                return await self._send_write(self._hook, driver, operation, statement, arguments)
             try:
+                hook = self._hook
+                if hook is not None:
+                    return await self._send_write(hook, driver, operation, statement, arguments)
                 count: int = (await driver.execute(statement.sql, arguments)).rowcount
             except ValueError as error:
                 raise sqlite3.OperationalError(str(error)) from error
+            except asyncio.CancelledError:
+                connection.abandon(driver)
+                raise
             return count
 
     async def _send_write(
@@ -334,7 +366,11 @@ class SqliteExecutor(_Executor):
                 await self._send(driver, operation, "BEGIN IMMEDIATE", [])
                 yield Session(self, driver, operation)
                 await self._send(driver, operation, "COMMIT", [])
-            except BaseException:
+            except BaseException as error:
+                if isinstance(error, asyncio.CancelledError) and self._connection.abandon(driver):
+                    # Given up on, never used again: its close rolls back, whenever
+                    # its thread is free (it may be stuck inside this transaction).
+                    raise
                 # Queued now, so it runs right after whatever the thread is still doing
                 # and before the next turn's first statement; awaited under a shield so
                 # that a second cancellation cannot release the turn before it is sent.
@@ -392,10 +428,10 @@ class PostgresExecutor(_Executor):
         kept = await connections.acquire()
         try:
             yield kept.driver
-        except BaseException:
+        except BaseException as error:
             # A cancelled or failed statement may leave the server mid-query or
             # mid-transaction: this connection is closed, never used again.
-            await connections.discard(kept)
+            await connections.discard(kept, cut=not isinstance(error, Exception))
             raise
         connections.release(kept)
 
@@ -418,8 +454,10 @@ class PostgresExecutor(_Executor):
                 rows: list[Row] = await kept.driver.fetch(statement.sql, *arguments)
             else:
                 rows = await self._send(kept.driver, operation, statement.sql, arguments)
-        except BaseException:
-            await connections.discard(kept)
+        except BaseException as error:
+            # Cancelled (abandoned at the pass's fence, say): its socket may be
+            # silent for good, so it is cut, not closed politely.
+            await connections.discard(kept, cut=not isinstance(error, Exception))
             raise
         connections.release(kept)
         return rows

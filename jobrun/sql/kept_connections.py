@@ -181,14 +181,19 @@ class PostgresConnections:
         if kept is not None:
             self.release(kept)
 
-    async def discard(self, kept: _Kept) -> None:
+    async def discard(self, kept: _Kept, cut: bool = False) -> None:
         """Close a connection that saw an error or a cancellation; never reused.
 
         Whatever the server was doing on it (a statement, a transaction) ends
         with the connection; the pool forgets it and opens a new one when asked.
+        With ``cut`` (a call abandoned unanswered) the socket is closed at once,
+        without the polite goodbye the pool would wait up to 2 s for on a
+        connection that may never answer again.
         """
         self._out -= 1
         self._hand_on(None)
+        if cut:
+            kept.driver.terminate()
         await self._close(kept)
 
     @staticmethod
