@@ -247,6 +247,12 @@ class Presence:
             checker.cancel()
         connection, raw = self._detach()
         if connection is not None:
+            # Cut first: an idle presence is not checked, so its socket may have gone
+            # silent unnoticed (a lossy path), and a polite close, here or when its
+            # pool is disposed, would wait on it for ever (issue 31). The session
+            # ends as at a process's death, which is what presence is about.
+            with contextlib.suppress(Exception):
+                raw.terminate()
             try:
                 await connection.close()
             except Exception:
