@@ -12,11 +12,14 @@ target (Postgres at 127.0.0.1:5432 by default). Its controls:
 * ``heal()``: bytes move again (those held during the blackhole are delivered,
   as TCP would after the partition), held connections are connected; chunks are
   no longer dropped (``drop``);
-* ``blackhole_when(*markers)``: the first connection whose client next sends a
-  chunk holding every marker (bytes of a query's parameters, say) goes silent
-  for good: that chunk and everything after it, both ways, is swallowed, its
-  sockets stay open; the other connections go on (one dead path in a pool);
-* ``drop(probability, seed)``: each chunk, either way, is lost with that
+* ``blackhole_when(*markers, half_close=False)``: the first connection whose
+  client next sends a chunk holding every marker (bytes of a query's
+  parameters, say) goes silent for good: that chunk and everything after it,
+  both ways, is swallowed, its sockets stay open; the other connections go on
+  (one dead path in a pool). With ``half_close`` its server side also gets a
+  FIN (``half_close`` below, for that one connection);
+* ``drop(probability, seed, only_with=None)``: each chunk, either way (with
+  ``only_with``: each client chunk holding those bytes), is lost with that
   probability until ``heal()`` (bytes lost from the stream: a peer waits for
   what never comes, or reads garbage);
 * ``half_close()``: every open connection's server side gets an orderly FIN
@@ -88,7 +91,9 @@ class FaultProxy:
         self._flowing.set()
         self._server: asyncio.Server | None = None
         self._markers: tuple[bytes, ...] = ()
+        self._half_close_marked = False
         self._drop_probability = 0.0
+        self._drop_only_with: bytes | None = None
         self._random = random.Random(0)
         self.silenced = 0  # connections gone silent by ``blackhole_when``
         self.dropped = 0  # chunks lost by ``drop``
@@ -133,15 +138,16 @@ class FaultProxy:
         self._flowing.set()
         self._drop_probability = 0.0
 
-    def blackhole_when(self, *markers: bytes) -> None:
+    def blackhole_when(self, *markers: bytes, half_close: bool = False) -> None:
         """Silence, for good, the first connection whose client sends a chunk
-        holding every one of ``markers``."""
-        self._markers = markers
+        holding every one of ``markers`` (with ``half_close``, FIN its server side)."""
+        self._markers, self._half_close_marked = markers, half_close
 
-    def drop(self, probability: float, seed: int = 0) -> None:
-        """Lose each chunk, either way, with ``probability`` until ``heal()``."""
+    def drop(self, probability: float, seed: int = 0, only_with: bytes | None = None) -> None:
+        """Lose each chunk (only client chunks holding ``only_with``, if given) with
+        ``probability`` until ``heal()``."""
         self._random = random.Random(seed)
-        self._drop_probability = probability
+        self._drop_probability, self._drop_only_with = probability, only_with
 
     def half_close(self) -> int:
         """FIN to the server side of every open connection; its client hears
@@ -162,8 +168,16 @@ class FaultProxy:
             self._markers = ()
             link.silent = True
             self.silenced += 1
+            if self._half_close_marked:
+                with contextlib.suppress(OSError, RuntimeError):
+                    link.writers[1].write_eof()
             return True
-        if self._drop_probability and self._random.random() < self._drop_probability:
+        if not self._drop_probability:
+            return False
+        only_with = self._drop_only_with
+        if only_with is not None and not (from_client and only_with in chunk):
+            return False
+        if self._random.random() < self._drop_probability:
             self.dropped += 1
             return True
         return False
@@ -244,14 +258,17 @@ class ThreadedProxy:
     def blackhole_when(self, *markers: bytes) -> None:
         self._call(self._on_loop(self.proxy.blackhole_when, *markers))
 
-    def drop(self, probability: float, seed: int = 0) -> None:
-        self._call(self._on_loop(self.proxy.drop, probability, seed))
+    def blackhole_when_half_closed(self, *markers: bytes) -> None:
+        self._call(self._on_loop(self.proxy.blackhole_when, *markers, half_close=True))
+
+    def drop(self, probability: float, seed: int = 0, only_with: bytes | None = None) -> None:
+        self._call(self._on_loop(self.proxy.drop, probability, seed, only_with))
 
     def half_close(self) -> int:
         return int(self._call(self._do("half_close")))
 
-    async def _on_loop(self, action: Any, *arguments: Any) -> Any:
-        return action(*arguments)
+    async def _on_loop(self, action: Any, *arguments: Any, **keywords: Any) -> Any:
+        return action(*arguments, **keywords)
 
     @property
     def open_connections(self) -> int:

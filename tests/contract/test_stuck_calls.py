@@ -13,8 +13,8 @@ cancelled where it waits, its connection is discarded, and the run moves on.
   hung call all the same): the connection is given up, the run finishes on a
   fresh one;
 * Postgres through ``tests/faultproxy.py``: one pool connection black-holed at
-  the step write, chunks dropped for a while and then healed, every connection
-  half-closed: each run finishes.
+  the step write, the pass's chunks dropped for a while and then healed, the
+  step write's connection half-closed: each run finishes.
 """
 
 from __future__ import annotations
@@ -261,8 +261,11 @@ async def test_postgres_runs_finish_after_dropped_chunks_heal(
 
     async def before(name: str) -> None:
         if name == WEDGE and not proxy.dropped:
-            # Every chunk lost for a while (the extreme of a lossy path), then healed.
-            proxy.drop(1.0, seed=31)
+            # Every chunk naming this step lost for a while (its write: not the
+            # renewals, nor the presence's checks, which would stop the pass on
+            # their own), then healed: the write lost waits for an answer that
+            # never comes, on a connection that works again.
+            proxy.drop(1.0, seed=31, only_with=WEDGE.encode())
             asyncio.get_running_loop().call_later(1.0, proxy.heal)
 
     registry = walk(bodies, before, lease_ms=2000)
@@ -283,11 +286,12 @@ async def test_postgres_half_closed_connections_wedge_no_run(
 
     async def before(name: str) -> None:
         if name == WEDGE and not closed:
-            # The server ends every session; no client is told.
-            closed.append(proxy.half_close())
+            # The server ends the session of the step write's connection (a FIN
+            # from its side of the proxy); the client is told nothing.
+            proxy.blackhole_when(run_id.encode(), WEDGE.encode(), half_close=True)
+            closed.append(1)
 
     registry = walk(bodies, before, lease_ms=2000)
     totals = await drive_until_done(store, registry, run_id, 60)
-    assert closed
-    assert closed[0] >= 1
-    print(f"\nhalf-closed {closed[0]} connections; {totals}")
+    assert proxy.silenced == 1, "the step write's connection was half-closed"
+    print(f"\nhalf-closed the step write's connection; {totals}")

@@ -180,3 +180,19 @@ async def test_half_close_ends_the_server_session_and_tells_the_client_nothing()
 async def _connect_direct() -> asyncpg.Connection:
     host, port, user = _target()
     return await asyncpg.connect(host=host, port=port, user=user, database="postgres")
+
+
+async def test_drop_only_with_loses_only_the_chunks_holding_those_bytes() -> None:
+    host, port, _ = _target()
+    async with FaultProxy(host, port) as proxy:
+        connection = await _connect(proxy.port)
+        proxy.drop(1.0, only_with=b"lost-one")
+        kept = await connection.fetchval("SELECT $1::text", "kept-one", timeout=10)
+        assert kept == "kept-one"
+        lost = asyncio.ensure_future(connection.fetchval("SELECT $1::text", "lost-one"))
+        with pytest.raises(TimeoutError):
+            # A look for something that must not happen: that query's bytes were lost.
+            await asyncio.wait_for(asyncio.shield(lost), 1.0)
+        assert proxy.dropped == 1
+        lost.cancel()
+        connection.terminate()
