@@ -175,6 +175,11 @@ def _driver_autocommit(connection: Any) -> None:
     connection.connection.dbapi_connection.isolation_level = None
 
 
+# How long ``dispose()`` waits for the thread of a connection given up on (see
+# ``_SqliteConnection.abandon``) to finish.
+ABANDONED_JOIN_S = 1.0
+
+
 class _SqliteConnection:
     """The one aiosqlite connection jobrun uses on an engine, and whose turn it is."""
 
@@ -188,9 +193,10 @@ class _SqliteConnection:
         # The last loop's lock, looked up without the weak dictionary (every statement asks).
         self._last_loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None
         self._last_lock: asyncio.Lock | None = None
-        # Connections given up on (``abandon``), kept referenced: their thread may
-        # still be inside the call nobody waits for any more.
-        self._abandoned: list[tuple[AsyncConnection, Any]] = []
+        # Connections given up on (``abandon``), kept referenced with what they still
+        # have to do (a rollback): their thread may still be inside the call nobody
+        # waits for any more.
+        self.abandoned: list[tuple[AsyncConnection, Any, asyncio.Future[None] | None]] = []
 
     def lock(self) -> asyncio.Lock:
         """Whose turn it is, per event loop (an asyncio lock belongs to one loop)."""
@@ -234,15 +240,15 @@ class _SqliteConnection:
         self._connection, self.driver = connection, driver
         return driver
 
-    def abandon(self, driver: Any) -> bool:
+    def abandon(self, driver: Any, then: asyncio.Future[None] | None = None) -> bool:
         """Give up on ``driver`` after a call on it was cancelled: the next operation
         opens a fresh connection. Whether it was given up (a pool of one shared
         connection keeps it: that connection is the database, in memory).
 
         The call may still be running in the connection's thread (a thread blocked
         in the file system, say): nobody can end it from here. The connection is
-        told to close once the thread is free (a transaction left open rolls back
-        with the close) and is never used again, so whatever held it up holds up
+        told to close once the thread is free (after ``then``, a rollback queued on
+        it, if given) and is never used again, so whatever held it up holds up
         nothing else in this process.
         """
         if driver is not self.driver:
@@ -250,13 +256,23 @@ class _SqliteConnection:
         pool = self._engine.sync_engine.pool
         if self._connection is None or isinstance(pool, StaticPool | SingletonThreadPool):
             return False
-        self._abandoned.append((self._connection, driver))
+        self.abandoned.append((self._connection, driver, then))
         self._connection = self.driver = None
-        driver.stop()
+        if then is None:
+            driver.stop()
+        else:
+            then.add_done_callback(lambda _done: driver.stop())
         return True
 
     def close(self) -> None:
         """Close the connection; called from ``Engine.dispose`` (inside SQLAlchemy's greenlet)."""
+        abandoned, self.abandoned = self.abandoned, []
+        for _connection, given_up, _then in abandoned:
+            thread = getattr(given_up, "_thread", None)
+            if thread is not None and thread.is_alive():
+                # A moment for it to finish while this loop can still take its last
+                # answers; a thread still blocked is left behind.
+                await_only(asyncio.to_thread(thread.join, ABANDONED_JOIN_S))
         connection, driver = self._connection, self.driver
         self._connection = self.driver = None
         if connection is None:
@@ -367,14 +383,16 @@ class SqliteExecutor(_Executor):
                 yield Session(self, driver, operation)
                 await self._send(driver, operation, "COMMIT", [])
             except BaseException as error:
-                if isinstance(error, asyncio.CancelledError) and self._connection.abandon(driver):
-                    # Given up on, never used again: its close rolls back, whenever
-                    # its thread is free (it may be stuck inside this transaction).
-                    raise
                 # Queued now, so it runs right after whatever the thread is still doing
                 # and before the next turn's first statement; awaited under a shield so
                 # that a second cancellation cannot release the turn before it is sent.
                 rollback = asyncio.ensure_future(self._rollback(driver, operation))
+                cancelled = isinstance(error, asyncio.CancelledError)
+                if cancelled and self._connection.abandon(driver, then=rollback):
+                    # Given up on, never used again (its thread may be stuck inside
+                    # this transaction): the rollback, then the close, run whenever
+                    # the thread is free; the next turn opens a fresh connection.
+                    raise
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(rollback)
                 raise
@@ -431,7 +449,7 @@ class PostgresExecutor(_Executor):
         except BaseException as error:
             # A cancelled or failed statement may leave the server mid-query or
             # mid-transaction: this connection is closed, never used again.
-            await connections.discard(kept, cut=not isinstance(error, Exception))
+            await connections.discard(kept, abandoned=not isinstance(error, Exception))
             raise
         connections.release(kept)
 
@@ -457,7 +475,7 @@ class PostgresExecutor(_Executor):
         except BaseException as error:
             # Cancelled (abandoned at the pass's fence, say): its socket may be
             # silent for good, so it is cut, not closed politely.
-            await connections.discard(kept, cut=not isinstance(error, Exception))
+            await connections.discard(kept, abandoned=not isinstance(error, Exception))
             raise
         connections.release(kept)
         return rows
