@@ -31,6 +31,7 @@ from jobrun._core.registry import JobRegistry, RegisteredJob
 from jobrun._core.sources import Sources
 from jobrun._core.transitions import Claimed
 from jobrun._core.wallsteps import lease_instants
+from jobrun.errors import StoreError
 
 UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"], None]
 
@@ -83,7 +84,11 @@ async def _claim(
         jobs, now_at, format_instant(written), token, holder, skip_ids, dead, by_age
     )
     request = replace(request, database_clock=getattr(clock, "real_time", False))
-    claimed = await _shielded_claim(store, request)
+    # A claim unanswered for a whole lease is abandoned (its connection discarded):
+    # whatever it took has expired by then, and a silent connection must not hold
+    # the driver (issue 31).
+    bound_s = max((job.lease_ms for job in jobs), default=MIN_LEASE_MS) / 1000
+    claimed = await _shielded_claim(store, request, clock, bound_s)
     if claimed is None:
         return None
     row = claimed.row
@@ -130,10 +135,13 @@ def _claim_request(
     )
 
 
-async def _shielded_claim(store: JobRunStore, request: ClaimRequest) -> Claimed | None:
+async def _shielded_claim(
+    store: JobRunStore, request: ClaimRequest, clock: Clock, bound_s: float
+) -> Claimed | None:
     """The claim, shielded: one interrupted in flight may land anyway, so its answer
-    is still awaited and the lease it took handed back before the interruption goes on."""
-    claiming = asyncio.ensure_future(store.claim(request))
+    is still awaited and the lease it took handed back before the interruption goes
+    on. Not answered within ``bound_s`` (on ``clock``), it is abandoned: a store error."""
+    claiming = asyncio.ensure_future(_bounded_claim(store, request, clock, bound_s))
     try:
         return await asyncio.shield(claiming)
     except Exception:
@@ -145,6 +153,19 @@ async def _shielded_claim(store: JobRunStore, request: ClaimRequest) -> Claimed 
                 lease = Lease(request.token, request.driver, MIN_LEASE_MS)
                 await hand_back(store, taken.row, lease)
         raise
+
+
+async def _bounded_claim(
+    store: JobRunStore, request: ClaimRequest, clock: Clock, bound_s: float
+) -> Claimed | None:
+    deadline = clock.timeout(bound_s)
+    try:
+        async with deadline:
+            return await store.claim(request)
+    except TimeoutError as error:
+        if not deadline.expired():
+            raise
+        raise StoreError("claim", TimeoutError(f"no answer in {bound_s:g} s")) from error
 
 
 def _key_of(row: RunRow) -> RunKey:

@@ -46,6 +46,10 @@ from jobrun.sql.schema import job_runs
 
 log = logging.getLogger("jobrun.presence")
 
+# How long opening the presence (a connection, its settings, the lock, one check)
+# may take before it is given up as a store error.
+PRESENCE_OPEN_TIMEOUT_S = 5.0
+
 # The advisory lock keys held in this database right now (a bigint key is split
 # into classid, the high half, and objid, the low half, with objsubid 1).
 _HELD_KEYS = (
@@ -139,7 +143,11 @@ class Presence:
         if not self._alive():
             async with self._opening:
                 if not self._alive():
-                    await self._open()
+                    # Bounded: a connection whose handshake or first statements went
+                    # silent (a lossy path) must not hold the claim for asyncpg's 60 s
+                    # connect timeout, nor for ever after it (issue 31).
+                    async with asyncio.timeout(PRESENCE_OPEN_TIMEOUT_S):
+                        await self._open()
         assert self._key is not None
         return self._key
 
@@ -198,7 +206,8 @@ class Presence:
             await connection.execute(select(func.pg_advisory_lock(key)))
             await _check_held(raw, key)
         except BaseException:
-            await connection.close()
+            # Not politely: the failure may be a socket that never answers.
+            await asyncio.shield(_discard(connection))
             raise
         self._connection, self._raw, self._key = connection, raw, key
         self._checker = asyncio.get_running_loop().create_task(self._check_forever(raw, key))
