@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
@@ -87,8 +87,8 @@ async def _claim(
     # A claim unanswered for a whole lease is abandoned (its connection discarded):
     # whatever it took has expired by then, and a silent connection must not hold
     # the driver (issue 31).
-    bound_s = max((job.lease_ms for job in jobs), default=MIN_LEASE_MS) / 1000
-    claimed = await _shielded_claim(store, request, clock, bound_s)
+    claiming = within(drive_call_bound_s(registry), "claim", store.claim(request))
+    claimed = await _shielded_claim(store, request, claiming)
     if claimed is None:
         return None
     row = claimed.row
@@ -136,12 +136,12 @@ def _claim_request(
 
 
 async def _shielded_claim(
-    store: JobRunStore, request: ClaimRequest, clock: Clock, bound_s: float
+    store: JobRunStore, request: ClaimRequest, claim: Awaitable[Claimed | None]
 ) -> Claimed | None:
     """The claim, shielded: one interrupted in flight may land anyway, so its answer
     is still awaited and the lease it took handed back before the interruption goes
-    on. Not answered within ``bound_s`` (on ``clock``), it is abandoned: a store error."""
-    claiming = asyncio.ensure_future(_bounded_claim(store, request, clock, bound_s))
+    on (``claim`` is bounded, see ``within``)."""
+    claiming = asyncio.ensure_future(claim)
     try:
         return await asyncio.shield(claiming)
     except Exception:
@@ -155,17 +155,33 @@ async def _shielded_claim(
         raise
 
 
-async def _bounded_claim(
-    store: JobRunStore, request: ClaimRequest, clock: Clock, bound_s: float
-) -> Claimed | None:
-    deadline = clock.timeout(bound_s)
+T = TypeVar("T")
+
+# The least time a call of the drive itself is given (see ``within``), so that a
+# short lease on a loaded machine does not turn slow answers into errors.
+DRIVE_CALL_FLOOR_S = 10.0
+
+
+def drive_call_bound_s(registry: JobRegistry) -> float:
+    """How long a call of the drive (outside a pass) may go unanswered: the longest
+    lease of the jobs it claims (what it would take has run out by then), at least
+    ``DRIVE_CALL_FLOOR_S``."""
+    longest_s = max((job.lease_ms for job in registry), default=MIN_LEASE_MS) / 1000
+    return max(longest_s, DRIVE_CALL_FLOOR_S)
+
+
+async def within(bound_s: float, operation: str, work: Awaitable[T]) -> T:
+    """``work``, abandoned as a store error if it has not answered in ``bound_s`` real
+    seconds (a network's time, whatever the drive's clock): a silent connection must
+    not hold the driver for ever (issue 31)."""
+    deadline = asyncio.timeout(bound_s)
     try:
         async with deadline:
-            return await store.claim(request)
+            return await work
     except TimeoutError as error:
         if not deadline.expired():
             raise
-        raise StoreError("claim", TimeoutError(f"no answer in {bound_s:g} s")) from error
+        raise StoreError(operation, TimeoutError(f"no answer in {bound_s:g} s")) from error
 
 
 def _key_of(row: RunRow) -> RunKey:
@@ -220,13 +236,17 @@ async def drive_due_jobs(
     )
     driven: set[str] = set()
     turns = store.claim_turns if turns is None else turns
+    # The drive's own calls (owed releases, the presence, the dead-holder scan, the
+    # claim) are bounded: see ``within``.
+    bound_s = drive_call_bound_s(registry)
     while drive.report.attempted < chosen.limit and not drive.stopping():
         # Releases the store failed earlier go first: their runs are due again now.
-        await store.owed_releases.settle(store)
+        await within(bound_s, "settle", store.owed_releases.settle(store))
         by_age = turns.next_by_age()
-        claimed = await _claim(
+        claiming = _claim(
             store, registry, drive.clock, drive.driver, frozenset(driven), sources, by_age
         )
+        claimed = await within(2 * bound_s, "claim", claiming)
         if claimed is None:
             break
         taken, registered, lease, leased_at_s = claimed
