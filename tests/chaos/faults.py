@@ -164,7 +164,11 @@ class ProxyBlackhole(Fault):
 class BlackholedConnection(Fault):
     """One pool connection goes silent at the victim's step write (socket kept open,
     nothing forwarded), the rest of the network is fine: renewals on other
-    connections go through (issue 31: the run stayed stuck until cancelled)."""
+    connections go through (issue 31: the run stayed stuck until cancelled).
+
+    Postgres only: SQLite has no network, and its counterpart (the connection's
+    thread blocked inside a call) cannot be caused in a driver process from
+    outside; ``tests/contract/test_stuck_calls.py`` injects it in process."""
 
     name, quick, backends = "one connection black-holed at a step write", True, ("postgres",)
 
