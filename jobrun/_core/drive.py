@@ -13,7 +13,7 @@ from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.fair import ClaimTurns
 from jobrun._core.formats import format_instant
-from jobrun._core.lease import MIN_LEASE_MS, Lease
+from jobrun._core.lease import CALL_FLOOR_S, MIN_LEASE_MS, Lease
 from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
 from jobrun._core.options import DriveOptions
 from jobrun._core.outcomes import PassOutcome, fail_for_takeovers, hand_back
@@ -157,17 +157,13 @@ async def _shielded_claim(
 
 T = TypeVar("T")
 
-# The least time a call of the drive itself is given (see ``within``), so that a
-# short lease on a loaded machine does not turn slow answers into errors.
-DRIVE_CALL_FLOOR_S = 10.0
-
 
 def drive_call_bound_s(registry: JobRegistry) -> float:
     """How long a call of the drive (outside a pass) may go unanswered: the longest
     lease of the jobs it claims (what it would take has run out by then), at least
-    ``DRIVE_CALL_FLOOR_S``."""
+    ``CALL_FLOOR_S``."""
     longest_s = max((job.lease_ms for job in registry), default=MIN_LEASE_MS) / 1000
-    return max(longest_s, DRIVE_CALL_FLOOR_S)
+    return max(longest_s, CALL_FLOOR_S)
 
 
 async def within(bound_s: float, operation: str, work: Awaitable[T]) -> T:

@@ -52,6 +52,12 @@ DEFAULT_MAX_TAKEOVERS = 5
 
 T = TypeVar("T")
 
+# The least real time a write that only serves liveness (an outcome write, a
+# hand-back, a call of the drive outside a pass) is given before it is abandoned
+# as unanswered: a short lease on a loaded machine must not turn slow answers
+# into errors, and a drive on a test clock is not hurried by it.
+CALL_FLOOR_S = 10.0
+
 
 def check_lease_ms(value: object) -> int:
     lease_ms = checked_int(value, "lease_ms")
@@ -211,12 +217,12 @@ class LeaseKeeper:
             self.calls.remove(started)
 
     def write_deadline_s(self) -> float:
-        """How long an outcome write (commit, failure, deferral) may take, from now:
-        until the fence, or a renewal interval if the fence is nearer. Its safety
-        rests on the token, not on the fence (no body runs after the handler);
-        the bound is for liveness, so a silent connection cannot hold the run."""
+        """How long an outcome write (commit, failure, deferral) may take, from now,
+        in real seconds: until the fence, or ``CALL_FLOOR_S`` if the fence is nearer.
+        Its safety rests on the token, not on the fence (no body runs after the
+        handler); the bound is for liveness, so a silent connection cannot hold the run."""
         left_s = self.stop_at_s() - self._clock.monotonic()
-        return max(left_s, self._lease.renew_interval_s())
+        return max(left_s, CALL_FLOOR_S)
 
     async def __aenter__(self) -> LeaseKeeper:
         self._pass = asyncio.current_task()

@@ -29,7 +29,7 @@ from typing import Literal
 
 from jobrun._core.clock import Clock
 from jobrun._core.formats import format_instant
-from jobrun._core.lease import Lease
+from jobrun._core.lease import CALL_FLOOR_S, Lease
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunPatch, RunRow
 from jobrun._core.results import KEEP_CURSOR, counters_text, cursor_text, interpret_result
@@ -140,33 +140,30 @@ async def commit(
     except BaseException:
         if successor is not None:
             # If the commit landed after all, give back the lease it handed on.
-            await hand_back(store, committed, successor, clock)
+            await hand_back(store, committed, successor)
         raise
     if not applied:
         return PassOutcome("superseded")
     return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
 
 
-async def hand_back(
-    store: JobRunStore, row: RunRow, lease: Lease, clock: Clock | None = None
-) -> None:
+async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
     """Give a held lease back (fenced), shielded from a cancellation in progress.
 
     Never raises for a store failure: the hand-back is then owed (see
     ``jobrun._core.owed``) and sent again before the next claim on the store.
     Nor does it wait on a store that does not answer: abandoned after a renewal
-    interval (on ``clock``, the loop's time without one), it is owed too.
+    interval, at least ``CALL_FLOOR_S`` (real time), it is owed too.
     """
     patch = unleased(row)
     try:
-        await asyncio.shield(_bounded(store.patch(row.id, patch, lease.token), lease, clock))
+        await asyncio.shield(_bounded(store.patch(row.id, patch, lease.token), lease))
     except Exception:
         store.owed_releases.owe(row.id, patch, lease.token)
 
 
-async def _bounded(write: Awaitable[bool], lease: Lease, clock: Clock | None) -> bool:
-    seconds = lease.renew_interval_s()
-    async with asyncio.timeout(seconds) if clock is None else clock.timeout(seconds):
+async def _bounded(write: Awaitable[bool], lease: Lease) -> bool:
+    async with asyncio.timeout(max(lease.renew_interval_s(), CALL_FLOOR_S)):
         return await write
 
 

@@ -676,7 +676,7 @@ async def run_job_pass(
             # The holder stopped itself (self-fence, lost presence, a call that never
             # answered) and may still hold the lease: handed back, so any driver may
             # take the run at once.
-            await hand_back(store, row, lease, clock)
+            await hand_back(store, row, lease)
         return PassOutcome("superseded")
     except RetryAfter as deferral:
         deferring = defer(store, clock, row, lease, deferral, job.max_deferrals)
@@ -689,7 +689,7 @@ async def run_job_pass(
         failing = _failed(settings, row, lease, job_policy, error)
         return await _within_fence(keeper, clock, row.id, failing, UNANSWERED)
     except BaseException:
-        await hand_back(store, row, lease, clock)
+        await hand_back(store, row, lease)
         raise
 
 
@@ -711,7 +711,9 @@ async def _within_fence(
     Abandoned, it is a lost lease to the pass: ``unanswered`` is the outcome, or,
     without it (the commit), ``LeaseLostError``, so the lease is handed back.
     """
-    deadline = clock.timeout(keeper.write_deadline_s())
+    # Real time: a network's time, whatever the pass's clock (a test clock that
+    # moves on while the store answers must not abandon a healthy write).
+    deadline = asyncio.timeout(keeper.write_deadline_s())
     try:
         async with deadline:
             return await write
