@@ -440,13 +440,7 @@ class JobPass:
         retry: RetryPolicy | None,
         limits: StepLimits,
     ) -> Any:
-        if number is not None:
-            # Started: no longer a step coroutine nobody awaited.
-            del self._unstarted[number]
-        # The reuse check comes first: it also catches a name whose first call failed.
-        if name in self._used:
-            raise StepReusedError(name)
-        self._used.add(name)
+        self._started(number, name)
         # A step's policy replaces the job's wholesale; nothing is inherited.
         policy = retry if retry is not None else self._job_policy
         ledger = self._ledger if self._ledger is not None else await self._read_ledger()
@@ -484,10 +478,8 @@ class JobPass:
         # Not storable is a mistake, not a failed attempt: retrying would run the body again.
         stored = step_result_text(name, value, self._store.limits.max_step_result_bytes)
         # The write that makes the step durable; the one round trip a new step costs
-        # (``_record``'s call written out: one coroutine layer fewer on every step).
+        # (``_record`` and ``keeper.call`` written out: no coroutine layer per step).
         row = StepRow(name, stored, attempts, None)
-        # In flight, known to the keeper (``keeper.call`` written out): a write that
-        # never answers stops the renewals, and the fence then abandons it.
         calls, lease = self._keeper.calls, self._lease
         started = self._clock.monotonic()
         calls.append(started)
@@ -499,6 +491,15 @@ class JobPass:
             self._refused()
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
+
+    def _started(self, number: int | None, name: str) -> None:
+        if number is not None:
+            # Started: no longer a step coroutine nobody awaited.
+            del self._unstarted[number]
+        # The reuse check comes first: it also catches a name whose first call failed.
+        if name in self._used:
+            raise StepReusedError(name)
+        self._used.add(name)
 
     async def _read_ledger(self) -> Mapping[str, StepRow]:
         """The one ledger read of the pass (steps started together share it): every
@@ -651,15 +652,7 @@ async def run_job_pass(
     """
     store, clock = settings.store, settings.clock
     job_policy = job.retry if job.retry is not None else DEFAULT_RETRY
-    keeper = LeaseKeeper(
-        lease,
-        clock,
-        lambda expires_at, now_at: store.extend_lease(row.id, lease.token, expires_at, now_at),
-        row.id,
-        leased_at_s=leased_at_s,
-        watch_presence=lambda lost: store.watch_presence(lease.presence, lost),
-        guard=settings.guard,
-    )
+    keeper = _keeper_for(settings, row, lease, leased_at_s)
     try:
         # Newer code first makes the run its version (versions.py); its ledger is then empty.
         fresh = await upgrade_run(store, clock, row, job.version, job.upgrades, keeper)
@@ -670,7 +663,7 @@ async def run_job_pass(
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
         minted = settings.mint_id if keep_lease else None
         committing = commit(store, clock, row, lease, result, context.counters, minted, job.version)
-        return await _within_fence(keeper, clock, row.id, committing)
+        return await _within_fence(keeper, row.id, committing)
     except LeaseLostError:
         if not keeper.refused:
             # The holder stopped itself (self-fence, lost presence, a call that never
@@ -680,14 +673,14 @@ async def run_job_pass(
         return PassOutcome("superseded")
     except RetryAfter as deferral:
         deferring = defer(store, clock, row, lease, deferral, job.max_deferrals)
-        return await _within_fence(keeper, clock, row.id, deferring, UNANSWERED)
+        return await _within_fence(keeper, row.id, deferring, UNANSWERED)
     except UserExit as escaped:
         failing = _failed(settings, row, lease, job_policy, escaped.failure)
-        outcome = await _within_fence(keeper, clock, row.id, failing, UNANSWERED)
+        outcome = await _within_fence(keeper, row.id, failing, UNANSWERED)
         return replace(outcome, raised=escaped.raised)
     except Exception as error:
         failing = _failed(settings, row, lease, job_policy, error)
-        return await _within_fence(keeper, clock, row.id, failing, UNANSWERED)
+        return await _within_fence(keeper, row.id, failing, UNANSWERED)
     except BaseException:
         await hand_back(store, row, lease)
         raise
@@ -698,9 +691,23 @@ async def run_job_pass(
 UNANSWERED = PassOutcome("superseded", "the store did not answer the pass's last write")
 
 
+def _keeper_for(
+    settings: PassSettings, row: RunRow, lease: Lease, leased_at_s: float | None
+) -> LeaseKeeper:
+    store = settings.store
+    return LeaseKeeper(
+        lease,
+        settings.clock,
+        lambda expires_at, now_at: store.extend_lease(row.id, lease.token, expires_at, now_at),
+        row.id,
+        leased_at_s=leased_at_s,
+        watch_presence=lambda lost: store.watch_presence(lease.presence, lost),
+        guard=settings.guard,
+    )
+
+
 async def _within_fence(
     keeper: LeaseKeeper,
-    clock: Clock,
     run_id: str,
     write: Coroutine[Any, Any, PassOutcome],
     unanswered: PassOutcome | None = None,
