@@ -46,10 +46,6 @@ from jobrun.sql.schema import job_runs
 
 log = logging.getLogger("jobrun.presence")
 
-# How long opening the presence (a connection, its settings, the lock, one check)
-# may take before it is given up as a store error.
-PRESENCE_OPEN_TIMEOUT_S = 5.0
-
 # The advisory lock keys held in this database right now (a bigint key is split
 # into classid, the high half, and objid, the low half, with objsubid 1).
 _HELD_KEYS = (
@@ -143,11 +139,8 @@ class Presence:
         if not self._alive():
             async with self._opening:
                 if not self._alive():
-                    # Bounded: a connection whose handshake or first statements went
-                    # silent (a lossy path) must not hold the claim for asyncpg's 60 s
-                    # connect timeout, nor for ever after it (issue 31).
-                    async with asyncio.timeout(PRESENCE_OPEN_TIMEOUT_S):
-                        await self._open()
+                    # Bounded by the drive's call around it (drive.within, issue 31).
+                    await self._open()
         assert self._key is not None
         return self._key
 
