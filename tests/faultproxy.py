@@ -10,7 +10,21 @@ target (Postgres at 127.0.0.1:5432 by default). Its controls:
   direction, and a new connection is accepted and held without being forwarded,
   as in a partition: the peers wait on their reads;
 * ``heal()``: bytes move again (those held during the blackhole are delivered,
-  as TCP would after the partition), held connections are connected;
+  as TCP would after the partition), held connections are connected; chunks are
+  no longer dropped (``drop``);
+* ``blackhole_when(*markers, half_close=False)``: the first connection whose
+  client next sends a chunk holding every marker (bytes of a query's
+  parameters, say) goes silent for good: that chunk and everything after it,
+  both ways, is swallowed, its sockets stay open; the other connections go on
+  (one dead path in a pool). With ``half_close`` its server side also gets a
+  FIN (``half_close`` below, for that one connection);
+* ``drop(probability, seed, only_with=None)``: each chunk, either way (with
+  ``only_with``: each client chunk holding those bytes), is lost with that
+  probability until ``heal()`` (bytes lost from the stream: a peer waits for
+  what never comes, or reads garbage);
+* ``half_close()``: every open connection's server side gets an orderly FIN
+  while its client side stays open and hears nothing more (the server ended
+  the session, and the client was never told);
 * ``open_connections`` / ``accepted``: connections open now / accepted so far.
 
 Three ways to use it: ``async with FaultProxy(...) as proxy`` in a test's event
@@ -18,7 +32,8 @@ loop; ``ThreadedProxy`` (the same, on a loop of its own in a thread, for
 synchronous code such as the chaos runner); or a separate process,
 ``python -m tests.faultproxy --target-port 5432``, which prints
 ``port <n>`` and then obeys the lines ``cut``, ``blackhole``, ``heal``,
-``count`` and ``quit`` on stdin, answering each with one line.
+``drop <probability>``, ``half-close``, ``count`` and ``quit`` on stdin,
+answering each with one line.
 """
 
 from __future__ import annotations
@@ -26,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import random
 import socket
 import struct
 import sys
@@ -53,6 +69,8 @@ class _Link:
     def __init__(self, client: asyncio.StreamWriter) -> None:
         self.writers: list[asyncio.StreamWriter] = [client]
         self.tasks: list[asyncio.Task[None]] = []
+        # Swallowing everything, both ways (``blackhole_when``, ``half_close``).
+        self.silent = False
 
     def reset(self) -> None:
         for task in self.tasks:
@@ -72,6 +90,13 @@ class FaultProxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._server: asyncio.Server | None = None
+        self._markers: tuple[bytes, ...] = ()
+        self._half_close_marked = False
+        self._drop_probability = 0.0
+        self._drop_only_with: bytes | None = None
+        self._random = random.Random(0)
+        self.silenced = 0  # connections gone silent by ``blackhole_when``
+        self.dropped = 0  # chunks lost by ``drop``
 
     @property
     def open_connections(self) -> int:
@@ -111,6 +136,51 @@ class FaultProxy:
 
     def heal(self) -> None:
         self._flowing.set()
+        self._drop_probability = 0.0
+
+    def blackhole_when(self, *markers: bytes, half_close: bool = False) -> None:
+        """Silence, for good, the first connection whose client sends a chunk
+        holding every one of ``markers`` (with ``half_close``, FIN its server side)."""
+        self._markers, self._half_close_marked = markers, half_close
+
+    def drop(self, probability: float, seed: int = 0, only_with: bytes | None = None) -> None:
+        """Lose each chunk (only client chunks holding ``only_with``, if given) with
+        ``probability`` until ``heal()``."""
+        self._random = random.Random(seed)
+        self._drop_probability, self._drop_only_with = probability, only_with
+
+    def half_close(self) -> int:
+        """FIN to the server side of every open connection; its client hears
+        nothing more. Returns how many there were."""
+        links = [link for link in self._links if len(link.writers) == 2]
+        for link in links:
+            link.silent = True
+            with contextlib.suppress(OSError, RuntimeError):
+                link.writers[1].write_eof()
+        return len(links)
+
+    def _lost(self, link: _Link, chunk: bytes, from_client: bool) -> bool:
+        """Whether ``chunk`` is swallowed (and, on a marker, its link silenced)."""
+        if link.silent:
+            return True
+        markers = self._markers
+        if from_client and markers and all(marker in chunk for marker in markers):
+            self._markers = ()
+            link.silent = True
+            self.silenced += 1
+            if self._half_close_marked:
+                with contextlib.suppress(OSError, RuntimeError):
+                    link.writers[1].write_eof()
+            return True
+        if not self._drop_probability:
+            return False
+        only_with = self._drop_only_with
+        if only_with is not None and not (from_client and only_with in chunk):
+            return False
+        if self._random.random() < self._drop_probability:
+            self.dropped += 1
+            return True
+        return False
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -125,10 +195,14 @@ class FaultProxy:
                 link.reset()
                 return
             link.tasks = [
-                asyncio.create_task(self._pump(reader, up_writer)),
-                asyncio.create_task(self._pump(up_reader, writer)),
+                asyncio.create_task(self._pump(link, reader, up_writer, True)),
+                asyncio.create_task(self._pump(link, up_reader, writer, False)),
             ]
             await asyncio.wait(link.tasks, return_when=asyncio.FIRST_COMPLETED)
+            if link.silent:
+                # Silenced: its client keeps an open socket that says nothing, whatever
+                # the server side did, until the client hangs up (or a cut).
+                await link.tasks[0]
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -136,11 +210,19 @@ class FaultProxy:
                 self._links.discard(link)
                 link.reset()
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self,
+        link: _Link,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        from_client: bool,
+    ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while chunk := await source.read(CHUNK):
                 # Blackholed: hold what was read; TCP's buffers hold the rest.
                 await self._flowing.wait()
+                if self._lost(link, chunk, from_client):
+                    continue
                 sink.write(chunk)
                 await sink.drain()
 
@@ -173,6 +255,21 @@ class ThreadedProxy:
     def heal(self) -> None:
         self._call(self._do("heal"))
 
+    def blackhole_when(self, *markers: bytes) -> None:
+        self._call(self._on_loop(self.proxy.blackhole_when, *markers))
+
+    def blackhole_when_half_closed(self, *markers: bytes) -> None:
+        self._call(self._on_loop(self.proxy.blackhole_when, *markers, half_close=True))
+
+    def drop(self, probability: float, seed: int = 0, only_with: bytes | None = None) -> None:
+        self._call(self._on_loop(self.proxy.drop, probability, seed, only_with))
+
+    def half_close(self) -> int:
+        return int(self._call(self._do("half_close")))
+
+    async def _on_loop(self, action: Any, *arguments: Any, **keywords: Any) -> Any:
+        return action(*arguments, **keywords)
+
     @property
     def open_connections(self) -> int:
         return self.proxy.open_connections
@@ -202,6 +299,11 @@ async def _obey(proxy: FaultProxy) -> None:
         elif command in ("blackhole", "heal"):
             getattr(proxy, command)()
             print(command, flush=True)
+        elif command.startswith("drop "):
+            proxy.drop(float(command.split()[1]))
+            print("drop", flush=True)
+        elif command == "half-close":
+            print(f"half-closed {proxy.half_close()}", flush=True)
         elif command == "count":
             print(f"open {proxy.open_connections} accepted {proxy.accepted}", flush=True)
         elif command == "quit":

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import aligned_clock
 from jobrun._core.fair import ClaimTurns
 from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.lease import MIN_LEASE_MS, Lease
+from jobrun._core.lease import CALL_FLOOR_S, MIN_LEASE_MS, Lease
 from jobrun._core.observe import LOG_PASSES, PassProbe, PassStart, start_watch
 from jobrun._core.options import DriveOptions
 from jobrun._core.outcomes import PassOutcome, fail_for_takeovers, hand_back
@@ -31,6 +31,7 @@ from jobrun._core.registry import JobRegistry, RegisteredJob
 from jobrun._core.sources import Sources
 from jobrun._core.transitions import Claimed
 from jobrun._core.wallsteps import lease_instants
+from jobrun.errors import StoreError
 
 UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"], None]
 
@@ -83,7 +84,11 @@ async def _claim(
         jobs, now_at, format_instant(written), token, holder, skip_ids, dead, by_age
     )
     request = replace(request, database_clock=getattr(clock, "real_time", False))
-    claimed = await _shielded_claim(store, request)
+    # A claim unanswered for a whole lease is abandoned (its connection discarded):
+    # whatever it took has expired by then, and a silent connection must not hold
+    # the driver (issue 31).
+    claiming = within(drive_call_bound_s(registry), "claim", store.claim(request))
+    claimed = await _shielded_claim(store, request, claiming)
     if claimed is None:
         return None
     row = claimed.row
@@ -130,10 +135,13 @@ def _claim_request(
     )
 
 
-async def _shielded_claim(store: JobRunStore, request: ClaimRequest) -> Claimed | None:
+async def _shielded_claim(
+    store: JobRunStore, request: ClaimRequest, claim: Awaitable[Claimed | None]
+) -> Claimed | None:
     """The claim, shielded: one interrupted in flight may land anyway, so its answer
-    is still awaited and the lease it took handed back before the interruption goes on."""
-    claiming = asyncio.ensure_future(store.claim(request))
+    is still awaited and the lease it took handed back before the interruption goes
+    on (``claim`` is bounded, see ``within``)."""
+    claiming = asyncio.ensure_future(claim)
     try:
         return await asyncio.shield(claiming)
     except Exception:
@@ -145,6 +153,31 @@ async def _shielded_claim(store: JobRunStore, request: ClaimRequest) -> Claimed 
                 lease = Lease(request.token, request.driver, MIN_LEASE_MS)
                 await hand_back(store, taken.row, lease)
         raise
+
+
+T = TypeVar("T")
+
+
+def drive_call_bound_s(registry: JobRegistry) -> float:
+    """How long a call of the drive (outside a pass) may go unanswered: the longest
+    lease of the jobs it claims (what it would take has run out by then), at least
+    ``CALL_FLOOR_S``."""
+    longest_s = max((job.lease_ms for job in registry), default=MIN_LEASE_MS) / 1000
+    return max(longest_s, CALL_FLOOR_S)
+
+
+async def within(bound_s: float, operation: str, work: Awaitable[T]) -> T:
+    """``work``, abandoned as a store error if it has not answered in ``bound_s`` real
+    seconds (a network's time, whatever the drive's clock): a silent connection must
+    not hold the driver for ever (issue 31)."""
+    deadline = asyncio.timeout(bound_s)
+    try:
+        async with deadline:
+            return await work
+    except TimeoutError as error:
+        if not deadline.expired():
+            raise
+        raise StoreError(operation, TimeoutError(f"no answer in {bound_s:g} s")) from error
 
 
 def _key_of(row: RunRow) -> RunKey:
@@ -200,13 +233,17 @@ async def drive_due_jobs(
     )
     driven: set[str] = set()
     turns = store.claim_turns if turns is None else turns
+    # The drive's own calls (owed releases, the presence, the dead-holder scan, the
+    # claim) are bounded: see ``within``.
+    bound_s = drive_call_bound_s(registry)
     while drive.report.attempted < chosen.limit and not drive.stopping():
         # Releases the store failed earlier go first: their runs are due again now.
-        await store.owed_releases.settle(store)
+        await within(bound_s, "settle", store.owed_releases.settle(store))
         by_age = turns.next_by_age()
-        claimed = await _claim(
+        claiming = _claim(
             store, registry, drive.clock, drive.driver, frozenset(driven), sources, by_age
         )
+        claimed = await within(2 * bound_s, "claim", claiming)
         if claimed is None:
             break
         taken, registered, lease, leased_at_s = claimed

@@ -20,6 +20,14 @@ skew the store tolerates), and past ``safe_until_s - stop_margin_s`` it starts n
 body and cancels those in flight; it does the same the moment its presence is
 lost (see ``jobrun._core.orphans``). An expired lease is never renewed: the
 renewal is conditional on the lease not having expired.
+
+A renewal proves that the store answers the renewer, not that the pass can go
+on: a pass waiting on a connection that went silent would be renewed forever.
+So the pass's store calls are bounded by its fence: the keeper knows when each
+call in flight began (``calls``), and renews nothing while one has been in
+flight for a renewal interval or more; the fence then comes, the pass is
+cancelled where it waits, and the call is abandoned (the executor discards its
+connection). See docs/design.md, "A store call that never answers".
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from jobrun._core.clock import Clock
 from jobrun._core.dbclock import CLOCK_TOLERANCE_S
@@ -41,6 +49,14 @@ from jobrun.errors import LeaseLostError
 DEFAULT_LEASE_MS = 60 * 1000
 MIN_LEASE_MS = 100
 DEFAULT_MAX_TAKEOVERS = 5
+
+T = TypeVar("T")
+
+# The least real time a write that only serves liveness (an outcome write, a
+# hand-back, a call of the drive outside a pass) is given before it is abandoned
+# as unanswered: a short lease on a loaded machine must not turn slow answers
+# into errors, and a drive on a test clock is not hurried by it.
+CALL_FLOOR_S = 10.0
 
 
 def check_lease_ms(value: object) -> int:
@@ -75,6 +91,11 @@ class Lease:
         alignment to the database's clock ignores less), or a quarter of a short
         lease (shorter leases assume clocks closer than an eighth of it each)."""
         return min(2 * CLOCK_TOLERANCE_S, self.lease_ms / 4000)
+
+    def renew_interval_s(self) -> float:
+        """How often the holder renews: a quarter of the lease. Also how long a store
+        call of the pass may stay unanswered before the holder stops renewing."""
+        return self.lease_ms / 4000
 
     def stop_margin_s(self) -> float:
         """How long before the takeover instant the holder stops its bodies: an
@@ -138,6 +159,9 @@ class LeaseKeeper:
         self._exiting = False
         self.lost = False
         self.refused = False
+        # When each store call of the pass now in flight began (monotonic, oldest
+        # first): the step path appends and removes its own instant, no timer.
+        self.calls: list[float] = []
 
     @property
     def lease(self) -> Lease:
@@ -176,6 +200,29 @@ class LeaseKeeper:
         if self._pass is not None and not self._exiting and not self._cancelled_pass:
             self._cancelled_pass = True
             self._pass.cancel(msg="jobrun: the lease of this pass was lost")
+
+    def stalled(self, now_s: float) -> bool:
+        """Whether a store call of the pass has been in flight a renewal interval or
+        more: the pass cannot go on, so the lease is not renewed (the fence comes)."""
+        calls = self.calls
+        return bool(calls) and now_s - calls[0] >= self._lease.renew_interval_s()
+
+    async def call(self, awaitable: Awaitable[T]) -> T:
+        """Await a store call of the pass, known to the keeper while in flight."""
+        started = self._clock.monotonic()
+        self.calls.append(started)
+        try:
+            return await awaitable
+        finally:
+            self.calls.remove(started)
+
+    def write_deadline_s(self) -> float:
+        """How long an outcome write (commit, failure, deferral) may take, from now,
+        in real seconds: until the fence, or ``CALL_FLOOR_S`` if the fence is nearer.
+        Its safety rests on the token, not on the fence (no body runs after the
+        handler); the bound is for liveness, so a silent connection cannot hold the run."""
+        left_s = self.stop_at_s() - self._clock.monotonic()
+        return max(left_s, CALL_FLOOR_S)
 
     async def __aenter__(self) -> LeaseKeeper:
         self._pass = asyncio.current_task()
@@ -217,12 +264,16 @@ class LeaseKeeper:
             raise LeaseLostError(self._run_id) from interrupted
 
     async def _renew_forever(self) -> None:
-        interval_s = self._lease.lease_ms / 4000
+        interval_s = self._lease.renew_interval_s()
         while not self.fenced():
             # Every interval, or at the self-fence if that comes first.
             await self._clock.sleep(min(interval_s, self.stop_at_s() - self._clock.monotonic()))
             if self.fenced():
                 return
+            if self.stalled(self._clock.monotonic()):
+                # Renewal is not proof of life of the pass: one of its store calls
+                # has gone unanswered, so the fence is left to come.
+                continue
             # Read together: the new expiry is counted from ``written``; the local
             # fence from ``sent_s``, on the monotonic clock, which no step moves.
             sent_s = self._clock.monotonic()

@@ -22,14 +22,14 @@ and sent again before the driver's next claim on the store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
 
 from jobrun._core.clock import Clock
 from jobrun._core.formats import format_instant
-from jobrun._core.lease import Lease
+from jobrun._core.lease import CALL_FLOOR_S, Lease
 from jobrun._core.port import JobRunStore
 from jobrun._core.records import RunPatch, RunRow
 from jobrun._core.results import KEEP_CURSOR, counters_text, cursor_text, interpret_result
@@ -155,12 +155,19 @@ async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
 
     Never raises for a store failure: the hand-back is then owed (see
     ``jobrun._core.owed``) and sent again before the next claim on the store.
+    Nor does it wait on a store that does not answer: abandoned after a renewal
+    interval, at least ``CALL_FLOOR_S`` (real time), it is owed too.
     """
     patch = unleased(row)
     try:
-        await asyncio.shield(store.patch(row.id, patch, lease.token))
+        await asyncio.shield(_bounded(store.patch(row.id, patch, lease.token), lease))
     except Exception:
         store.owed_releases.owe(row.id, patch, lease.token)
+
+
+async def _bounded(write: Awaitable[bool], lease: Lease) -> bool:
+    async with asyncio.timeout(max(lease.renew_interval_s(), CALL_FLOOR_S)):
+        return await write
 
 
 async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:

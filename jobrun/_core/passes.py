@@ -446,13 +446,7 @@ class JobPass:
         limits: StepLimits,
         timeout_s: float | None,
     ) -> Any:
-        if number is not None:
-            # Started: no longer a step coroutine nobody awaited.
-            del self._unstarted[number]
-        # The reuse check comes first: it also catches a name whose first call failed.
-        if name in self._used:
-            raise StepReusedError(name)
-        self._used.add(name)
+        self._started(number, name)
         # A step's policy replaces the job's wholesale; nothing is inherited.
         policy = retry if retry is not None else self._job_policy
         ledger = self._ledger if self._ledger is not None else await self._read_ledger()
@@ -493,19 +487,35 @@ class JobPass:
         # Not storable is a mistake, not a failed attempt: retrying would run the body again.
         stored = step_result_text(name, value, self._store.limits.max_step_result_bytes)
         # The write that makes the step durable; the one round trip a new step costs
-        # (``_record``'s call written out: one coroutine layer fewer on every step).
+        # (``_record`` and ``keeper.call`` written out: no coroutine layer per step).
         row = StepRow(name, stored, attempts, None)
-        if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+        calls, lease = self._keeper.calls, self._lease
+        started = self._clock.monotonic()
+        calls.append(started)
+        try:
+            applied = await self._store.record_step(self.run.id, row, self._now(), lease.token)
+        finally:
+            calls.remove(started)
+        if not applied:
             self._refused()
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
+
+    def _started(self, number: int | None, name: str) -> None:
+        if number is not None:
+            # Started: no longer a step coroutine nobody awaited.
+            del self._unstarted[number]
+        # The reuse check comes first: it also catches a name whose first call failed.
+        if name in self._used:
+            raise StepReusedError(name)
+        self._used.add(name)
 
     async def _read_ledger(self) -> Mapping[str, StepRow]:
         """The one ledger read of the pass (steps started together share it): every
         later memo hit is served from it."""
         async with self._ledger_read:
             if self._ledger is None:
-                self._ledger = await self._store.steps(self.run.id)
+                self._ledger = await self._keeper.call(self._store.steps(self.run.id))
             return self._ledger
 
     async def _failed_attempt(
@@ -557,7 +567,8 @@ class JobPass:
                 await held.release()
 
     async def _record(self, row: StepRow) -> None:
-        if not await self._store.record_step(self.run.id, row, self._now(), self._lease.token):
+        written = self._store.record_step(self.run.id, row, self._now(), self._lease.token)
+        if not await self._keeper.call(written):
             self._refused()
 
     def _refused(self) -> None:
@@ -710,15 +721,7 @@ async def run_job_pass(
     """
     store, clock = settings.store, settings.clock
     job_policy = job.retry if job.retry is not None else DEFAULT_RETRY
-    keeper = LeaseKeeper(
-        lease,
-        clock,
-        lambda expires_at, now_at: store.extend_lease(row.id, lease.token, expires_at, now_at),
-        row.id,
-        leased_at_s=leased_at_s,
-        watch_presence=lambda lost: store.watch_presence(lease.presence, lost),
-        guard=settings.guard,
-    )
+    keeper = _keeper_for(settings, row, lease, leased_at_s)
     try:
         # Newer code first makes the run its version (versions.py); its ledger is then empty.
         fresh = await upgrade_run(store, clock, row, job.version, job.upgrades, keeper)
@@ -728,23 +731,75 @@ async def run_job_pass(
         )
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
         minted = settings.mint_id if keep_lease else None
-        return await commit(store, clock, row, lease, result, context.counters, minted, job.version)
+        committing = commit(store, clock, row, lease, result, context.counters, minted, job.version)
+        return await _within_fence(keeper, row.id, committing)
     except LeaseLostError:
         if not keeper.refused:
-            # The holder stopped itself (self-fence, lost presence) and may still
-            # hold the lease: handed back, so any driver may take the run at once.
+            # The holder stopped itself (self-fence, lost presence, a call that never
+            # answered) and may still hold the lease: handed back, so any driver may
+            # take the run at once.
             await hand_back(store, row, lease)
         return PassOutcome("superseded")
     except RetryAfter as deferral:
-        return await defer(store, clock, row, lease, deferral, job.max_deferrals)
+        deferring = defer(store, clock, row, lease, deferral, job.max_deferrals)
+        return await _within_fence(keeper, row.id, deferring, UNANSWERED)
     except UserExit as escaped:
-        outcome = await _failed(settings, row, lease, job_policy, escaped.failure)
+        failing = _failed(settings, row, lease, job_policy, escaped.failure)
+        outcome = await _within_fence(keeper, row.id, failing, UNANSWERED)
         return replace(outcome, raised=escaped.raised)
     except Exception as error:
-        return await _failed(settings, row, lease, job_policy, error)
+        failing = _failed(settings, row, lease, job_policy, error)
+        return await _within_fence(keeper, row.id, failing, UNANSWERED)
     except BaseException:
         await hand_back(store, row, lease)
         raise
+
+
+# A release write (failure, deferral) that never answered: it is owed (see
+# ``outcomes._release_write``), and sent again before the next claim on the store.
+UNANSWERED = PassOutcome("superseded", "the store did not answer the pass's last write")
+
+
+def _keeper_for(
+    settings: PassSettings, row: RunRow, lease: Lease, leased_at_s: float | None
+) -> LeaseKeeper:
+    store = settings.store
+    return LeaseKeeper(
+        lease,
+        settings.clock,
+        lambda expires_at, now_at: store.extend_lease(row.id, lease.token, expires_at, now_at),
+        row.id,
+        leased_at_s=leased_at_s,
+        watch_presence=lambda lost: store.watch_presence(lease.presence, lost),
+        guard=settings.guard,
+    )
+
+
+async def _within_fence(
+    keeper: LeaseKeeper,
+    run_id: str,
+    write: Coroutine[Any, Any, PassOutcome],
+    unanswered: PassOutcome | None = None,
+) -> PassOutcome:
+    """An outcome write, abandoned if it has not answered by ``keeper.write_deadline_s``
+    (its connection is then discarded by the executor, never reused).
+
+    Abandoned, it is a lost lease to the pass: ``unanswered`` is the outcome, or,
+    without it (the commit), ``LeaseLostError``, so the lease is handed back.
+    """
+    # Real time: a network's time, whatever the pass's clock (a test clock that
+    # moves on while the store answers must not abandon a healthy write).
+    deadline = asyncio.timeout(keeper.write_deadline_s())
+    try:
+        async with deadline:
+            return await write
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        keeper.lose()
+        if unanswered is not None:
+            return unanswered
+        raise LeaseLostError(run_id) from None
 
 
 async def _failed(

@@ -175,6 +175,11 @@ def _driver_autocommit(connection: Any) -> None:
     connection.connection.dbapi_connection.isolation_level = None
 
 
+# How long ``dispose()`` waits for the thread of a connection given up on (see
+# ``_SqliteConnection.abandon``) to finish.
+ABANDONED_JOIN_S = 1.0
+
+
 class _SqliteConnection:
     """The one aiosqlite connection jobrun uses on an engine, and whose turn it is."""
 
@@ -188,6 +193,10 @@ class _SqliteConnection:
         # The last loop's lock, looked up without the weak dictionary (every statement asks).
         self._last_loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None
         self._last_lock: asyncio.Lock | None = None
+        # Connections given up on (``abandon``), kept referenced with what they still
+        # have to do (a rollback): their thread may still be inside the call nobody
+        # waits for any more.
+        self.abandoned: list[tuple[AsyncConnection, Any, asyncio.Future[None] | None]] = []
 
     def lock(self) -> asyncio.Lock:
         """Whose turn it is, per event loop (an asyncio lock belongs to one loop)."""
@@ -231,8 +240,39 @@ class _SqliteConnection:
         self._connection, self.driver = connection, driver
         return driver
 
+    def abandon(self, driver: Any, then: asyncio.Future[None] | None = None) -> bool:
+        """Give up on ``driver`` after a call on it was cancelled: the next operation
+        opens a fresh connection. Whether it was given up (a pool of one shared
+        connection keeps it: that connection is the database, in memory).
+
+        The call may still be running in the connection's thread (a thread blocked
+        in the file system, say): nobody can end it from here. The connection is
+        told to close once the thread is free (after ``then``, a rollback queued on
+        it, if given) and is never used again, so whatever held it up holds up
+        nothing else in this process.
+        """
+        if driver is not self.driver:
+            return True  # given up on already
+        pool = self._engine.sync_engine.pool
+        if self._connection is None or isinstance(pool, StaticPool | SingletonThreadPool):
+            return False
+        self.abandoned.append((self._connection, driver, then))
+        self._connection = self.driver = None
+        if then is None:
+            driver.stop()
+        else:
+            then.add_done_callback(lambda _done: driver.stop())
+        return True
+
     def close(self) -> None:
         """Close the connection; called from ``Engine.dispose`` (inside SQLAlchemy's greenlet)."""
+        abandoned, self.abandoned = self.abandoned, []
+        for _connection, given_up, _then in abandoned:
+            thread = getattr(given_up, "_thread", None)
+            if thread is not None and thread.is_alive():
+                # A moment for it to finish while this loop can still take its last
+                # answers; a thread still blocked is left behind.
+                await_only(asyncio.to_thread(thread.join, ABANDONED_JOIN_S))
         connection, driver = self._connection, self.driver
         self._connection = self.driver = None
         if connection is None:
@@ -279,12 +319,16 @@ class SqliteExecutor(_Executor):
             driver = connection.driver
             if driver is None:
                 driver = await connection.open()
-            if self._hook is not None:
-                return await self._send(driver, operation, statement.sql, arguments)
             try:
+                if self._hook is not None:
+                    return await self._send(driver, operation, statement.sql, arguments)
                 rows: list[Row] = await driver.execute_fetchall(statement.sql, arguments)
             except ValueError as error:
                 raise sqlite3.OperationalError(str(error)) from error
+            except asyncio.CancelledError:
+                # Abandoned in flight (the pass's fence, say): the call may never end.
+                connection.abandon(driver)
+                raise
             return rows
 
     async def write_in_order(
@@ -302,12 +346,16 @@ class SqliteExecutor(_Executor):
             driver = connection.driver
             if driver is None:
                 driver = await connection.open()
-            if self._hook is not None:
-                return await self._send_write(self._hook, driver, operation, statement, arguments)
             try:
+                hook = self._hook
+                if hook is not None:
+                    return await self._send_write(hook, driver, operation, statement, arguments)
                 count: int = (await driver.execute(statement.sql, arguments)).rowcount
             except ValueError as error:
                 raise sqlite3.OperationalError(str(error)) from error
+            except asyncio.CancelledError:
+                connection.abandon(driver)
+                raise
             return count
 
     async def _send_write(
@@ -334,11 +382,17 @@ class SqliteExecutor(_Executor):
                 await self._send(driver, operation, "BEGIN IMMEDIATE", [])
                 yield Session(self, driver, operation)
                 await self._send(driver, operation, "COMMIT", [])
-            except BaseException:
+            except BaseException as error:
                 # Queued now, so it runs right after whatever the thread is still doing
                 # and before the next turn's first statement; awaited under a shield so
                 # that a second cancellation cannot release the turn before it is sent.
                 rollback = asyncio.ensure_future(self._rollback(driver, operation))
+                cancelled = isinstance(error, asyncio.CancelledError)
+                if cancelled and self._connection.abandon(driver, then=rollback):
+                    # Given up on, never used again (its thread may be stuck inside
+                    # this transaction): the rollback, then the close, run whenever
+                    # the thread is free; the next turn opens a fresh connection.
+                    raise
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(rollback)
                 raise
@@ -392,10 +446,10 @@ class PostgresExecutor(_Executor):
         kept = await connections.acquire()
         try:
             yield kept.driver
-        except BaseException:
+        except BaseException as error:
             # A cancelled or failed statement may leave the server mid-query or
             # mid-transaction: this connection is closed, never used again.
-            await connections.discard(kept)
+            await connections.discard(kept, abandoned=not isinstance(error, Exception))
             raise
         connections.release(kept)
 
@@ -418,8 +472,10 @@ class PostgresExecutor(_Executor):
                 rows: list[Row] = await kept.driver.fetch(statement.sql, *arguments)
             else:
                 rows = await self._send(kept.driver, operation, statement.sql, arguments)
-        except BaseException:
-            await connections.discard(kept)
+        except BaseException as error:
+            # Cancelled (abandoned at the pass's fence, say): its socket may be
+            # silent for good, so it is cut, not closed politely.
+            await connections.discard(kept, abandoned=not isinstance(error, Exception))
             raise
         connections.release(kept)
         return rows

@@ -190,14 +190,22 @@ class PostgresConnections:
         if kept is not None:
             self.release(kept)
 
-    async def discard(self, kept: _Kept) -> None:
+    async def discard(self, kept: _Kept, abandoned: bool = False) -> None:
         """Close a connection that saw an error or a cancellation; never reused.
 
         Whatever the server was doing on it (a statement, a transaction) ends
         with the connection; the pool forgets it and opens a new one when asked.
+        ``abandoned`` (a call cancelled unanswered, at a pass's fence say): closed
+        in the background, so the caller waits on no I/O; the close asks the
+        server to cancel the statement (asyncpg's cancel request goes on a
+        connection of its own) and gives a socket that never answers again at
+        most 2 s before cutting it (SQLAlchemy's invalidation).
         """
         self._out -= 1
         self._hand_on(None)
+        if abandoned:
+            self._in_task(self._close(kept))
+            return
         await self._close(kept)
 
     @staticmethod

@@ -183,6 +183,7 @@ class Presence:
         if not self._alive():
             async with self._opening:
                 if not self._alive():
+                    # Bounded by the drive's call around it (drive.within, issue 31).
                     await self._open()
         assert self._key is not None
         return self._key
@@ -242,7 +243,8 @@ class Presence:
             await connection.execute(select(func.pg_advisory_lock(key)))
             await _check_held(raw, key)
         except BaseException:
-            await connection.close()
+            # Not politely: the failure may be a socket that never answers.
+            await asyncio.shield(_discard(connection))
             raise
         self._connection, self._raw, self._key = connection, raw, key
         self._checker = asyncio.get_running_loop().create_task(self._check_forever(raw, key))
@@ -291,6 +293,12 @@ class Presence:
             checker.cancel()
         connection, raw = self._detach()
         if connection is not None:
+            # Cut first: an idle presence is not checked, so its socket may have gone
+            # silent unnoticed (a lossy path), and a polite close, here or when its
+            # pool is disposed, would wait on it for ever (issue 31). The session
+            # ends as at a process's death, which is what presence is about.
+            with contextlib.suppress(Exception):
+                raw.terminate()
             try:
                 await connection.close()
             except Exception:

@@ -161,6 +161,58 @@ class ProxyBlackhole(Fault):
         stage.notes.append("resume counted from the blackhole's start")
 
 
+class BlackholedConnection(Fault):
+    """One pool connection goes silent at the victim's step write (socket kept open,
+    nothing forwarded), the rest of the network is fine: renewals on other
+    connections go through (issue 31: the run stayed stuck until cancelled).
+
+    Postgres only: SQLite has no network, and its counterpart (the connection's
+    thread blocked inside a call) cannot be caused in a driver process from
+    outside; ``tests/contract/test_stuck_calls.py`` injects it in process."""
+
+    name, quick, backends = "one connection black-holed at a step write", True, ("postgres",)
+
+    async def before_drivers(self, stage: Stage) -> None:
+        self.proxy = _proxy_for(stage)
+        stage.driver_urls = {index: _through(self.proxy, stage.url) for index in range(8)}
+
+    async def inject(self, stage: Stage) -> None:
+        _victim, event = await stage.victim_body()
+        markers = (event["run"].encode(), event["step"].encode())
+        await asyncio.to_thread(self.proxy.blackhole_when, *markers)
+        stage.resume_from_ns, stage.affected_runs = time.monotonic_ns(), {event["run"]}
+        stage.notes.append("resume counted from the body before the silenced write")
+
+
+class DroppedChunks(Fault):
+    """Chunks lost on every driver's connections for a while, then the path heals
+    (issue 31: 1% for 30 s left 3 of 3 runs stuck after the heal)."""
+
+    backends = ("postgres",)
+
+    def __init__(self, percent: float = 1.0, seconds: float = 30.0) -> None:
+        self.percent, self.seconds = percent, seconds
+        self.name = f"{percent:g}% of chunks dropped {seconds:.0f} s, then healed"
+        self.passes = 12 if seconds > 10 else 6  # runs long enough to outlast the fault
+        self.deadline_s = 60 + seconds
+
+    async def before_drivers(self, stage: Stage) -> None:
+        self.proxy = _proxy_for(stage)
+        stage.driver_urls = {index: _through(self.proxy, stage.url) for index in range(8)}
+
+    async def inject(self, stage: Stage) -> None:
+        await stage.victim_body()
+        await asyncio.to_thread(self.proxy.drop, self.percent / 100, 31)
+        try:
+            # sleep: the lossy spell's length
+            await asyncio.sleep(self.seconds)
+        finally:
+            await asyncio.to_thread(self.proxy.heal)
+        stage.resume_from_ns = time.monotonic_ns()
+        dropped = self.proxy.proxy.dropped
+        stage.notes.append(f"{dropped} chunks dropped; resume counted from the heal")
+
+
 _HOLD_LOCK = """
 import sqlite3, sys, time
 connection = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
@@ -213,9 +265,12 @@ def all_scenarios() -> list[tuple[Fault, str]]:
         TerminatePresence(),
         IdleSessionTimeout(1, "database"),
         ProxyCut(),
+        BlackholedConnection(),
         SqliteLocked(10, quick=True),
         *(IdleSessionTimeout(seconds, on) for on in ("database", "role") for seconds in (1, 2, 5)),
         ProxyBlackhole(),
+        DroppedChunks(1.0, 30.0),
+        DroppedChunks(5.0, 10.0),
         SqliteLocked(30),
         PostgresRestart("fast"),
         PostgresRestart("immediate"),

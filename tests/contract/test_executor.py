@@ -26,6 +26,7 @@ import jobrun
 from jobrun._core.browse import RunQuery
 from jobrun._core.records import ClaimRequest, RunFilter, StepRow
 from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
+from jobrun.sql.executor import _sqlite_connection_of
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, drive, logged_store, row_of
 
@@ -177,7 +178,14 @@ async def test_sqlite_a_transaction_cancelled_mid_statement_is_rolled_back(
             await task
         holder.execute("ROLLBACK")
         holder.close()
-        # The next operation waits behind the cancelled one and the rollback it left queued.
+        # The cancelled transaction's connection is given up (its thread may never come
+        # back, issue 31): the rollback queued on it runs once the thread is free, then
+        # it closes; the next operation goes on a fresh connection.
+        ((_connection, driver, rollback),) = _sqlite_connection_of(engine).abandoned
+        assert rollback is not None
+        await asyncio.wait_for(asyncio.shield(rollback), 10)
+        # Its thread ends after the close, whose answer needs this loop.
+        await asyncio.to_thread(driver._thread.join, 10)
         assert (await row_of(store, run.id)).status == "failed"
         assert [sql.split()[0] for op, sql, _ in log.seen if op == "resume"][-1] == "ROLLBACK"
         assert_write_lock_free(engine)
@@ -319,7 +327,8 @@ async def test_sqlite_a_step_write_cancelled_mid_statement_leaves_nothing_open(
 ) -> None:
     """The hookless step write, cancelled while it waits for the write lock: a lone
     statement in autocommit, so whatever it did is committed or undone by SQLite and
-    no transaction stays open; the next operation waits its turn behind it."""
+    no transaction stays open. Its connection is given up (issue 31: its thread may
+    never come back); the next operation goes on a fresh one."""
     engine = create_async_engine(sqlite_url)
     database = make_url(sqlite_url).database
     assert database is not None
@@ -350,6 +359,10 @@ async def test_sqlite_a_step_write_cancelled_mid_statement_leaves_nothing_open(
         holder.execute("ROLLBACK")
         with pytest.raises(asyncio.CancelledError):
             await task
+        for _connection, driver, _then in _sqlite_connection_of(engine).abandoned:
+            # The given-up connection's thread ends after its close, whose answer needs
+            # this loop.
+            await asyncio.to_thread(driver._thread.join, 10)
         # Whether the write landed or not, nothing is left open on the store's connection.
         ledger = await store.steps(run.id)
         assert set(ledger) <= {"a"}

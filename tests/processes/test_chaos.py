@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.faults import (
+    BlackholedConnection,
     IdleSessionTimeout,
     KillHolder,
     ProxyCut,
@@ -50,6 +51,7 @@ QUICK = [
     case(TerminatePresence(), "postgres"),
     case(IdleSessionTimeout(1, "database"), "postgres"),
     case(ProxyCut(), "postgres"),
+    case(BlackholedConnection(), "postgres"),
     case(SqliteLocked(10, quick=True), "sqlite"),
 ]
 

@@ -109,3 +109,90 @@ async def test_the_proxy_obeys_commands_from_a_separate_process() -> None:
         if child.returncode is None:
             child.kill()
             await child.wait()
+
+
+async def test_blackhole_when_silences_only_the_connection_that_sent_the_markers() -> None:
+    host, port, _ = _target()
+    async with FaultProxy(host, port) as proxy:
+        victim, other = await _connect(proxy.port), await _connect(proxy.port)
+        proxy.blackhole_when(b"wedge-", b"-here")
+        # The markers are bytes of the query's parameters, as a step write's are.
+        query = asyncio.ensure_future(victim.fetchval("SELECT $1::text", "wedge--here"))
+        with pytest.raises(TimeoutError):
+            # A look for something that must not happen: the silenced query never answers.
+            await asyncio.wait_for(asyncio.shield(query), 1.0)
+        assert proxy.silenced == 1
+        assert await other.fetchval("SELECT $1::text", "wedge--here", timeout=10) == "wedge--here"
+        assert not victim.is_closed(), "its socket stays open: silent, not closed"
+        query.cancel()
+        victim.terminate()
+        await other.close()
+
+
+async def test_drop_loses_chunks_until_heal() -> None:
+    host, port, _ = _target()
+    async with FaultProxy(host, port) as proxy:
+        connection = await _connect(proxy.port)
+        proxy.drop(1.0)
+        query = asyncio.ensure_future(connection.fetchval("SELECT 3"))
+        with pytest.raises(TimeoutError):
+            # A look for something that must not happen: its bytes were lost.
+            await asyncio.wait_for(asyncio.shield(query), 1.0)
+        assert proxy.dropped >= 1
+        proxy.heal()
+        # Lost, not held: the stalled query stays stalled after heal; a new one goes through.
+        assert not query.done()
+        query.cancel()
+        connection.terminate()
+        fresh = await _connect(proxy.port)
+        assert await fresh.fetchval("SELECT 4", timeout=10) == 4
+        await fresh.close()
+
+
+async def test_half_close_ends_the_server_session_and_tells_the_client_nothing() -> None:
+    host, port, _ = _target()
+    async with FaultProxy(host, port) as proxy:
+        connection = await _connect(proxy.port)
+        backend = await connection.fetchval("SELECT pg_backend_pid()", timeout=10)
+        assert proxy.half_close() == 1
+        watcher = await _connect_direct()
+        try:
+            # The server saw the FIN and ended the session.
+            for _ in range(200):
+                alive = await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend
+                )
+                if not alive:
+                    break
+                await asyncio.sleep(0.05)  # sleep: a poll of the server's sessions
+            assert not alive, "the server ended the session"
+        finally:
+            await watcher.close()
+        query = asyncio.ensure_future(connection.fetchval("SELECT 5"))
+        with pytest.raises(TimeoutError):
+            # A look for something that must not happen: the client hears nothing.
+            await asyncio.wait_for(asyncio.shield(query), 1.0)
+        assert not connection.is_closed()
+        query.cancel()
+        connection.terminate()
+
+
+async def _connect_direct() -> asyncpg.Connection:
+    host, port, user = _target()
+    return await asyncpg.connect(host=host, port=port, user=user, database="postgres")
+
+
+async def test_drop_only_with_loses_only_the_chunks_holding_those_bytes() -> None:
+    host, port, _ = _target()
+    async with FaultProxy(host, port) as proxy:
+        connection = await _connect(proxy.port)
+        proxy.drop(1.0, only_with=b"lost-one")
+        kept = await connection.fetchval("SELECT $1::text", "kept-one", timeout=10)
+        assert kept == "kept-one"
+        lost = asyncio.ensure_future(connection.fetchval("SELECT $1::text", "lost-one"))
+        with pytest.raises(TimeoutError):
+            # A look for something that must not happen: that query's bytes were lost.
+            await asyncio.wait_for(asyncio.shield(lost), 1.0)
+        assert proxy.dropped == 1
+        lost.cancel()
+        connection.terminate()
