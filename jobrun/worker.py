@@ -596,10 +596,9 @@ async def run_worker(
 ) -> None:
     """Drive the due runs of every database in ``databases`` until ``stop`` is set.
 
-    ``databases`` are URLs (an engine is made for each and disposed of at the end),
-    engines (left to their owner) or :class:`jobrun.SqlJobRunStore` instances (used
-    as they are, with their own schema and settings). Each database's schema is
-    checked first, so a database that was never upgraded fails here, not later.
+    ``databases`` are URLs (an engine is made for each, disposed of at the end),
+    engines (left to their owner) or :class:`jobrun.SqlJobRunStore` instances (as
+    they are). Each database's schema is checked first: never upgraded fails here.
 
     ``options`` (a :class:`jobrun.DriveOptions`, or its fields as keywords) go to
     each :func:`jobrun.run_due_jobs` call; its ``clock`` also times the worker's
@@ -609,22 +608,18 @@ async def run_worker(
     (at most ``interval_s``) and never stops the others; a job's ``sys.exit()``
     is its run's failed attempt, logged. On Postgres, ``schema`` is the tenant's
     schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
-    A bad value raises :class:`jobrun.JobValidationError` before any database is used.
-    Schedules: see :func:`jobrun.start_scheduled_runs`. ``prune_after`` prunes the
-    registry's jobs (``keep_for`` wins), ``prune_unregistered_after`` the others.
+    A bad value raises :class:`jobrun.JobValidationError` before any database is
+    used. ``prune_after`` prunes the registry's jobs (``keep_for`` wins),
+    ``prune_unregistered_after`` the others.
 
-    ``max_connections_per_database`` bounds the connections jobrun keeps out at
-    once on each Postgres database, on engines and stores handed in too. A store
-    that fails the first read at start is tried again with a doubling delay.
-    Many databases (docs/how-to/many-drivers.md): ``max_open_sqlite``,
-    ``max_connections_per_database``, ``max_databases`` (``jobrun.database_leases``);
-    each list put on ``reloads`` becomes the set served, checked at first use.
-    The worker registers in each database it serves (``heartbeat_s``: see
-    :mod:`jobrun._core.worker_registry`).
+    ``max_connections_per_database`` bounds jobrun's connections on each Postgres
+    database (engines and stores handed in too); a first read that fails at start is
+    retried with a doubling delay. Many databases (docs/how-to/many-drivers.md):
+    ``max_open_sqlite``, ``max_databases``, and ``reloads`` (each list put on it is
+    the set served). The worker registers in each database every ``heartbeat_s``.
     """
     chosen = _worker_options(options, keywords)
     _check_what_to_drive(databases, registry)
-    timing = resolve_clock(chosen.clock)
     worker = _Worker(
         [],
         registry,
@@ -633,7 +628,7 @@ async def run_worker(
         concurrency=checked_count(concurrency, "concurrency"),
         on_health=on_health,
         stop=stop if stop is not None else asyncio.Event(),
-        clock=timing,
+        clock=resolve_clock(chosen.clock),
         prune_after=prune_after,
         prune_unregistered_after=prune_unregistered_after,
         max_open_sqlite=checked_count(max_open_sqlite, "max_open_sqlite"),

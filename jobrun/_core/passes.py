@@ -473,11 +473,7 @@ class JobPass:
             else:
                 value = await self._body(fn, held, timeout_s)
         except RetryAfter as deferral:
-            # Not a failed attempt: nothing is recorded, and the pass is deferred
-            # unless the handler catches it. Naming a rate limit, it cools the
-            # limit down for every driver first (limit_gate.cool).
-            if deferral.rate_limit is not None:
-                await self._gate.cool(name, deferral)
+            await self._deferring(name, deferral)
             raise
         except BaseException as error:
             raised = await self._failed_attempt(name, attempts, policy, error)
@@ -500,6 +496,13 @@ class JobPass:
             self._refused()
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
+
+    async def _deferring(self, name: str, deferral: RetryAfter) -> None:
+        """A step body raised ``RetryAfter``: not a failed attempt, nothing is recorded,
+        and the pass is deferred unless the handler catches it. Naming a rate limit,
+        it cools the limit down for every driver first (``limit_gate.cool``)."""
+        if deferral.rate_limit is not None:
+            await self._gate.cool(name, deferral)
 
     def _started(self, number: int | None, name: str) -> None:
         if number is not None:
