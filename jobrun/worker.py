@@ -604,10 +604,9 @@ async def run_worker(
     each :func:`jobrun.run_due_jobs` call; its ``clock`` also times the worker's
     waits. ``concurrency`` bounds the calls in flight across all databases.
     ``on_health(database, health)`` gets :func:`jobrun.job_run_health` of each
-    database every ``interval_s``. A failing database is retried after a second
-    (at most ``interval_s``) and never stops the others; a job's ``sys.exit()``
-    is its run's failed attempt, logged. On Postgres, ``schema`` is the tenant's
-    schema of every URL and engine (see ``SqlJobRunStore(schema=...)``).
+    database every ``interval_s``. A failing database is retried after a second (at
+    most ``interval_s``), never stopping the others; a job's ``sys.exit()`` is a
+    failed attempt. ``schema``: the tenant's Postgres schema (``SqlJobRunStore``).
     A bad value raises :class:`jobrun.JobValidationError` before any database is
     used. ``prune_after`` prunes the registry's jobs (``keep_for`` wins),
     ``prune_unregistered_after`` the others.
