@@ -599,7 +599,6 @@ async def run_worker(
     ``databases`` are URLs (an engine is made for each, disposed of at the end),
     engines (left to their owner) or :class:`jobrun.SqlJobRunStore` instances (as
     they are). Each database's schema is checked first: never upgraded fails here.
-
     ``options`` (a :class:`jobrun.DriveOptions`, or its fields as keywords) go to
     each :func:`jobrun.run_due_jobs` call; its ``clock`` also times the worker's
     waits. ``concurrency`` bounds the calls in flight across all databases.
