@@ -72,10 +72,10 @@ def _variants(store: Any, args: Any) -> dict[str, Any]:
         began = time.perf_counter()
         for _ in range(args.batches):
             starts = [
-                jobrun.JobStart(module_id=MODULE, job=JOB, instance=f"i{n}", payload={"n": n})  # type: ignore[attr-defined]
+                jobrun.JobStart(module_id=MODULE, job=JOB, instance=f"i{n}", payload={"n": n})
                 for n in itertools.islice(numbers, args.batch_size)
             ]
-            await jobrun.start_job_runs(store, starts)  # type: ignore[attr-defined]
+            await jobrun.start_job_runs(store, starts)
         return args.batches * args.batch_size / (time.perf_counter() - began)
 
     async def single() -> float:

@@ -86,6 +86,7 @@ async def all_ended(engine: AsyncEngine, stop: asyncio.Event) -> None:
         if health.running == 0:
             stop.set()
             return
+        # sleep: a poll interval; the test's own timeout only bounds a hang
         await asyncio.sleep(0.05)
 
 
