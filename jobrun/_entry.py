@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from jobrun._core import actions, drive, runs, scheduled_runs
+from jobrun._core import actions, drive, pausing, runs, scheduled_runs
 from jobrun._core import starts as starts_core
 from jobrun._core.clock import ClockLike
 from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
@@ -269,3 +269,90 @@ async def prune_job_runs(
         except_jobs=except_jobs,
         sources=SYSTEM_SOURCES,
     )
+
+
+# -- pause and unpause (revision 0009; jobrun._core.pausing) ---------------------------------
+
+
+async def pause_job_run(
+    store: OperatorStore,
+    run_id: str,
+    *,
+    reason: str | None = None,
+    clock: ClockLike | None = None,
+) -> JobRun:
+    """Pause a running run until :func:`unpause_job_run`; returns its record.
+
+    A paused run stays live (a start of its key joins it) but no driver claims
+    it. A pass in flight stops at its next step boundary: its next step write
+    tells it (at most one more step body starts, and none in a pass that writes
+    no more steps, which then ends as it would), it starts no new step, commits
+    nothing, is charged nothing (no attempt, no backoff, no error), keeps the
+    steps that finished and gives its lease back, which also frees its limit
+    slots. Not a cancel: the run keeps its cursor and ledger and goes on from
+    there when unpaused. Pausing a paused run changes nothing (the first pause's
+    time and reason stay); pausing a run that has ended raises
+    :class:`JobRunNotLiveError`.
+    """
+    return await pausing.pause_job_run(
+        store, run_id, reason=reason, clock=clock, sources=SYSTEM_SOURCES
+    )
+
+
+async def unpause_job_run(
+    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None
+) -> JobRun:
+    """Unpause a paused run: due at once, and workers pick it up as they would a new
+    run. Unpausing a running run that is not paused changes nothing; a run that has
+    ended raises :class:`JobRunNotLiveError`. A run of a paused job stays unpaused
+    (the job's next starts are still paused)."""
+    return await pausing.unpause_job_run(store, run_id, clock=clock, sources=SYSTEM_SOURCES)
+
+
+async def pause_job(
+    store: OperatorStore,
+    *,
+    module_id: str,
+    job: str,
+    reason: str | None = None,
+    clock: ClockLike | None = None,
+) -> int:
+    """Pause a job, as a queue is paused: every live run of ``(module_id, job)`` is
+    paused (as :func:`pause_job_run` would), and so is every run of it started
+    until :func:`unpause_job`, each from its start (a start still joins a live
+    run of its key). One transaction; returns how many runs it paused now. The
+    pause is recorded in the database (health and the console list it); pausing
+    a paused job keeps its record and pauses what is not paused yet."""
+    return await pausing.pause_job(
+        store, module_id=module_id, job=job, reason=reason, clock=clock, sources=SYSTEM_SOURCES
+    )
+
+
+async def unpause_job(
+    store: OperatorStore, *, module_id: str, job: str, clock: ClockLike | None = None
+) -> int:
+    """Unpause a job: its pause record goes, and every paused run of it (whether it
+    was paused with the job or on its own) is unpaused, due at once. One
+    transaction; returns how many runs it unpaused."""
+    return await pausing.unpause_job(
+        store, module_id=module_id, job=job, clock=clock, sources=SYSTEM_SOURCES
+    )
+
+
+async def pause_limit(
+    store: OperatorStore, key: str, *, reason: str | None = None, clock: ClockLike | None = None
+) -> bool:
+    """Pause a limit key (a rate limit's, or a concurrency key) on ``store``, the
+    database that keeps its bucket and slots: a step that names it (``p.step(...,
+    rate_limit=key)`` or ``concurrency_limit=key``) does not run; its pass ends
+    deferred, nothing charged, and the run waits until :func:`unpause_limit`,
+    whatever its pass budget (as for a limit cooling down beyond it). Steps
+    already running go on. Returns whether the key was not paused before (pausing
+    a paused key keeps the first pause)."""
+    return await pausing.pause_limit(store, key, reason=reason, clock=clock, sources=SYSTEM_SOURCES)
+
+
+async def unpause_limit(store: OperatorStore, key: str) -> int:
+    """Unpause a limit key: the runs its pause deferred are due at once; returns how
+    many. Unpausing a key that is not paused changes nothing (returns 0)."""
+    return await pausing.unpause_limit(store, key)

@@ -9,12 +9,16 @@ One root, :class:`JobRunError`, with a machine-readable ``code``::
     │   └── HandlerMistakeError     handler_mistake     (a mistake in handler code: the
     │                                                    run fails at once, no retry)
     ├── JobConflictError            conflict            (``reason`` says which)
-    │   └── StepReusedError         conflict            reason == "job_step_reused"
+    │   ├── StepReusedError         conflict            reason == "job_step_reused"
+    │   └── JobRunNotLiveError      not_live            (a pause or unpause of a run
+    │                                                    that has ended)
     ├── StepFailedError             step_failed         (a step's attempt failed)
     │   └── StepTimeoutError        step_timeout        (its body overran ``timeout_s``)
     ├── PassTimeoutError            pass_timeout        (a pass overran its budget)
     ├── LeaseLostError              lease_lost          (another driver or an operator
     │                                                    took the run; the pass stops)
+    ├── JobRunPausedError           paused              (an operator paused the run;
+    │                                                    the pass stops at a step)
     ├── RetryAfter                  deferred            (raised BY a handler or step:
     │                                                    not now, try again in N s)
     ├── JobRunNotFoundError         not_found           (no run has that id)
@@ -52,6 +56,8 @@ __all__ = [
     "JobConflictError",
     "JobRunError",
     "JobRunNotFoundError",
+    "JobRunNotLiveError",
+    "JobRunPausedError",
     "JobValidationError",
     "LeaseLostError",
     "PassTimeoutError",
@@ -204,6 +210,34 @@ class LeaseLostError(JobRunError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} is no longer held by this pass; it stops here")
         self.run_id = run_id
+
+
+class JobRunPausedError(JobRunError):
+    """An operator paused the run while this pass ran (:func:`jobrun.pause_job_run`).
+    Raised at the pass's next step call: the pass starts no new step, commits
+    nothing and is charged nothing (the steps that finished stay stored), gives its
+    lease back and is reported as ``paused``, even if the handler catches this."""
+
+    code = "paused"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} was paused; this pass stops at its step boundary")
+        self.run_id = run_id
+
+
+class JobRunNotLiveError(JobConflictError):
+    """An operator action that needs a live (``running``) run named one that has
+    ended (``done``, ``failed``, cancelled): a pause or an unpause."""
+
+    code = "not_live"
+
+    def __init__(self, run_id: str, action: str, outcome: str) -> None:
+        super().__init__(
+            f"run {run_id} is {outcome}, not running; only a live run can be {action}",
+            "job_run_not_running",
+        )
+        self.run_id = run_id
+        self.outcome = outcome
 
 
 MAX_RETRY_AFTER_S = 30 * 24 * 3600.0

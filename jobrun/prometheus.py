@@ -50,7 +50,7 @@ class WorkerMetrics:
     """The worker's metrics, registered on ``registry`` (the default one unless given).
 
     * ``jobrun_passes_total{module_id, job, outcome}``: passes by outcome
-      (advanced, completed, retrying, failed, superseded, deferred, interrupted);
+      (advanced, completed, retrying, failed, superseded, deferred, paused, interrupted);
     * ``jobrun_pass_duration_seconds{module_id, job, outcome}``: histogram;
     * ``jobrun_step_duration_seconds{module_id, job, outcome}``: histogram, outcome
       ran, memo, failed, lost, deferred or error;
@@ -60,8 +60,10 @@ class WorkerMetrics:
       ``jobrun_running_runs{database}``, ``jobrun_leased_runs{database}``,
       ``jobrun_orphaned_runs{database}``, ``jobrun_failed_runs{database}`` (cancelled
       runs included), ``jobrun_cancelled_runs{database}`` (the failed runs an
-      operator cancelled): gauges from :func:`jobrun.job_run_health` (the words as
-      it defines them), refreshed every worker interval.
+      operator cancelled), ``jobrun_paused_runs{database}`` (the running runs an
+      operator paused, with the run or its job): gauges from
+      :func:`jobrun.job_run_health` (the words as it defines them), refreshed every
+      worker interval.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -134,6 +136,12 @@ class WorkerMetrics:
             database,
             registry=self.registry,
         )
+        self.paused = Gauge(
+            "jobrun_paused_runs",
+            "Running runs an operator paused (never claimed until unpaused).",
+            database,
+            registry=self.registry,
+        )
 
     def pass_started(self, start: PassStart) -> PassWatch | None:
         """Count a takeover; the returned watch counts the pass and times it and its steps."""
@@ -151,6 +159,7 @@ class WorkerMetrics:
         self.orphaned.labels(database).set(health.orphaned)
         self.failed.labels(database).set(health.failed)
         self.cancelled.labels(database).set(health.cancelled)
+        self.paused.labels(database).set(health.paused)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` over HTTP on ``address:port`` from a daemon thread."""

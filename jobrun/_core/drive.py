@@ -48,6 +48,8 @@ def _count(report: JobDriveReport, run_id: str, outcome: PassOutcome) -> None:
     elif outcome.status == "deferred":
         # Not a failure: no error, and the lease is already given back.
         report.deferred += 1
+    elif outcome.status == "paused":
+        report.paused += 1
     else:
         # A lost lease is the new holder's business: counted here, nowhere else.
         report.superseded += 1

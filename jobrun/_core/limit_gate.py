@@ -14,6 +14,9 @@ would let bodies bunch up faster than the rate once slots free.
   it releases to the burst jobrun spends at once, however late the process woke;
   a body that would still go out stale (its token's turn long past) reserves a
   new token, once (:func:`jobrun._core.limits.stale_after_s`).
+* A paused key (:func:`jobrun.pause_limit`): the take's wait is infinite, or the
+  slot is refused and a read says why; the pass is deferred until the unpause
+  (:class:`jobrun._core.pausing.LimitPausedDeferral`), whatever its budget.
 * A slot: ``acquire_slot`` until it answers yes, sleeping between tries with a
   backoff (50 ms doubling to 1 s), woken early when a step of this process lets
   go of a slot of the same key. These waits do count against the budget: a slot
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from typing import Any
 
 from jobrun._core.clock import Clock, Deadline
@@ -40,6 +44,7 @@ from jobrun._core.limits import (
     stale_after_s,
     too_long_a_wait,
 )
+from jobrun._core.pausing import LimitPausedDeferral
 from jobrun._core.port import JobRunStore
 from jobrun.errors import LeaseLostError, RetryAfter, StoreError
 
@@ -164,6 +169,11 @@ class LimitGate:
         due_s = self.clock.monotonic() + max(0.0, wait_s)
         if wait_s <= 0:
             return due_s
+        if wait_s == math.inf:
+            # Paused: no token until it is unpaused, however long the budget.
+            with contextlib.suppress(StoreError):
+                await store.give_back_token(rate.key, rate.burst)
+            raise LimitPausedDeferral(rate.key, until_unpaused=rate.store is None)
         left = remaining_s(self.budget)
         if left is not None and wait_s > left:
             with contextlib.suppress(StoreError):
@@ -206,5 +216,8 @@ class LimitGate:
                 return HeldSlot(self, key, step, token)
             if self.keeper.fenced():
                 raise LeaseLostError(self.run_id)
+            # Refused: full, or paused (one read, on this waiting path only).
+            if await self.store.limit_paused(key):
+                raise LimitPausedDeferral(key, until_unpaused=True)
             await wakeups.wait(key, delay_s, self.clock)
             delay_s = min(LAST_POLL_S, delay_s * 2)

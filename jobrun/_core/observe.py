@@ -20,12 +20,25 @@ from typing import Any, Literal, Protocol, TypeAlias
 
 from jobrun._core.formats import format_instant
 from jobrun._core.records import RunKey
-from jobrun.errors import LeaseLostError, RetryAfter, StepFailedError, safe_message
+from jobrun.errors import (
+    JobRunPausedError,
+    LeaseLostError,
+    RetryAfter,
+    StepFailedError,
+    safe_message,
+)
 
 PassOutcomeName: TypeAlias = Literal[
-    "advanced", "completed", "retrying", "failed", "superseded", "deferred", "interrupted"
+    "advanced",
+    "completed",
+    "retrying",
+    "failed",
+    "superseded",
+    "deferred",
+    "paused",
+    "interrupted",
 ]
-StepOutcomeName: TypeAlias = Literal["ran", "memo", "failed", "lost", "deferred", "error"]
+StepOutcomeName: TypeAlias = Literal["ran", "memo", "failed", "lost", "deferred", "paused", "error"]
 
 PASS_LOGGER = "jobrun.pass"
 STEP_LOGGER = "jobrun.step"
@@ -56,8 +69,9 @@ class PassStart:
 class StepEnd:
     """One ``step()`` call, finished: ``ran`` (its body ran and its result was stored),
     ``memo`` (answered from the ledger), ``failed`` (body raised or attempts were
-    spent), ``lost`` (the lease was gone), ``deferred`` (the body raised ``RetryAfter``:
-    no attempt recorded), ``error`` (refused: reused name, bad argument, or cancelled)."""
+    spent), ``lost`` (the lease was gone), ``deferred`` (the body raised ``RetryAfter``,
+    or its limit is paused: no attempt recorded), ``paused`` (not started: the run was
+    paused), ``error`` (refused: reused name, bad argument, or cancelled)."""
 
     name: str
     outcome: StepOutcomeName
@@ -166,6 +180,8 @@ class PassProbe:
                 end = StepEnd(name, "lost", 0, elapsed, str(error))
             elif isinstance(error, RetryAfter):
                 end = StepEnd(name, "deferred", 0, elapsed, str(error))
+            elif isinstance(error, JobRunPausedError):
+                end = StepEnd(name, "paused", 0, elapsed, str(error))
             else:
                 text = f"{type(error).__name__}: {safe_message(error)}"
                 end = StepEnd(name, "error", 0, elapsed, text)

@@ -12,7 +12,8 @@ token (the rows they write are built in :mod:`jobrun._core.transitions`):
   committed or charged, the run due again after the delay it asked for (or
   failed, past its job's ``max_deferrals``);
 * :func:`hand_back`: the lease given up and nothing else (a pass interrupted,
-  a drive asked to stop between passes).
+  a drive asked to stop between passes, a pass that found its run paused: see
+  :mod:`jobrun._core.pausing`).
 
 A write that misses (another holder, an operator) makes the outcome
 ``superseded``. A release the store fails is owed (see ``jobrun._core.owed``)
@@ -30,7 +31,7 @@ from typing import Literal
 from jobrun._core.clock import Clock
 from jobrun._core.formats import format_instant
 from jobrun._core.lease import CALL_FLOOR_S, Lease
-from jobrun._core.port import JobRunStore
+from jobrun._core.port import WRITTEN_PAUSED, JobRunStore
 from jobrun._core.records import RunPatch, RunRow
 from jobrun._core.results import KEEP_CURSOR, counters_text, cursor_text, interpret_result
 from jobrun._core.retry import RetryPolicy
@@ -60,7 +61,9 @@ MAX_ERROR_TEXT_BYTES = 8 * 1024
 
 @dataclass(frozen=True, slots=True)
 class PassOutcome:
-    status: Literal["advanced", "completed", "retrying", "failed", "superseded", "deferred"]
+    status: Literal[
+        "advanced", "completed", "retrying", "failed", "superseded", "deferred", "paused"
+    ]
     error: str | None = None
     # After an advancing commit that kept the lease: the row as now stored, so
     # the next pass needs no read, and when the commit that wrote its lease was
@@ -147,6 +150,11 @@ async def commit(
         raise
     if not applied:
         return PassOutcome("superseded")
+    if applied == WRITTEN_PAUSED and successor is not None:
+        # Paused while the pass ran: no next pass; the lease it was handed goes back
+        # (and that write parks the run until its unpause).
+        await hand_back(store, committed, successor)
+        return PassOutcome("advanced")
     return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
 
 

@@ -51,7 +51,8 @@ from jobrun._core.outcomes import (
     hand_back,
     record_failure,
 )
-from jobrun._core.port import JobRunStore
+from jobrun._core.pausing import LimitPausedDeferral, defer_for_paused_limit
+from jobrun._core.port import WRITTEN_PAUSED, JobRunStore
 from jobrun._core.records import RunKey, RunRow, StepRow
 from jobrun._core.refusals import as_mistake, checked_seconds, is_int, mistake
 from jobrun._core.results import (
@@ -66,6 +67,7 @@ from jobrun._core.versions import upgrade_run
 from jobrun.errors import (
     HandlerMistakeError,
     JobRunError,
+    JobRunPausedError,
     JobValidationError,
     LeaseLostError,
     PassTimeoutError,
@@ -230,6 +232,8 @@ class JobPass:
         self._step_calls = 0
         # The step failure a KeyboardInterrupt or SystemExit from a step body stands for.
         self._exit_failure: StepFailedError | None = None
+        # A step write found the run paused: no step starts again in this pass.
+        self._paused = False
 
     def count(self, name: str, by: int | float = 1) -> None:
         """Add ``by`` (a finite int or float) to counter ``name``.
@@ -447,6 +451,9 @@ class JobPass:
         timeout_s: float | None,
     ) -> Any:
         self._started(number, name)
+        if self._paused:
+            # Sticky, like a lost lease: the pass ends paused however the handler goes on.
+            raise JobRunPausedError(self.run.id)
         # A step's policy replaces the job's wholesale; nothing is inherited.
         policy = retry if retry is not None else self._job_policy
         ledger = self._ledger if self._ledger is not None else await self._read_ledger()
@@ -494,6 +501,8 @@ class JobPass:
             calls.remove(started)
         if not applied:
             self._refused()
+        if applied == WRITTEN_PAUSED:
+            self._paused = True
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
 
@@ -570,9 +579,13 @@ class JobPass:
                 await held.release()
 
     async def _record(self, row: StepRow) -> None:
-        written = self._store.record_step(self.run.id, row, self._now(), self._lease.token)
-        if not await self._keeper.call(written):
+        written = await self._keeper.call(
+            self._store.record_step(self.run.id, row, self._now(), self._lease.token)
+        )
+        if not written:
             self._refused()
+        if written == WRITTEN_PAUSED:
+            self._paused = True
 
     def _refused(self) -> None:
         """A step write was refused: the lease is gone. The pass stops even if the
@@ -725,6 +738,7 @@ async def run_job_pass(
     store, clock = settings.store, settings.clock
     job_policy = job.retry if job.retry is not None else DEFAULT_RETRY
     keeper = _keeper_for(settings, row, lease, leased_at_s)
+    context: JobPass | None = None
     try:
         # Newer code first makes the run its version (versions.py); its ledger is then empty.
         fresh = await upgrade_run(store, clock, row, job.version, job.upgrades, keeper)
@@ -733,6 +747,8 @@ async def run_job_pass(
             settings, row, keeper, job_policy, ledger_known_empty=known_empty, probe=probe
         )
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
+        if context._paused:
+            return await _paused(store, row, lease)
         minted = settings.mint_id if keep_lease else None
         committing = commit(store, clock, row, lease, result, context.counters, minted, job.version)
         return await _within_fence(keeper, row.id, committing)
@@ -743,19 +759,46 @@ async def run_job_pass(
             # take the run at once.
             await hand_back(store, row, lease)
         return PassOutcome("superseded")
-    except RetryAfter as deferral:
-        deferring = defer(store, clock, row, lease, deferral, job.max_deferrals)
-        return await _within_fence(keeper, row.id, deferring, UNANSWERED)
-    except UserExit as escaped:
-        failing = _failed(settings, row, lease, job_policy, escaped.failure)
-        outcome = await _within_fence(keeper, row.id, failing, UNANSWERED)
-        return replace(outcome, raised=escaped.raised)
     except Exception as error:
-        failing = _failed(settings, row, lease, job_policy, error)
-        return await _within_fence(keeper, row.id, failing, UNANSWERED)
+        if context is not None and context._paused:
+            # Whatever the handler made of it: nothing charged, the lease handed back.
+            return await _paused(store, row, lease)
+        return await _ended_by(settings, job, keeper, row, lease, job_policy, error)
     except BaseException:
         await hand_back(store, row, lease)
         raise
+
+
+async def _paused(store: JobRunStore, row: RunRow, lease: Lease) -> PassOutcome:
+    """End a pass whose step write found the run paused: the lease handed back (the
+    write parks the run until its unpause), nothing committed or charged."""
+    await hand_back(store, row, lease)
+    return PassOutcome("paused")
+
+
+async def _ended_by(
+    settings: PassSettings,
+    job: RegisteredJob,
+    keeper: LeaseKeeper,
+    row: RunRow,
+    lease: Lease,
+    job_policy: RetryPolicy,
+    error: Exception,
+) -> PassOutcome:
+    """The outcome of a pass the handler call ended with ``error``: deferred, or failed."""
+    store, clock = settings.store, settings.clock
+    if isinstance(error, LimitPausedDeferral):
+        waiting = defer_for_paused_limit(store, clock, row, lease, error)
+        return await _within_fence(keeper, row.id, waiting, UNANSWERED)
+    if isinstance(error, RetryAfter):
+        deferring = defer(store, clock, row, lease, error, job.max_deferrals)
+        return await _within_fence(keeper, row.id, deferring, UNANSWERED)
+    if isinstance(error, UserExit):
+        failing = _failed(settings, row, lease, job_policy, error.failure)
+        outcome = await _within_fence(keeper, row.id, failing, UNANSWERED)
+        return replace(outcome, raised=error.raised)
+    failing = _failed(settings, row, lease, job_policy, error)
+    return await _within_fence(keeper, row.id, failing, UNANSWERED)
 
 
 # A release write (failure, deferral) that never answered: it is owed (see

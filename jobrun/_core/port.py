@@ -20,6 +20,7 @@ from jobrun._core.records import (
     ClaimRequest,
     HealthCounts,
     HeldLease,
+    PauseRecord,
     RunFilter,
     RunPatch,
     RunRow,
@@ -32,6 +33,13 @@ from jobrun._core.worker_registry import WorkerRow
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
+
+
+WRITTEN_PAUSED = 2
+"""What :meth:`JobRunStore.record_step` and :meth:`JobRunStore.commit_pass` return when
+their write applied and the run is paused (revision 0009): a true value, told from
+``True`` (written, not paused) and ``False`` (refused, nothing written). The pass
+learns of a pause from its own writes, at no extra round trip."""
 
 
 def not_watching() -> None:
@@ -183,12 +191,16 @@ class JobRunStore(Protocol):
         """Write every field of ``patch`` (a failed pass); the ledger stays.
 
         Fenced: applies only while the run is ``running`` and ``lease_owner``
-        is ``token``. Returns whether it applied.
+        is ``token``. Returns whether it applied. A paused run the patch leaves
+        without a lease waits at ``PARKED_AT``, whatever due instant the patch
+        gives (:func:`jobrun._core.predicates.parked`): it was paused while its
+        pass ran.
         """
         ...
 
-    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
-        """Write ``patch`` AND delete the run's whole ledger, in one transaction.
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> int:
+        """Write ``patch`` AND delete the run's whole ledger, in one transaction;
+        :data:`WRITTEN_PAUSED` when it applied to a paused run (see :meth:`patch`).
 
         Fenced like :meth:`patch`; when the fence refuses, the ledger (which now
         belongs to whoever holds the run) is left alone. If the write and the
@@ -201,8 +213,10 @@ class JobRunStore(Protocol):
         """The run's whole ledger (one pass's steps at most), by step name."""
         ...
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
-        """Insert or overwrite one ledger row; durable when this returns ``True``.
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> int:
+        """Insert or overwrite one ledger row; durable when this returns a true value:
+        ``True``, or :data:`WRITTEN_PAUSED` when the run is paused (read in the same
+        statement; the pass then starts no new step).
 
         Fenced like :meth:`patch`, atomically with the write (a concurrent claim
         cannot slip between the check and the write). Called once per finished
@@ -220,7 +234,8 @@ class JobRunStore(Protocol):
 
     async def take_token(self, key: str, per_second: float, burst: int) -> float:
         """Reserve the next token of rate limit ``key``; the seconds until it is the
-        caller's (``0.0``: now).
+        caller's (``0.0``: now; ``math.inf`` while ``key`` is paused, read in the
+        same statement: the token is then given back, see :meth:`give_back_token`).
 
         The bucket (created full at the first take) holds ``burst`` tokens at most
         and refills at ``per_second`` on the DATABASE's clock, read inside the one
@@ -232,6 +247,19 @@ class JobRunStore(Protocol):
         each told how long until its token refills. ``per_second`` and ``burst``
         are the caller's declaration, stored with the bucket for health.
         """
+        ...
+
+    async def limit_paused(self, key: str) -> bool:
+        """Whether limit key ``key`` is paused (:func:`jobrun.pause_limit`). Read only
+        when a step's limit could not be had at once (a token's wait is infinite,
+        or a concurrency slot was refused)."""
+        ...
+
+    async def unpark(self, run_id: str, reason: str) -> bool:
+        """Make run ``run_id`` due at once if it still waits at ``PARKED_AT`` for the
+        paused limit its ``deferred_reason`` (``reason``) names, no lease and no pause
+        of its own on it; whether it did. The end of a pass deferred by a paused limit
+        that was unpaused meanwhile (see :mod:`jobrun._core.pausing`)."""
         ...
 
     async def give_back_token(self, key: str, burst: int) -> None:
@@ -250,7 +278,8 @@ class JobRunStore(Protocol):
         not expired by ``now_at`` (:func:`jobrun._core.predicates.slot_counts`): a
         holder that died, lost its lease or ended its pass frees its slots with no
         write. The count and the insert are one atomic decision across
-        connections, processes and hosts."""
+        connections, processes and hosts. None is taken while ``key`` is paused
+        (:meth:`limit_paused` tells that refusal from a full limit's)."""
         ...
 
     async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
@@ -318,6 +347,38 @@ class OperatorStore(JobRunStore, Protocol):
     async def release(self, run_id: str, change: RunChange) -> bool:
         """Apply ``change`` (:func:`jobrun._core.transitions.release_transition`) in one
         conditional write; ``False`` when no lease was held."""
+        ...
+
+    async def pause(self, run_id: str, change: RunChange) -> bool:
+        """Apply ``change`` (:func:`jobrun._core.pausing.pause_transition` or
+        ``unpause_transition``) in one conditional write; ``False`` when its condition
+        does not hold. The due instant follows the pause (``RunChange.applied``)."""
+        ...
+
+    async def pause_job(self, module_id: str, job: str, at: str, reason: str | None) -> int:
+        """Record the job as paused (kept as it is when it already was) and pause its
+        live runs that are not paused yet (``paused_at`` ``at``, the record's reason),
+        in one transaction; how many runs it paused. A run of the job started after
+        this commits starts paused."""
+        ...
+
+    async def unpause_job(self, module_id: str, job: str, at: str) -> int:
+        """Delete the job's pause record and unpause its paused runs, in one
+        transaction; how many runs it unpaused (each due at once, unless leased)."""
+        ...
+
+    async def pause_limit(self, key: str, at: str, reason: str | None) -> bool:
+        """Record limit key ``key`` as paused; ``False`` when it already was (kept as it is)."""
+        ...
+
+    async def unpause_limit(self, key: str, reason: str) -> int:
+        """Delete ``key``'s pause record, then make due at once every run that waits at
+        ``PARKED_AT`` with ``deferred_reason`` ``reason`` (deferred by the pause);
+        how many."""
+        ...
+
+    async def pauses(self) -> tuple[dict[tuple[str, str], PauseRecord], dict[str, PauseRecord]]:
+        """The paused jobs and the paused limit keys, each with its record."""
         ...
 
     async def prune(

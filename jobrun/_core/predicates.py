@@ -16,6 +16,9 @@ fails when a rule is spelled anywhere else). The words mean one thing each
   and nobody has taken it over yet.
 * **orphaned** (not a row rule: it needs proof, see :mod:`jobrun._core.orphans`):
   leased, but its holder is provably dead; the claim takes it first.
+* **paused**: running, and an operator paused it (revision 0009). Never due, so
+  never claimed; a pass in flight stops at its next step boundary. One that no
+  lease holds waits at :data:`PARKED_AT` (:func:`parked`).
 """
 
 from __future__ import annotations
@@ -63,9 +66,29 @@ def is_live(row: RunRow) -> bool:
     return row.status == RUNNING
 
 
+PARKED_AT = "9999-12-31T23:59:59.999Z"
+"""The due instant of a run that waits for an unpause (its own, or a limit's): later
+than every instant a clock writes, so each read of due runs passes over it by its
+index range, as it passes over a run backing off. Shown as no due instant."""
+
+
+def is_paused(row: RunRow) -> bool:
+    """Running, and paused by an operator (until unpaused): never claimed."""
+    return is_live(row) and row.paused_at is not None
+
+
 def is_due(row: RunRow, now_at: str) -> bool:
-    """Running, and its due instant has passed by ``now_at`` (leased or not)."""
-    return is_live(row) and due_at(row) <= now_at
+    """Running, not paused, and its due instant has passed by ``now_at`` (leased or not)."""
+    return is_live(row) and due_at(row) <= now_at and row.paused_at is None
+
+
+def parked(row: RunRow) -> RunRow:
+    """``row`` as every write leaves it: a paused run that no lease holds waits at
+    :data:`PARKED_AT` (a paused run's holder writes its own due instant at the
+    pass's end, as ever; this puts the run out of every clock's reach instead)."""
+    if is_paused(row) and row.lease_owner is None and row.next_attempt_at != PARKED_AT:
+        return replace(row, next_attempt_at=PARKED_AT)
+    return row
 
 
 def is_leased(row: RunRow, now_at: str) -> bool:
@@ -109,9 +132,17 @@ def is_cancelled(row: RunRow) -> bool:
     return row.status == FAILED and row.cancelled == 1
 
 
+PAUSED = "paused"
+"""How a paused run is shown and filtered: its status stays ``running`` (a paused run
+is live, and a start of its key joins it); :func:`is_paused` tells it apart."""
+
+
 def outcome_of(row: RunRow) -> str:
-    """How a run stands, for people: ``running``, ``done``, ``failed`` or ``cancelled``."""
-    return CANCELLED if is_cancelled(row) else row.status
+    """How a run stands, for people: ``running``, ``paused``, ``done``, ``failed`` or
+    ``cancelled``."""
+    if is_cancelled(row):
+        return CANCELLED
+    return PAUSED if is_paused(row) else row.status
 
 
 def live_run_of(rows: Iterable[RunRow], row: RunRow) -> RunRow | None:

@@ -66,6 +66,10 @@ class RunRow:
     # Revision 0006: where the last failure was raised ("file:line in function"),
     # beside last_error, whose "Type: message" text it leaves as it was.
     error_origin: str | None = None
+    # Revision 0009: when an operator paused the run, and why (see predicates.is_paused).
+    # Never part of a RunPatch: only the pause and unpause writes change them.
+    paused_at: str | None = None
+    pause_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +233,12 @@ class JobRun:
     function"``, the innermost frame of the user's exception; revision 0006),
     ``None`` when no traceback said, and after a commit or a resume.
     ``outcome`` is how the run stands for people: its status, except ``cancelled``
-    for a cancelled run (the one rule, ``jobrun._core.predicates.outcome_of``, that
-    the console, the command line, the metrics and ``job_runs`` all use).
+    for a cancelled run and ``paused`` for a running run an operator paused (the
+    one rule, ``jobrun._core.predicates.outcome_of``, that the console, the command
+    line, the metrics and ``job_runs`` all use). ``paused_at`` and ``pause_reason``
+    say since when and why a running run is paused (revision 0009; ``None`` when
+    it is not, or no longer live); a paused run no lease holds waits with no
+    ``next_attempt_at`` until it is unpaused.
     ``joined`` is set only on the record :func:`jobrun.start_job_run` (or
     :func:`jobrun.start_job_runs`) returns: ``True`` when the start joined a run of
     its key that was already live, ``False`` when it made a new run (and on every
@@ -269,6 +277,8 @@ class JobRun:
     cancelled: bool = False
     outcome: str = ""
     error_origin: str | None = None
+    paused_at: datetime | None = None
+    pause_reason: str | None = None
     # Not part of the run: how this record was got. Left out of equality, so the
     # record a start returns equals the one ``get_job_run`` reads back.
     joined: bool = field(default=False, compare=False)
@@ -284,6 +294,7 @@ class HealthCounts:
     failed: int
     oldest_due_at: str | None
     cancelled: int = 0
+    paused: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +329,14 @@ class JobRunHealth:
       waiting, seconds until a token is free), on the database's clock.
     * ``concurrency_slots``: ``{key: slots held}``, the step bodies in flight now
       per concurrency key (keys with none left out).
+    * ``paused``: of the running runs, those an operator paused (the run, or its
+      job: see :func:`jobrun.pause_job_run`); never due, and leased only while a
+      pass still in flight ends at its next step. Runs whose pass was deferred by
+      a paused limit key are not among them (they wait, with that reason).
+    * ``paused_jobs``: ``{(module_id, job): PauseRecord}``, the jobs paused now
+      (:func:`jobrun.pause_job`), each since when and why.
+    * ``paused_limits``: ``{key: PauseRecord}``, the limit keys paused now
+      (:func:`jobrun.pause_limit`).
     * ``versions_by_job``: ``{(module_id, job): {version: running runs}}``, the
       running runs of each job by the version of the code that last committed
       them (filled with ``by_job=True``). After a rollback, runs of a version
@@ -335,6 +354,20 @@ class JobRunHealth:
     concurrency_slots: dict[str, int] = field(default_factory=dict)
     versions_by_job: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
     cancelled: int = 0
+    paused: int = 0
+    paused_jobs: dict[tuple[str, str], PauseRecord] = field(default_factory=dict)
+    paused_limits: dict[str, PauseRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRecord:
+    """A pause that outlives any one run: a job's or a limit key's (revision 0009).
+
+    ``paused_at`` is when it was paused (aware UTC), ``reason`` what the operator
+    said (``None``: nothing)."""
+
+    paused_at: datetime
+    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -354,7 +387,7 @@ class JobDriveReport:
 
     ``attempted`` counts RUNS; every other number counts PASSES (with
     ``max_passes > 1`` one run can have several), so ``advanced + completed +
-    retrying + failed + superseded + deferred`` may exceed ``attempted``.
+    retrying + failed + superseded + deferred + paused`` may exceed ``attempted``.
 
     * ``attempted``: runs claimed (leased) by this call, each counted once.
     * ``advanced``: passes that committed and left the run ``running``.
@@ -366,7 +399,10 @@ class JobDriveReport:
     * ``superseded``: passes that stopped because the run was no longer theirs
       (lease taken over, or cancelled or released by an operator).
     * ``deferred``: passes that ended by raising ``RetryAfter``: nothing
-      committed or charged, the run due again after the delay it asked for.
+      committed or charged, the run due again after the delay it asked for; also
+      passes whose step named a paused limit key (the run waits until it is unpaused).
+    * ``paused``: passes that stopped at a step boundary because an operator
+      paused the run: nothing committed or charged, the steps that finished kept.
     * ``errors``: one entry per ``retrying`` or ``failed`` pass: the run id and
       the error text stored as its ``last_error``.
     """
@@ -379,6 +415,7 @@ class JobDriveReport:
     superseded: int = 0
     deferred: int = 0
     errors: list[DriveError] = field(default_factory=list)
+    paused: int = 0
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -419,7 +456,7 @@ def _decoded_json(row: RunRow, problems: list[str]) -> tuple[Any, Any, Any]:
 def job_run_of(row: RunRow) -> JobRun:
     """Decode a row for an operator; never raises for what is stored in it."""
     # Here, not at the top: the rules' module reads this module's records.
-    from jobrun._core.predicates import is_cancelled, outcome_of, stored_version
+    from jobrun._core.predicates import PARKED_AT, is_cancelled, outcome_of, stored_version
 
     problems: list[str] = []
     payload, cursor, counters = _decoded_json(row, problems)
@@ -428,6 +465,9 @@ def job_run_of(row: RunRow) -> JobRun:
         for column in ("started_at", "updated_at", "next_attempt_at", "ended_at", "lease_began_at")
     )
     leased = row.lease_owner is not None
+    if row.next_attempt_at == PARKED_AT:
+        # A paused run (or one waiting for a paused limit) is due at no instant.
+        next_attempt_at = None
     if row.status not in _STATUSES:
         problems.append(f"status {row.status!r} is not one of running, done, failed")
     return JobRun(
@@ -460,7 +500,19 @@ def job_run_of(row: RunRow) -> JobRun:
         cancelled=is_cancelled(row),
         outcome=outcome_of(row),
         error_origin=row.error_origin,
+        **_pause_of(row, problems),
     )
+
+
+def _pause_of(row: RunRow, problems: list[str]) -> dict[str, Any]:
+    """A live run's pause as the record shows it: since when and why."""
+    from jobrun._core.predicates import is_paused
+
+    shown: dict[str, Any] = {}
+    if is_paused(row):
+        shown["paused_at"] = _instant("paused_at", row.paused_at, problems)
+        shown["pause_reason"] = row.pause_reason
+    return shown
 
 
 def job_run_list_limit(limit: float | None) -> int:

@@ -22,7 +22,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobrun._core.lease import Lease
-from jobrun._core.predicates import due_at, is_due, is_leased, is_live, runnable_by
+from jobrun._core.predicates import (
+    PARKED_AT,
+    due_at,
+    is_due,
+    is_leased,
+    is_live,
+    is_paused,
+    parked,
+    runnable_by,
+)
 from jobrun._core.records import ClaimRequest, JobRunStatus, RunPatch, RunRow
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -142,11 +151,13 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     first; else the due run first in order (highest ``priority``, then due
     instant, then id; with ``by_age``, due instant then id, priority ignored)
     among jobs below their ``max_concurrent`` and not in ``skip_ids``. Neither
-    kind is taken when its stored version is newer than the driver's code for it."""
+    kind is taken when its stored version is newer than the driver's code for it,
+    nor when it is paused."""
     wanted = [
         row
         for row in rows
         if is_live(row)
+        and not is_paused(row)
         and (row.module_id, row.job) in request.expires_at
         and runnable_by(row, request.versions)
     ]
@@ -173,18 +184,30 @@ Value = str | int | None
 @dataclass(frozen=True, slots=True)
 class RunChange:
     """A conditional write: ``values`` (column, value) apply to a run whose status
-    is ``status`` and, when ``leased``, that holds a lease; to no other."""
+    is ``status`` and, when ``leased``, that holds a lease, and when ``paused`` is
+    not ``None``, whose ``paused_at`` is set (``True``) or not (``False``); to no
+    other.
+
+    The run's due instant follows the pause (:func:`applied`): a change that does
+    not write ``next_attempt_at`` takes the run out of :data:`PARKED_AT` (an
+    unpause makes it due at once), and a paused run left without a lease waits
+    there (:func:`jobrun._core.predicates.parked`)."""
 
     status: str
     values: tuple[tuple[str, Value], ...]
     leased: bool = False
+    paused: bool | None = None
 
     def applies_to(self, row: RunRow) -> bool:
+        if self.paused is not None and (row.paused_at is not None) != self.paused:
+            return False
         return row.status == self.status and (not self.leased or row.lease_owner is not None)
 
     def applied(self, row: RunRow) -> RunRow:
         values: dict[str, Any] = dict(self.values)
-        return replace(row, **values)
+        if "next_attempt_at" not in values and row.next_attempt_at == PARKED_AT:
+            values["next_attempt_at"] = None
+        return parked(replace(row, **values))
 
 
 _UNLEASED: tuple[tuple[str, Value], ...] = (
@@ -197,6 +220,9 @@ _UNLEASED: tuple[tuple[str, Value], ...] = (
 
 # A run that ends or starts over counts no deferrals (see deferred_patch).
 _NOT_DEFERRED: tuple[tuple[str, Value], ...] = (("deferrals", 0), ("deferred_reason", None))
+
+# A cancelled run is no longer paused; a resumed one is unless its job is.
+_NOT_PAUSED: tuple[tuple[str, Value], ...] = (("paused_at", None), ("pause_reason", None))
 
 
 def cancel_transition(reason: str, at: str) -> RunChange:
@@ -213,14 +239,19 @@ def cancel_transition(reason: str, at: str) -> RunChange:
             ("error_origin", None),
             *_UNLEASED,
             *_NOT_DEFERRED,
+            *_NOT_PAUSED,
         ),
     )
 
 
-def resume_transition(at: str, counters: str | None = None) -> RunChange:
+def resume_transition(
+    at: str, counters: str | None = None, paused: tuple[str, str | None] | None = None
+) -> RunChange:
     """A failed run runs again, due at once, with no attempts, takeovers or deferrals counted;
-    ``counters`` (when given) replace the stored ones. The store also gives the
-    failed ledger rows their attempts back."""
+    ``counters`` (when given) replace the stored ones. With ``paused`` (its job's
+    pause: since when, why) it comes back paused, as a run started now would. The
+    store also gives the failed ledger rows their attempts back."""
+    pause = _NOT_PAUSED if paused is None else (("paused_at", at), ("pause_reason", paused[1]))
     values: tuple[tuple[str, Value], ...] = (
         ("status", RUNNING),
         ("attempts", 0),
@@ -231,6 +262,7 @@ def resume_transition(at: str, counters: str | None = None) -> RunChange:
         ("error_origin", None),
         *_UNLEASED,
         *_NOT_DEFERRED,
+        *pause,
     )
     if counters is not None:
         values += (("counters", counters),)

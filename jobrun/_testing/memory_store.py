@@ -6,6 +6,7 @@ says what it promises). Methods are grouped as the port's protocols are
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -19,16 +20,25 @@ from jobrun._core.formats import format_instant
 from jobrun._core.limits import MILLI, LimitUsage, bucket_cap_milli, bucket_state, take
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
-from jobrun._core.port import StoreLimits, not_watching
+from jobrun._core.pausing import (
+    pause_record,
+    pause_transition,
+    paused_start,
+    unpause_transition,
+)
+from jobrun._core.port import WRITTEN_PAUSED, StoreLimits, not_watching
 from jobrun._core.predicates import (
+    PARKED_AT,
     is_cancelled,
     is_due,
     is_failed_since,
     is_leased,
     is_live,
+    is_paused,
     is_prunable,
     is_stranded,
     live_run_of,
+    parked,
     refill_on_resume,
     slot_counts,
     stored_version,
@@ -39,6 +49,7 @@ from jobrun._core.records import (
     HealthCounts,
     HeldLease,
     JobRunStatus,
+    PauseRecord,
     RunFilter,
     RunPatch,
     RunRow,
@@ -46,13 +57,30 @@ from jobrun._core.records import (
     StepRow,
 )
 from jobrun._core.refusals import refuse
-from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
+from jobrun._core.transitions import (
+    Claimed,
+    RunChange,
+    claim_candidate,
+    claim_transition,
+    patched,
+)
 from jobrun._core.worker_registry import WorkerRow, worker_is_live
 from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
 
 __all__ = ["MemoryJobRunStore"]
+
+
+def _waits_for_limit(row: RunRow, reason: str) -> bool:
+    """Deferred by the paused limit ``reason`` names, waiting for its unpause."""
+    return (
+        is_live(row)
+        and row.paused_at is None
+        and row.lease_owner is None
+        and row.next_attempt_at == PARKED_AT
+        and row.deferred_reason == reason
+    )
 
 
 class MemoryJobRunStore:
@@ -87,6 +115,9 @@ class MemoryJobRunStore:
         self.schedules: dict[tuple[str, str, str], ScheduleRow] = {}
         self.retention: dict[tuple[str, str], int] = {}
         self.workers: dict[str, WorkerRow] = {}
+        # Revision 0009: (module_id, job) and limit key: (paused at, reason).
+        self.job_pauses: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self.limit_pauses: dict[str, tuple[str, str | None]] = {}
         self._owed_releases = OwedReleases()
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
@@ -122,6 +153,9 @@ class MemoryJobRunStore:
         existing = live_run_of(self.runs.values(), row)
         if existing is not None:
             return existing, False
+        job_pause = self.job_pauses.get((row.module_id, row.job))
+        if job_pause is not None:
+            row = paused_start(row, row.started_at, job_pause[1])
         self.runs[row.id] = row
         return row, True
 
@@ -170,7 +204,9 @@ class MemoryJobRunStore:
                 row.lease_began_at,
             )
             for row in self.runs.values()
-            if is_leased(row, now_at) and (jobs is None or (row.module_id, row.job) in jobs)
+            if is_leased(row, now_at)
+            and not is_paused(row)
+            and (jobs is None or (row.module_id, row.job) in jobs)
         ]
 
     async def presence(self) -> int | None:
@@ -208,26 +244,23 @@ class MemoryJobRunStore:
     async def patch(self, run_id: str, patch: RunPatch, token: str) -> bool:
         if not self._held(run_id, token):
             return False
-        self.runs[run_id] = replace(
-            self.runs[run_id],
-            **{name: getattr(patch, name) for name in RunPatch.__dataclass_fields__},
-        )
+        self.runs[run_id] = parked(patched(self.runs[run_id], patch))
         return True
 
-    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> int:
         if not await self.patch(run_id, patch, token):
             return False
         self.ledgers.pop(run_id, None)
-        return True
+        return WRITTEN_PAUSED if self.runs[run_id].paused_at is not None else True
 
     async def steps(self, run_id: str) -> dict[str, StepRow]:
         return {name: row for name, (row, _at) in self.ledgers.get(run_id, {}).items()}
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> int:
         if not self._held(run_id, token):
             return False
         self.ledgers.setdefault(run_id, {})[row.step] = (row, recorded_at)
-        return True
+        return WRITTEN_PAUSED if is_paused(self.runs[run_id]) else True
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         if not self._held(run_id, token) or not is_leased(self.runs[run_id], now_at):
@@ -252,8 +285,20 @@ class MemoryJobRunStore:
         elapsed_ms = (now - bucket[1]).total_seconds() * 1000
         bucket[0], wait_s = take(bucket[0], elapsed_ms, per_second, burst)
         bucket[1] = max(bucket[1], now)
+        if key in self.limit_pauses:
+            return math.inf
         # A bucket cooling down refills from a later instant.
         return float(wait_s + max(0.0, (bucket[1] - now).total_seconds()))
+
+    async def limit_paused(self, key: str) -> bool:
+        return key in self.limit_pauses
+
+    async def unpark(self, run_id: str, reason: str) -> bool:
+        row = self.runs.get(run_id)
+        if row is None or not _waits_for_limit(row, reason):
+            return False
+        self.runs[run_id] = replace(row, next_attempt_at=None)
+        return True
 
     async def cool_limit(
         self, key: str, per_second: float, burst: int, seconds: float, reason: str
@@ -285,7 +330,7 @@ class MemoryJobRunStore:
     async def acquire_slot(
         self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
     ) -> bool:
-        if len(self._counting(key, now_at)) >= most:
+        if key in self.limit_pauses or len(self._counting(key, now_at)) >= most:
             return False
         self.slots.add((key, run_id, step, token))
         return True
@@ -329,6 +374,7 @@ class MemoryJobRunStore:
             failed=sum(1 for row in self.runs.values() if row.status == JobRunStatus.FAILED),
             oldest_due_at=min(waiting, default=None),
             cancelled=sum(1 for row in self.runs.values() if is_cancelled(row)),
+            paused=sum(1 for row in self.runs.values() if is_paused(row)),
         )
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
@@ -374,6 +420,56 @@ class MemoryJobRunStore:
 
     async def release(self, run_id: str, change: RunChange) -> bool:
         return self._change(run_id, change)
+
+    # -- OperatorStore: pauses (revision 0009, jobrun._core.pausing) --------------------------
+
+    async def pause(self, run_id: str, change: RunChange) -> bool:
+        return self._change(run_id, change)
+
+    def _runs_of(self, module_id: str, job: str, paused: bool) -> builtins.list[RunRow]:
+        return [
+            row
+            for row in self.runs.values()
+            if (row.module_id, row.job) == (module_id, job)
+            and is_live(row)
+            and is_paused(row) == paused
+        ]
+
+    async def pause_job(self, module_id: str, job: str, at: str, reason: str | None) -> int:
+        self.job_pauses.setdefault((module_id, job), (at, reason))
+        change = pause_transition(at, reason)
+        paused = self._runs_of(module_id, job, paused=False)
+        for row in paused:
+            self.runs[row.id] = change.applied(row)
+        return len(paused)
+
+    async def unpause_job(self, module_id: str, job: str, at: str) -> int:
+        self.job_pauses.pop((module_id, job), None)
+        change = unpause_transition(at)
+        unpaused = self._runs_of(module_id, job, paused=True)
+        for row in unpaused:
+            self.runs[row.id] = change.applied(row)
+        return len(unpaused)
+
+    async def pause_limit(self, key: str, at: str, reason: str | None) -> bool:
+        if key in self.limit_pauses:
+            return False
+        self.limit_pauses[key] = (at, reason)
+        return True
+
+    async def unpause_limit(self, key: str, reason: str) -> int:
+        self.limit_pauses.pop(key, None)
+        waiting = [row for row in self.runs.values() if _waits_for_limit(row, reason)]
+        for row in waiting:
+            self.runs[row.id] = replace(row, next_attempt_at=None)
+        return len(waiting)
+
+    async def pauses(
+        self,
+    ) -> tuple[dict[tuple[str, str], PauseRecord], dict[str, PauseRecord]]:
+        jobs = {job: pause_record(*self.job_pauses[job]) for job in sorted(self.job_pauses)}
+        keys = {key: pause_record(*self.limit_pauses[key]) for key in sorted(self.limit_pauses)}
+        return jobs, keys
 
     async def prune(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 from jobrun._core.limits import (
     MILLI,
@@ -67,7 +68,9 @@ class SqlLimits:
         }
         statement = self._shapes.of(take_token_statement, self._is_postgres)
         found = await self._executor.fetch("take_token", statement, values)
-        tokens, ahead_ms = found[0]
+        tokens, ahead_ms, paused = found[0]
+        if paused:
+            return math.inf  # revision 0009: no token comes until the key is unpaused
         return wait_for_token_s(int(tokens), per_second) + float(ahead_ms) / 1000
 
     async def cool_limit(

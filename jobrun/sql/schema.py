@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0008"
+SCHEMA_REVISION = "0009"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -70,6 +70,12 @@ job_runs = Table(
     # Revision 0006: where the last failure was raised ("file:line in function"),
     # kept apart so last_error's "Type: message" text stays as it was.
     Column("error_origin", Text, nullable=True),
+    # Revision 0009: when an operator paused the run (NULL: not paused), and why. A
+    # paused run stays live but is never claimed; one that no lease holds waits at
+    # a due instant no clock reaches (jobrun._core.predicates.PARKED_AT), so every
+    # read of due runs passes over it by the index alone.
+    Column("paused_at", Text, nullable=True),
+    Column("pause_reason", Text, nullable=True),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,
@@ -261,4 +267,27 @@ job_workers = Table(
     # Written by each heartbeat: after it, readers take the worker for gone.
     # Not indexed: a few rows per database, read whole.
     Column("expires_at", Text, nullable=False),
+)
+
+# -- Revision 0009: pauses that outlive any one run (jobrun._core.pausing) ------------------
+
+job_pauses = Table(
+    "_substrat_job_pauses",
+    metadata,
+    # A paused job: its live runs were paused with it, and a run started while this
+    # row exists starts paused (the start reads it in its own statement).
+    Column("module_id", Text, primary_key=True),
+    Column("job", Text, primary_key=True),
+    Column("paused_at", Text, nullable=False),
+    Column("reason", Text, nullable=True),
+)
+
+limit_pauses = Table(
+    "_substrat_job_limit_pauses",
+    metadata,
+    # A paused limit key (rate or concurrency): a step naming it defers its pass
+    # until the row goes. The take of a token reads it in its own statement.
+    Column("limit_key", Text, primary_key=True),
+    Column("paused_at", Text, nullable=False),
+    Column("reason", Text, nullable=True),
 )

@@ -50,6 +50,7 @@ from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import Grouping
 from sqlalchemy.sql.expression import ClauseElement
 
+from jobrun._core.predicates import PARKED_AT
 from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun._core.transitions import CLAIM_FIELDS, takeover_note_parts
 from jobrun._core.worker_registry import WorkerRow
@@ -127,8 +128,27 @@ def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
 
 
 def is_due(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_due` (the claim-order index's range)."""
-    return and_(is_live(runs), now_at >= due_at(runs))
+    """Twin of :func:`jobrun._core.predicates.is_due` (the claim-order index's range;
+    a paused run is filtered on its row, and most wait out of that range anyway)."""
+    return and_(is_live(runs), now_at >= due_at(runs), runs.paused_at.is_(None))
+
+
+def is_paused(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.predicates.is_paused`."""
+    return and_(is_live(runs), runs.paused_at.is_not(None))
+
+
+def parked(status: Any, paused_at: Any, lease_owner: Any, next_attempt_at: Any) -> Any:
+    """Twin of :func:`jobrun._core.predicates.parked`: the ``next_attempt_at`` a write
+    leaves, given the status, pause and lease the row has after it (each a column,
+    or the value the write sets) and the due instant it would write otherwise."""
+    waits = and_(
+        # Live after the write (the status the write leaves, so not is_live's column).
+        status == literal_column(f"'{RUNNING}'", Text),
+        paused_at.is_not(None),
+        lease_owner.is_(None),
+    )
+    return case((waits, literal_column(f"'{PARKED_AT}'", Text)), else_=next_attempt_at)
 
 
 def is_leased(now_at: Any, runs: Any = _RUNS) -> Any:
@@ -210,27 +230,35 @@ def _record_step(is_postgres: bool) -> Any:
     in :data:`RECORD_STEP_ORDER` (the constants are written into the text): the
     step's path builds that list directly and binds no more than it must."""
     runs = job_runs.c
-    given = (bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in STEP_COLUMNS[1:])
-    held = select(runs.id, *given).where(
+    given = [bindparam(f"step_{name}", type_=job_steps.c[name].type) for name in STEP_COLUMNS[1:]]
+    fence = (
         runs.id == bindparam("fence_id"),
         is_live(),
         runs.lease_owner == bindparam("fence_token"),
     )
+    held: Any = select(runs.id, *given).where(*fence)
     if is_postgres:
         # Lock the run row for the statement: a claim that would take the run over
         # (an UPDATE of that row) waits until this write commits, so the check and
         # the write cannot come apart. SQLite's writer holds the database's write
         # lock for the whole statement.
         held = held.with_for_update(read=True)
+    else:
+        # The run's pause, told by the change count: a paused run's row is written
+        # twice (the same values), so 2 rows changed (see RECORD_STEP_ORDER_SQLITE).
+        held = union_all(held, select(runs.id, *given).where(*fence, runs.paused_at.is_not(None)))
     upsert = dialect_insert(is_postgres, job_steps).from_select(list(STEP_COLUMNS), held)
     upsert = upsert.on_conflict_do_update(
         index_elements=[job_steps.c.run_id, job_steps.c.step],
         set_={name: upsert.excluded[name] for name in STEP_COLUMNS[2:]},
     )
     if is_postgres:
-        # "Written" is the row this gives back. (Reading asyncpg's status text
-        # instead measured no cheaper at 64 in flight: benchmarks/README.md.)
-        return upsert.returning(literal_column("1"))
+        # "Written" is the row this gives back, and with it the run's pause. (Reading
+        # asyncpg's status text instead measured no cheaper at 64 in flight:
+        # benchmarks/README.md.)
+        return upsert.returning(
+            select(runs.paused_at).where(runs.id == job_steps.c.run_id).scalar_subquery()
+        )
     # No RETURNING on SQLite: "written" is sqlite3's change count (``write_in_order``),
     # which spares SQLite the returned row and aiosqlite the fetch.
     return upsert
@@ -247,16 +275,24 @@ RECORD_STEP_ORDER = (
 )
 """The step write's parameters, in the order the store passes them."""
 
+RECORD_STEP_ORDER_SQLITE = RECORD_STEP_ORDER * 2
+"""The same on SQLite, whose statement reads the run twice (the second time only
+when it is paused): the list is passed twice over."""
+
 
 def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
     (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
     unless ``notify`` is false (``jobrun.sql.start_wakeups`` sends it later)."""
+    from jobrun.sql.pause_statements import started_paused
+
+    given = {name: bindparam(f"row_{name}", type_=job_runs.c[name].type) for name in RUN_COLUMNS}
+    # Its pause comes back (a run of a paused job starts paused): the last two columns.
     insert = (
         dialect_insert(is_postgres, job_runs)
-        .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
+        .values(given | started_paused(given))
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
-        .returning(job_runs.c.id)
+        .returning(job_runs.c.id, job_runs.c.paused_at, job_runs.c.pause_reason)
     )
     if not (is_postgres and notify):
         return insert
@@ -264,7 +300,7 @@ def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
     added = insert.cte("added")
     channel = bindparam("notify_channel", type_=Text)
     payload = bindparam("notify_payload", type_=Text)
-    return select(func.pg_notify(channel, payload)).select_from(added)
+    return select(func.pg_notify(channel, payload), added.c.paused_at, added.c.pause_reason)
 
 
 def _given_rows(name: str, is_postgres: bool) -> Any:
@@ -291,19 +327,27 @@ def start_many_insert(is_postgres: bool) -> Any:
     """Insert each run of the JSON array ``rows`` (each an array of ``RUN_COLUMNS``
     values) whose key is not live; returns the inserted ids. On Postgres one NOTIFY
     per job among them rides in the statement: one wake-up per batch, not per run."""
+    from jobrun.sql.pause_statements import started_paused
+
     given = _given_rows("rows", is_postgres)
-    values = [_element(given, index, job_runs.c[name]) for index, name in enumerate(RUN_COLUMNS)]
+    elements = {
+        name: _element(given, index, job_runs.c[name]) for index, name in enumerate(RUN_COLUMNS)
+    }
+    elements |= started_paused(elements)
     # SQLite: an INSERT ... SELECT with an upsert clause needs a WHERE, or its
     # parser reads ON CONFLICT as a join's ON.
-    chosen = select(*values).select_from(given).where(true())
+    chosen = select(*elements.values()).select_from(given).where(true())
     insert = (
         dialect_insert(is_postgres, job_runs)
-        .from_select(list(RUN_COLUMNS), chosen)
+        .from_select(list(elements), chosen)
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
     )
+    # Each run's pause comes back with its id (a run of a paused job starts paused).
+    pause = (job_runs.c.paused_at, job_runs.c.pause_reason)
     if not is_postgres:
-        return insert.returning(job_runs.c.id)
-    added = insert.returning(job_runs.c.id, job_runs.c.module_id, job_runs.c.job).cte("added")
+        return insert.returning(job_runs.c.id, *pause)
+    added = insert.returning(job_runs.c.id, job_runs.c.module_id, job_runs.c.job, *pause)
+    added = added.cte("added")
     job_text = cast(func.json_build_array(added.c.module_id, added.c.job), Text).label("job")
     jobs = select(job_text).distinct().subquery("added_jobs")
     # Postgres refuses a notification of 8000 bytes or more: then an empty one,
@@ -312,7 +356,7 @@ def start_many_insert(is_postgres: bool) -> Any:
     woke = select(func.pg_notify(bindparam("notify_channel", type_=Text), payload)).cte("woke")
     # A CTE runs only where it is read: this reads ``woke`` once the batch inserted.
     sent = select(func.count()).select_from(woke).scalar_subquery()
-    return select(added.c.id).where(sent >= 0)
+    return select(added.c.id, added.c.paused_at, added.c.pause_reason).where(sent >= 0)
 
 
 def notify_many() -> Any:
@@ -346,7 +390,17 @@ class Statements:
         patch_values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in PATCH_COLUMNS}
         if is_postgres:
             patch_values["next_attempt_at"] = _handed_on_expiry()
-        patch = update(job_runs).where(_fence()).values(patch_values).returning(runs.id)
+        # A run paused while its pass ran waits for its unpause once the lease goes.
+        patch_values["next_attempt_at"] = parked(
+            patch_values["status"],
+            runs.paused_at,
+            patch_values["lease_owner"],
+            patch_values["next_attempt_at"],
+        )
+        # Whether the run is paused: the pass's commit learns it here (see commit_pass).
+        patch = (
+            update(job_runs).where(_fence()).values(patch_values).returning(runs.id, runs.paused_at)
+        )
         self.get = compile_(select(job_runs).where(by_id))
         self.steps = compile_(
             select(
@@ -365,8 +419,9 @@ class Statements:
             .where(job_steps.c.run_id.in_(select(written.c.id)))
             .cte("dropped_ledger")
         )
-        self.commit_in_one = compile_(select(written.c.id).add_cte(dropped))
-        self.record_step = compile_(_record_step(is_postgres)).in_order(RECORD_STEP_ORDER)
+        self.commit_in_one = compile_(select(written.c.id, written.c.paused_at).add_cte(dropped))
+        order = RECORD_STEP_ORDER if is_postgres else RECORD_STEP_ORDER_SQLITE
+        self.record_step = compile_(_record_step(is_postgres)).in_order(order)
         self.extend_lease = compile_(_extend_lease(False))
         # Postgres, a lease claimed on the database's clock: renewed on it too.
         self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
@@ -411,6 +466,7 @@ class Statements:
                 func.count().filter(runs.status == FAILED),
                 func.min(waiting_since()).filter(waiting),
                 func.count().filter(is_cancelled()),
+                func.count().filter(is_paused()),
             ).where(runs.status.in_([literal(RUNNING), literal(FAILED)]))
         )
 
@@ -518,6 +574,8 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int, versioned: int)
         .where(
             # Leased (once expired it is simply due): the due index's range.
             is_leased(bindparam("now_at", type_=Text)),
+            # A paused run is never claimed, its holder dead or not.
+            not_(is_paused()),
             runs.lease_owner.in_(_dead(dead)),
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
             runnable_by(versioned),
@@ -685,6 +743,7 @@ def _locked_candidates(
         select(*columns, literal_column("1").label("orphan"), false().label("ledger_empty"))
         .where(
             is_leased(bindparam("now_at", type_=Text), runs),
+            not_(is_paused(runs)),
             runs.lease_owner == func.any(_text_array("dead")),
             tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
             runnable_by(versioned, runs),
@@ -826,20 +885,30 @@ def _as_given(element: Any) -> Any:
     return element
 
 
-def change_statement(columns: tuple[str, ...], leased: bool) -> Any:
+def change_statement(columns: tuple[str, ...], leased: bool, paused: bool | None = None) -> Any:
     """An operator's change (``jobrun._core.transitions.RunChange``): ``new_{column}``
     on run ``run_id`` while its status is ``when_status`` (and, if ``leased``, it
-    holds a lease)."""
+    holds a lease; if ``paused`` is not ``None``, it is paused or not), with the due
+    instant ``RunChange.applied`` gives: out of ``PARKED_AT`` unless written, and
+    there for a paused run left without a lease."""
     runs = job_runs.c
     condition = [runs.id == bindparam("run_id"), runs.status == bindparam("when_status")]
     if leased:
         condition.append(runs.lease_owner.is_not(None))
-    return (
-        update(job_runs)
-        .where(*condition)
-        .values({name: bindparam(f"new_{name}") for name in columns})
-        .returning(runs.id)
+    if paused is not None:
+        condition.append(runs.paused_at.is_not(None) if paused else runs.paused_at.is_(None))
+    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
+
+    def after(name: str) -> Any:
+        return values.get(name, runs[name])
+
+    due = values.get("next_attempt_at")
+    if due is None:
+        due = func.nullif(runs.next_attempt_at, literal_column(f"'{PARKED_AT}'", Text))
+    values["next_attempt_at"] = parked(
+        after("status"), after("paused_at"), after("lease_owner"), due
     )
+    return update(job_runs).where(*condition).values(values).returning(runs.id)
 
 
 def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
@@ -859,6 +928,8 @@ def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
     ).where(
         # Not expired: a held lease's expiry is its due instant (the index's range).
         is_leased(bindparam("now_at", type_=Text)),
+        # A paused run is not taken over, so its holder's death concerns no claim.
+        not_(is_paused()),
     )
     if jobs is not None:
         pairs = [tuple_(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
@@ -944,7 +1015,10 @@ def next_due_statement() -> Any:
     """The earliest due instant of the live runs (a lease's expiry among them: while
     a run is leased, its due instant is the lease's end): when an idle worker looks
     again (see ``jobrun.wakeups``)."""
-    return select(func.min(due_at())).where(is_live())
+    # Paused runs never come due: those waiting at PARKED_AT are out of the range,
+    # a paused one still leased (or stranded) is filtered on its row.
+    parked_at = literal_column(f"'{PARKED_AT}'", Text)
+    return select(func.min(due_at())).where(is_live(), due_at() != parked_at, not_(is_paused()))
 
 
 def take_database_statement() -> Any:
@@ -1370,7 +1444,10 @@ def take_token_statement(is_postgres: bool) -> Any:
     whole milli-tokens gained (``bucket_rate`` per ms), capped at
     ``bucket_burst_milli``, minus 1000. On Postgres the row lock orders concurrent
     takers; SQLite runs one writer at a time. Also returns the milliseconds until
-    the bucket's refill instant, when a cooling down put it in the future."""
+    the bucket's refill instant, when a cooling down put it in the future, and
+    whether the key is paused."""
+    from jobrun.sql.pause_statements import limit_is_paused
+
     buckets = rate_buckets.c
     columns = ["limit_key", "per_second", "burst", "milli_tokens", "refilled_at"]
     values = select(
@@ -1401,6 +1478,8 @@ def take_token_statement(is_postgres: bool) -> Any:
         _greatest(
             is_postgres, ms_between(is_postgres, database_now(is_postgres), buckets.refilled_at), 0
         ),
+        # Revision 0009: a paused key's token never comes (the taker gives it back).
+        limit_is_paused(bindparam("bucket_key", type_=Text)),
     )
 
 
@@ -1471,6 +1550,8 @@ def acquire_slot_statement(is_postgres: bool) -> Any:
     at ``now_at``; returns a row when it did. On Postgres it runs after the key's
     advisory lock (``limit_locks``) in the same transaction, so concurrent takers
     count one after the other; SQLite runs one writer at a time."""
+    from jobrun.sql.pause_statements import limit_is_paused
+
     slots = concurrency_slots.c
     names = ["limit_key", "lease_token", "step", "run_id", "acquired_at"]
     key = bindparam("slot_key", type_=Text)
@@ -1480,7 +1561,11 @@ def acquire_slot_statement(is_postgres: bool) -> Any:
         bindparam("slot_step", type_=Text),
         bindparam("slot_run_id", type_=Text),
         bindparam("now_at", type_=Text),
-    ).where(_slots_counting(key) < bindparam("slot_most", type_=Integer))
+    ).where(
+        _slots_counting(key) < bindparam("slot_most", type_=Integer),
+        # Revision 0009: none while the key is paused (limit_paused tells why).
+        not_(limit_is_paused(key)),
+    )
     insert = dialect_insert(is_postgres, concurrency_slots).from_select(names, values)
     # The same holder's row again (a release that failed): taken again, not an error.
     return insert.on_conflict_do_update(

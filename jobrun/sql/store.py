@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,9 +31,11 @@ from jobrun._core.ids import first_id_at
 from jobrun._core.limits import LimitUsage
 from jobrun._core.orphans import OrphanScans, deprecated_scans
 from jobrun._core.owed import OwedReleases
+from jobrun._core.pausing import paused_start
 from jobrun._core.port import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
+    WRITTEN_PAUSED,
     StoreLimits,
     not_watching,
 )
@@ -42,6 +44,7 @@ from jobrun._core.records import (
     HealthCounts,
     HeldLease,
     JobRunStatus,
+    PauseRecord,
     RunFilter,
     RunPatch,
     RunRow,
@@ -62,6 +65,7 @@ from jobrun.sql.claims import Fetch, SqlClaims, limit_lock_key, numbered, pairs
 from jobrun.sql.database_clock import DatabaseClockLeases
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
+from jobrun.sql.pause_store import SqlPauses
 from jobrun.sql.presence import Presence, PresenceNotHeld, live_presences_statement
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
@@ -161,6 +165,13 @@ def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
 _RUN_VALUES = attrgetter(*RUN_COLUMNS)
 
 
+def _as_started(row: RunRow, answer: Sequence[Any]) -> RunRow:
+    """The row a start inserted, paused as its statement answered (its last two
+    columns: a run of a paused job starts paused)."""
+    paused_at, reason = answer[-2], answer[-1]
+    return row if paused_at is None else paused_start(row, paused_at, reason)
+
+
 def _key_of(row: RunRow) -> tuple[str, str, str]:
     return (row.module_id, row.job, row.instance)
 
@@ -257,6 +268,7 @@ class SqlJobRunStore:
         self._limit_operations = SqlLimits(
             self._executor, self._shapes, self._is_postgres, self._schema
         )
+        self._pauses = SqlPauses(self._executor, self._shapes, self._is_postgres)
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
@@ -391,8 +403,9 @@ class SqlJobRunStore:
         the two."""
         statements = self._statements
         for _ in range(_START_RETRIES):
-            if await fetch(insert or statements.start, values):
-                return row, True
+            inserted = await fetch(insert or statements.start, values)
+            if inserted:
+                return _as_started(row, inserted[0]), True
             found = await fetch(statements.live, values)
             if found:
                 return RunRow(*found[0]), False
@@ -435,9 +448,14 @@ class SqlJobRunStore:
         todo = sorted(rows, key=_key_of)
         for _ in range(_START_RETRIES):
             values = {"rows": _rows_json(todo), "notify_channel": notify_channel(self._schema)}
-            inserted = {answer[0] for answer in await fetch(self._statements.start_many, values)}
+            answers = await fetch(self._statements.start_many, values)
+            inserted = {answer[0]: answer for answer in answers}
             rest = [row for row in todo if row.id not in inserted]
-            found.update((_key_of(row), (row, True)) for row in todo if row.id in inserted)
+            found.update(
+                (_key_of(row), (_as_started(row, inserted[row.id]), True))
+                for row in todo
+                if row.id in inserted
+            )
             if rest:
                 keys = json.dumps([_key_of(row) for row in rest])
                 for answer in await fetch(self._statements.live_many, {"keys": keys}):
@@ -575,24 +593,34 @@ class SqlJobRunStore:
         values = self._patch_values(run_id, patch, token)
         return await self._lone_write("patch", self._statements.patch, values)
 
-    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> bool:
+    async def commit_pass(self, run_id: str, patch: RunPatch, token: str) -> int:
         values = self._patch_values(run_id, patch, token)
         statements = self._statements
         if self._is_postgres:
-            return await self._lone_write("commit_pass", statements.commit_in_one, values)
-        # SQLite has no data-modifying CTEs: two statements, one transaction.
-        async with self._operation("commit_pass"), self._executor.transaction("commit_pass") as tx:
-            if not await tx.fetch(statements.patch, values):
-                return False
-            await tx.fetch(statements.drop_ledger, values)
-            return True
+            async with self._operation("commit_pass"):
+                written = await self._executor.fetch(
+                    "commit_pass", statements.commit_in_one, values
+                )
+        else:
+            # SQLite has no data-modifying CTEs: two statements, one transaction.
+            async with (
+                self._operation("commit_pass"),
+                self._executor.transaction("commit_pass") as tx,
+            ):
+                written = await tx.fetch(statements.patch, values)
+                if written:
+                    await tx.fetch(statements.drop_ledger, values)
+        # The write returns the run's pause: a paused run's next pass is not run.
+        if not written:
+            return False
+        return WRITTEN_PAUSED if written[0][1] is not None else True
 
     async def steps(self, run_id: str) -> dict[str, StepRow]:
         async with self._operation("steps"):
             rows = await self._executor.fetch("steps", self._statements.steps, {"run_id": run_id})
         return {row[0]: StepRow(*row) for row in rows}
 
-    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> bool:
+    async def record_step(self, run_id: str, row: StepRow, recorded_at: str, token: str) -> int:
         # The one write that makes a step durable: one statement, committed on return.
         # The step's path, so written flat: its values straight into a list in the
         # statement's order (RECORD_STEP_ORDER), and _lone_write's steps inline.
@@ -601,13 +629,26 @@ class SqlJobRunStore:
             async with self._operation("record_step"):
                 pass
         try:
-            written = await self._executor.write_in_order(
-                "record_step", self._statements.record_step, arguments
-            )
+            if self._is_postgres:
+                rows = await self._executor.fetch_in_order(
+                    "record_step", self._statements.record_step, arguments
+                )
+            else:
+                # The run is read twice (see RECORD_STEP_ORDER_SQLITE).
+                count = cast(
+                    int,
+                    await self._executor.write_in_order(
+                        "record_step", self._statements.record_step, arguments + arguments
+                    ),
+                )
         except self._executor.errors as error:
             raise StoreError("record_step", error) from error
-        # Nothing written (no row changed, none returned): the fence refused.
-        return bool(written)
+        # Nothing written (no row changed, none returned): the fence refused. Written,
+        # it says whether the run is paused: its pause returned (Postgres), or the
+        # row written twice (SQLite).
+        if self._is_postgres:
+            return (WRITTEN_PAUSED if rows[0][0] is not None else True) if rows else False
+        return WRITTEN_PAUSED if count > 1 else bool(count)
 
     async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
         values = _fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
@@ -658,7 +699,13 @@ class SqlJobRunStore:
             )
         row = found[0]
         return HealthCounts(
-            int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4], cancelled=int(row[5])
+            int(row[0]),
+            int(row[1]),
+            int(row[2]),
+            int(row[3]),
+            row[4],
+            cancelled=int(row[5]),
+            paused=int(row[6]),
         )
 
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
@@ -681,7 +728,7 @@ class SqlJobRunStore:
     def _change(self, run_id: str, change: RunChange) -> tuple[Any, dict[str, Any]]:
         """The conditional write that applies an operator's ``change``, and its values."""
         columns = tuple(name for name, _ in change.values)
-        statement = self._shapes.of(change_statement, columns, change.leased)
+        statement = self._shapes.of(change_statement, columns, change.leased, change.paused)
         values = {f"new_{name}": value for name, value in change.values}
         return statement, values | {"run_id": run_id, "when_status": change.status}
 
@@ -706,6 +753,41 @@ class SqlJobRunStore:
 
     async def release(self, run_id: str, change: RunChange) -> bool:
         return await self._lone_write("release", *self._change(run_id, change))
+
+    # -- OperatorStore: pauses (revision 0009, jobrun.sql.pause_store) ------------------------
+
+    async def pause(self, run_id: str, change: RunChange) -> bool:
+        return await self._lone_write("pause", *self._change(run_id, change))
+
+    async def pause_job(self, module_id: str, job: str, at: str, reason: str | None) -> int:
+        async with self._operation("pause_job"):
+            return await self._pauses.pause_job(module_id, job, at, reason)
+
+    async def unpause_job(self, module_id: str, job: str, at: str) -> int:
+        async with self._operation("unpause_job"):
+            return await self._pauses.unpause_job(module_id, job, at)
+
+    async def pause_limit(self, key: str, at: str, reason: str | None) -> bool:
+        async with self._operation("pause_limit"):
+            return await self._pauses.pause_limit(key, at, reason)
+
+    async def unpause_limit(self, key: str, reason: str) -> int:
+        async with self._operation("unpause_limit"):
+            return await self._pauses.unpause_limit(key, reason)
+
+    async def pauses(
+        self,
+    ) -> tuple[dict[tuple[str, str], PauseRecord], dict[str, PauseRecord]]:
+        async with self._operation("pauses"):
+            return await self._pauses.pauses()
+
+    async def limit_paused(self, key: str) -> bool:
+        async with self._operation("limit_paused"):
+            return await self._pauses.limit_paused(key)
+
+    async def unpark(self, run_id: str, reason: str) -> bool:
+        async with self._operation("unpark"):
+            return await self._pauses.unpark(run_id, reason)
 
     async def prune(
         self,

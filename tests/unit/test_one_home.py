@@ -50,7 +50,8 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     (
         "live: status is running (stores, core, SQL)",
         r"status\s*[!=]=\s*(JobRunStatus\.)?RUNNING\b|status\s*[!=]=\s*literal_column\(\s*f?[\"']'\{?RUNNING",
-        {PREDICATES: {"is_live"}, STATEMENTS: {"is_live"}},
+        # parked: the status a write leaves (a bound value), not is_live's column.
+        {PREDICATES: {"is_live"}, STATEMENTS: {"is_live", "parked"}},
     ),
     (
         "one live run per key",

@@ -46,6 +46,12 @@ REQUIRED_NAMES = {
     "PassWatch",
     "observe_all",
     "LOG_PASSES",
+    "pause_job_run",
+    "unpause_job_run",
+    "pause_job",
+    "unpause_job",
+    "pause_limit",
+    "unpause_limit",
 }
 
 EXPECTED_CODES = {
@@ -63,6 +69,8 @@ EXPECTED_CODES = {
     "LeaseLostError": "lease_lost",
     "JobRunNotFoundError": "not_found",
     "RetryAfter": "deferred",
+    "JobRunPausedError": "paused",
+    "JobRunNotLiveError": "not_live",
 }
 
 
@@ -208,11 +216,13 @@ def test_codes_are_distinct_apart_from_the_conflict_subtype() -> None:
         for error in error_classes().values()
         if error.__bases__[0] is jobrun.JobRunError
     ]
-    subtypes = {"handler_mistake", "step_timeout"}
+    subtypes = {"handler_mistake", "step_timeout", "not_live"}
     assert sorted(direct) == sorted(set(EXPECTED_CODES.values()) - subtypes)
     assert issubclass(jobrun.StepReusedError, jobrun.JobConflictError)
     # A step that timed out is a failed attempt, with a code of its own.
     assert jobrun.StepTimeoutError.__bases__ == (jobrun.StepFailedError,)
+    # An action on a run that has ended is a conflict, with a code of its own.
+    assert jobrun.JobRunNotLiveError.__bases__ == (jobrun.JobConflictError,)
     # A handler mistake is refused input too, with a code of its own.
     assert jobrun.HandlerMistakeError.__bases__ == (jobrun.JobValidationError,)
 
