@@ -7,7 +7,7 @@ from typing import Any
 
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.observe import PassEnd, PassStart, PassWatch, StepEnd
-from jobrun._core.predicates import due_at, is_due
+from jobrun._core.predicates import PARKED_AT, due_at, is_due, is_paused
 from jobrun._core.records import DriveError, JobRunStatus, RunFilter
 from jobrun._core.registry import JobRegistry
 from jobrun._entry import run_due_jobs
@@ -78,10 +78,14 @@ async def _next_due_s(store: Any, registry: JobRegistry, clock: FakeClock) -> fl
     """Seconds until the earliest live run of a registered job is due, if any is waiting."""
     rows = await store.list(RunFilter(status=JobRunStatus.RUNNING.value, limit=10_000))
     now_at = format_instant(clock.now())
+    # A paused run (or one waiting for a paused limit) waits for an unpause, not a time.
     waiting = [
         due_at(row)
         for row in rows
-        if (row.module_id, row.job) in registry and not is_due(row, now_at)
+        if (row.module_id, row.job) in registry
+        and not is_due(row, now_at)
+        and not is_paused(row)
+        and due_at(row) != PARKED_AT
     ]
     if not waiting:
         return None

@@ -387,7 +387,9 @@ class Statements:
     def __init__(self, compile_: Compiler, is_postgres: bool) -> None:
         runs = job_runs.c
         by_id = runs.id == bindparam("run_id")
-        patch_values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in PATCH_COLUMNS}
+        patch_values: dict[str, Any] = {
+            name: bindparam(f"new_{name}", type_=runs[name].type) for name in PATCH_COLUMNS
+        }
         if is_postgres:
             patch_values["next_attempt_at"] = _handed_on_expiry()
         # A run paused while its pass ran waits for its unpause once the lease goes.
@@ -897,7 +899,9 @@ def change_statement(columns: tuple[str, ...], leased: bool, paused: bool | None
         condition.append(runs.lease_owner.is_not(None))
     if paused is not None:
         condition.append(runs.paused_at.is_not(None) if paused else runs.paused_at.is_(None))
-    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
+    values: dict[str, Any] = {
+        name: bindparam(f"new_{name}", type_=runs[name].type) for name in columns
+    }
 
     def after(name: str) -> Any:
         return values.get(name, runs[name])

@@ -120,7 +120,12 @@ CLOCK_CHECK_INTERVAL_S = 60.0
 def notify_payload(row: RunRow) -> str:
     """``["module_id", "job"]`` as JSON (a module id may itself contain ``/``); empty when
     too long for a notification (listeners then wake for any job)."""
-    text = json.dumps([row.module_id, row.job])
+    return notify_payload_of(row.module_id, row.job)
+
+
+def notify_payload_of(module_id: str, job: str) -> str:
+    """:func:`notify_payload` of a job."""
+    text = json.dumps([module_id, job])
     return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
 
 
@@ -757,7 +762,23 @@ class SqlJobRunStore:
     # -- OperatorStore: pauses (revision 0009, jobrun.sql.pause_store) ------------------------
 
     async def pause(self, run_id: str, change: RunChange) -> bool:
-        return await self._lone_write("pause", *self._change(run_id, change))
+        statement, values = self._change(run_id, change)
+        async with self._operation("pause"):
+            found = await self._executor.fetch("pause", statement, values)
+            if found and change.paused:
+                # Unpaused: due now, so the listening workers are woken as by a start.
+                await self._wake("pause", [notify_payload_of(found[0][1], found[0][2])])
+        return bool(found)
+
+    async def _wake(self, operation: str, payloads: builtins.list[str]) -> None:
+        """Postgres: NOTIFY the listening workers (a payload ``""`` wakes every job's);
+        SQLite's workers see the write itself."""
+        if self._is_postgres and payloads:
+            notify = {
+                "notify_channel": notify_channel(self._schema),
+                "payloads": json.dumps(payloads),
+            }
+            await self._executor.fetch(operation, self._statements.notify_many, notify)
 
     async def pause_job(self, module_id: str, job: str, at: str, reason: str | None) -> int:
         async with self._operation("pause_job"):
@@ -765,7 +786,10 @@ class SqlJobRunStore:
 
     async def unpause_job(self, module_id: str, job: str, at: str) -> int:
         async with self._operation("unpause_job"):
-            return await self._pauses.unpause_job(module_id, job, at)
+            unpaused = await self._pauses.unpause_job(module_id, job, at)
+            if unpaused:
+                await self._wake("unpause_job", [notify_payload_of(module_id, job)])
+            return unpaused
 
     async def pause_limit(self, key: str, at: str, reason: str | None) -> bool:
         async with self._operation("pause_limit"):
@@ -773,7 +797,10 @@ class SqlJobRunStore:
 
     async def unpause_limit(self, key: str, reason: str) -> int:
         async with self._operation("unpause_limit"):
-            return await self._pauses.unpause_limit(key, reason)
+            woken = await self._pauses.unpause_limit(key, reason)
+            if woken:
+                await self._wake("unpause_limit", [""])
+            return woken
 
     async def pauses(
         self,

@@ -68,6 +68,9 @@ def _table() -> list[RunRow]:
                 cancelled=int(index % 3 == 0),
                 # Apart from started_at, so the wait's fallback is told from the due instant's.
                 updated_at=INSTANTS[index % 3],
+                # Revision 0009: some paused, whatever else they are (leased, due, ended).
+                paused_at=NOW if index % 11 in (3, 8) else None,
+                pause_reason="held" if index % 11 == 3 else None,
             )
         )
     return rows
@@ -103,6 +106,11 @@ async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engin
     cancelled = _ids(ROWS, predicates.is_cancelled)
     assert cancelled
     assert await _sql_ids(engine, statements.is_cancelled(), {}) == cancelled
+    paused = _ids(ROWS, predicates.is_paused)
+    assert paused
+    assert await _sql_ids(engine, statements.is_paused(), {}) == paused
+    runs = job_runs.c
+    parked = statements.parked(runs.status, runs.paused_at, runs.lease_owner, runs.next_attempt_at)
     for at, (name, rule, twin) in itertools.product(INSTANTS, ROW_RULES):
         wanted = {row.id for row in ROWS if rule(row, at)}
         assert await _sql_ids(engine, twin, {"now_at": at}) == wanted, (name, at)
@@ -113,6 +121,10 @@ async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engin
         assert dict(found.all()) == {row.id: predicates.waiting_since(row) for row in ROWS}
         found = await connection.execute(select(job_runs.c.id, statements.stored_version()))
         assert dict(found.all()) == {row.id: predicates.stored_version(row) for row in ROWS}
+        found = await connection.execute(select(job_runs.c.id, parked))
+        wanted_due = {row.id: predicates.parked(row).next_attempt_at for row in ROWS}
+        assert dict(found.all()) == wanted_due
+        assert predicates.PARKED_AT in wanted_due.values()
     for versions in VERSIONS:
         versioned = sorted((job, version) for job, version in versions.items() if version != 1)
         values: dict[str, Any] = {}
@@ -174,6 +186,7 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
         failed=sum(1 for row in ROWS if row.status == "failed"),
         oldest_due_at=min(map(predicates.waiting_since, due), default=None),
         cancelled=len(_ids(ROWS, predicates.is_cancelled)),
+        paused=len(_ids(ROWS, predicates.is_paused)),
     )
     by_job = {job: sum(1 for row in due if (row.module_id, row.job) == job) for job in JOBS}
     assert await store.due_by_job(at) == {job: count for job, count in by_job.items() if count}
@@ -185,7 +198,10 @@ async def test_the_operators_reads_count_by_the_rules(store: Any, engine: Any, a
             counts[version] = counts.get(version, 0) + 1
     assert await store.versions_by_job() == by_version
     held = await store.held_leases(at, None)
-    assert {lease.run_id for lease in held} == _ids(ROWS, lambda row: predicates.is_leased(row, at))
+    # A paused run is never taken over: its holder's death is nobody's business.
+    assert {lease.run_id for lease in held} == _ids(
+        ROWS, lambda row: predicates.is_leased(row, at) and not predicates.is_paused(row)
+    )
     for load in await store.job_loads(at, at):
         rows = [row for row in ROWS if (row.module_id, row.job) == (load.module_id, load.job)]
         job_due = [row for row in rows if predicates.is_due(row, at)]
