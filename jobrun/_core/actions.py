@@ -69,7 +69,11 @@ async def resume_job_run(
     row = await store.get(_check_id(run_id))
     counters = None if row is None else repaired_counters(row.counters)
     at = format_instant(sources.clock_for(clock).now())
-    if not await store.resume(run_id, resume_transition(at, counters)):
+    # A run of a paused job comes back paused, as a run started now would.
+    paused_jobs = (await store.pauses())[0] if row is not None else {}
+    job_pause = None if row is None else paused_jobs.get((row.module_id, row.job))
+    paused = None if job_pause is None else (at, job_pause.reason)
+    if not await store.resume(run_id, resume_transition(at, counters, paused)):
         record = await _record(store, run_id)
         raise JobConflictError(
             f"run {run_id} is {record.status}, not failed; only a failed run can resume",
@@ -106,6 +110,7 @@ async def job_run_health(
     due_by_job = dict(sorted((await store.due_by_job(now_at)).items())) if by_job else {}
     versions = dict(sorted((await store.versions_by_job()).items())) if by_job else {}
     limits = await store.limit_usage(now_at)
+    paused_jobs, paused_limits = await store.pauses()
     waited_s = 0.0
     if counts.oldest_due_at is not None:
         waited_s = max(0.0, (now - parse_instant(counts.oldest_due_at)).total_seconds())
@@ -121,6 +126,9 @@ async def job_run_health(
         concurrency_slots=dict(limits.slots),
         versions_by_job={job: dict(sorted(counts.items())) for job, counts in versions.items()},
         cancelled=counts.cancelled,
+        paused=counts.paused,
+        paused_jobs=paused_jobs,
+        paused_limits=paused_limits,
     )
 
 

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Text, and_, bindparam, delete, exists, func, literal_column, select, update
+from sqlalchemy import (
+    Text,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    literal_column,
+    select,
+    update,
+)
 
 from jobrun._core.predicates import PARKED_AT
 from jobrun.sql.schema import job_pauses, job_runs, limit_pauses
@@ -145,9 +156,7 @@ def started_paused(values: dict[str, Any]) -> dict[str, Any]:
     of_job = and_(pauses.module_id == values["module_id"], pauses.job == values["job"])
     reason = select(pauses.reason).where(of_job).scalar_subquery()
     job_paused = exists(select(pauses.module_id).where(of_job))
-    paused_at = func.coalesce(
-        values["paused_at"], select(values["started_at"]).where(job_paused).scalar_subquery()
-    )
+    paused_at = case((job_paused, values["started_at"]), else_=values["paused_at"])
     return {
         "paused_at": paused_at,
         "pause_reason": func.coalesce(values["pause_reason"], reason),

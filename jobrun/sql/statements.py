@@ -256,9 +256,10 @@ def _record_step(is_postgres: bool) -> Any:
         # "Written" is the row this gives back, and with it the run's pause. (Reading
         # asyncpg's status text instead measured no cheaper at 64 in flight:
         # benchmarks/README.md.)
-        return upsert.returning(
-            select(runs.paused_at).where(runs.id == job_steps.c.run_id).scalar_subquery()
-        )
+        # (run_id: the row just written; the runs table has no column of that name.)
+        of_run = job_runs.alias("paused_run")
+        paused = select(of_run.c.paused_at).where(of_run.c.id == literal_column("run_id"))
+        return upsert.returning(paused.scalar_subquery())
     # No RETURNING on SQLite: "written" is sqlite3's change count (``write_in_order``),
     # which spares SQLite the returned row and aiosqlite the fetch.
     return upsert
@@ -912,7 +913,13 @@ def change_statement(columns: tuple[str, ...], leased: bool, paused: bool | None
     values["next_attempt_at"] = parked(
         after("status"), after("paused_at"), after("lease_owner"), due
     )
-    return update(job_runs).where(*condition).values(values).returning(runs.id)
+    # The job too: an unpause wakes the job's listening workers (SqlJobRunStore.pause).
+    return (
+        update(job_runs)
+        .where(*condition)
+        .values(values)
+        .returning(runs.id, runs.module_id, runs.job)
+    )
 
 
 def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:

@@ -82,9 +82,12 @@ async def test_the_hook_sees_every_statement_of_a_pass(
         kinds = [sql.split()[0] for operation, sql, _ in log.seen if operation == "commit_pass"]
         assert kinds == ["BEGIN", "UPDATE", "DELETE", "COMMIT"]
     steps = [parameters for operation, _, parameters in log.seen if operation == "record_step"]
+    # SQLite's step write reads the run twice (the second time only while it is
+    # paused: see statements.RECORD_STEP_ORDER_SQLITE), so its list comes twice over.
+    times = 1 if backend == "postgres" else 2
     assert [[value for value in parameters if value in ("a", "b")] for parameters in steps] == [
-        ["a"],
-        ["b"],
+        ["a"] * times,
+        ["b"] * times,
     ]
 
 
