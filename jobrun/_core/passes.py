@@ -748,7 +748,7 @@ async def run_job_pass(
         )
         result = await _call_handler(job.handler, context, keeper, clock, settings.timeout_s)
         if context._paused:
-            return await _paused(store, row, lease)
+            return await _paused(store, clock, row, lease)
         minted = settings.mint_id if keep_lease else None
         committing = commit(store, clock, row, lease, result, context.counters, minted, job.version)
         return await _within_fence(keeper, row.id, committing)
@@ -762,17 +762,17 @@ async def run_job_pass(
     except Exception as error:
         if context is not None and context._paused:
             # Whatever the handler made of it: nothing charged, the lease handed back.
-            return await _paused(store, row, lease)
+            return await _paused(store, clock, row, lease)
         return await _ended_by(settings, job, keeper, row, lease, job_policy, error)
     except BaseException:
         await hand_back(store, row, lease)
         raise
 
 
-async def _paused(store: JobRunStore, row: RunRow, lease: Lease) -> PassOutcome:
+async def _paused(store: JobRunStore, clock: Clock, row: RunRow, lease: Lease) -> PassOutcome:
     """End a pass whose step write found the run paused: the lease handed back (the
     write parks the run until its unpause), nothing committed or charged."""
-    await hand_back(store, row, lease)
+    await hand_back(store, replace(row, updated_at=format_instant(clock.now())), lease)
     return PassOutcome("paused")
 
 

@@ -4,10 +4,11 @@ The model below is a few dozen lines of plain Python that say what a run and its
 step ledger must look like after each operation: starts (new or joined), drives
 with limits and pass budgets whose handlers follow drawn plans (steps that
 succeed or fail, with the job's policy or their own; a handler error; a cursor
-moved, kept, or the run done; a Ctrl-C), clock advances, operator cancel and
-resume. After every rule each run row and ledger the store holds must equal the
-model's, field by field, and the step bodies called must be exactly those the
-model predicts (a recorded step is never called again).
+moved, kept, or the run done; a Ctrl-C; the run paused from inside a step body),
+clock advances, operator cancel, resume, pause and unpause. After every rule each
+run row and ledger the store holds must equal the model's, field by field, and the
+step bodies called must be exactly those the model predicts (a recorded step is
+never called again).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hypothesis.stateful import (
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
+from jobrun._core.predicates import PARKED_AT
 from jobrun._core.records import RunRow, StepRow
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import iso
@@ -59,6 +61,12 @@ class PassPlan:
     steps: tuple[tuple[str, bool, bool], ...]  # (name, succeeds, own policy)
     count: int
     ending: str
+    # The first step body that runs pauses the run (not in a pass that is interrupted).
+    pause: bool = False
+
+    @property
+    def pauses(self) -> bool:
+        return self.pause and self.ending != "interrupt"
 
 
 DEFAULT_PLAN = PassPlan((), 0, "advance")
@@ -72,6 +80,7 @@ plans = st.builds(
     ).map(tuple),
     count=st.integers(0, 2),
     ending=st.sampled_from(ENDINGS),
+    pause=st.sampled_from([False, False, False, True]),
 )
 
 
@@ -106,13 +115,16 @@ class Model:
         self, now: str, limit: int, max_passes: int, queue: deque[PassPlan]
     ) -> dict[str, int] | None:
         """The report's counts, or ``None`` when a pass was interrupted."""
-        report = dict.fromkeys(["attempted", "advanced", "completed", "retrying", "failed"], 0)
+        report = dict.fromkeys(
+            ["attempted", "advanced", "completed", "retrying", "failed", "paused"], 0
+        )
         driven: set[str] = set()
         while report["attempted"] < limit:
             due = [
                 run
                 for run in self.runs.values()
                 if run.row.status == "running"
+                and run.row.paused_at is None
                 and (run.row.next_attempt_at or run.row.started_at) <= now
                 and run.row.id not in driven
             ]
@@ -138,6 +150,7 @@ class Model:
     def one_pass(self, run: ModelRun, plan: PassPlan, now: str) -> str | None:
         row = run.row
         failure: tuple[jobrun.RetryPolicy, int, str] | None = None
+        paused = False
         for name, succeeds, own in plan.steps:
             policy = STEP_POLICY if own else JOB_POLICY
             prior = run.ledger.get(name)
@@ -149,13 +162,23 @@ class Model:
                 break
             attempts = (prior.attempts if prior is not None else 0) + 1
             self.calls.append((row.id, name))
+            # The body pauses the run; its own write then tells the pass, which
+            # starts no new step and ends charging nothing (its ledger kept).
+            paused = plan.pauses
             if succeeds:
                 run.ledger[name] = StepRow(name, compact(f"{name}!"), attempts, None)
+                if paused:
+                    break
                 continue
             cause = f"RuntimeError: boom {name}"
             run.ledger[name] = StepRow(name, None, attempts, cause)
             failure = (policy, attempts, f"step {name!r} failed: {cause}")
             break
+        if paused:
+            run.row = replace(
+                row, paused_at=now, updated_at=now, next_attempt_at=PARKED_AT, pause_reason=None
+            )
+            return "paused"
         if failure is None and plan.ending == "interrupt":
             # A real interruption (the pass's task cancelled): nothing recorded but
             # the ledger, the lease handed back; the drive stops there.
@@ -217,9 +240,27 @@ class Model:
             ended_at=now,
             next_attempt_at=None,
             cancelled=1,
+            paused_at=None,
         )
         run.raised = False
         return True
+
+    def pause(self, run_id: str, now: str) -> str:
+        run = self.runs[run_id]
+        if run.row.status != "running":
+            return "not live"
+        if run.row.paused_at is None:
+            # No lease is held between drives: it waits for its unpause.
+            run.row = replace(run.row, paused_at=now, updated_at=now, next_attempt_at=PARKED_AT)
+        return "paused"
+
+    def unpause(self, run_id: str, now: str) -> str:
+        run = self.runs[run_id]
+        if run.row.status != "running":
+            return "not live"
+        if run.row.paused_at is not None:
+            run.row = replace(run.row, paused_at=None, updated_at=now, next_attempt_at=None)
+        return "running"
 
     def resume(self, run_id: str, now: str) -> str:
         run = self.runs[run_id]
@@ -235,6 +276,7 @@ class Model:
             ended_at=None,
             next_attempt_at=None,
             cancelled=0,
+            paused_at=None,
         )
         run.raised = False
         run.ledger = {
@@ -282,8 +324,10 @@ class PassMachine(RuleBasedStateMachine):
         plan = self.queue.popleft() if self.queue else DEFAULT_PLAN
         for name, succeeds, own in plan.steps:
 
-            def body(name: str = name, succeeds: bool = succeeds) -> str:
+            async def body(name: str = name, succeeds: bool = succeeds) -> str:
                 self.calls.append((p.run.id, name))
+                if plan.pauses:
+                    await jobrun.pause_job_run(self.store, p.run.id, clock=self.clock)
                 if not succeeds:
                     raise RuntimeError(f"boom {name}")
                 return f"{name}!"
@@ -391,6 +435,23 @@ class PassMachine(RuleBasedStateMachine):
         with pytest.raises(jobrun.JobConflictError) as refused:
             self.run(cancelling)
         assert refused.value.reason == "job_run_not_running"
+
+    @rule(run_id=ids)
+    def pause(self, run_id: str) -> None:
+        self._pause_or_unpause(jobrun.pause_job_run, self.model.pause(run_id, self.now()), run_id)
+
+    @rule(run_id=ids)
+    def unpause(self, run_id: str) -> None:
+        expected = self.model.unpause(run_id, self.now())
+        self._pause_or_unpause(jobrun.unpause_job_run, expected, run_id)
+
+    def _pause_or_unpause(self, action: Any, expected: str, run_id: str) -> None:
+        acting = action(self.store, run_id, clock=self.clock)
+        if expected != "not live":
+            assert self.run(acting).outcome == expected
+            return
+        with pytest.raises(jobrun.JobRunNotLiveError):
+            self.run(acting)
 
     @rule(run_id=ids)
     def resume(self, run_id: str) -> None:

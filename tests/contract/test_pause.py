@@ -283,10 +283,9 @@ async def test_a_pass_that_saw_the_pause_commits_nothing_even_if_the_handler_goe
             return 1
 
         await p.step("pausing", pausing)
-        try:
+        with pytest.raises(jobrun.JobRunPausedError) as stopped:
             await p.step("next", lambda: 2)
-        except jobrun.JobRunPausedError as stopped:
-            assert stopped.code == "paused"
+        assert stopped.value.code == "paused"
         return jobrun.PassResult(cursor="moved", done=True)
 
     run_id = await start_id(store, clock)
