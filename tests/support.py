@@ -159,6 +159,8 @@ def hand_made_row(
 
 COLUMNS_0006 = ("job_version", "cancelled", "error_origin")
 """The run columns revision 0006 adds (a test writing rows at 0005 leaves them out)."""
+COLUMNS_0009 = ("paused_at", "pause_reason")
+"""The run columns revision 0009 adds (a test writing rows at 0008 or before leaves them out)."""
 
 
 def row_values(row: RunRow, *, without: Sequence[str] = ()) -> dict[str, Any]:

@@ -4,7 +4,8 @@ The application role (the one workers and operators connect as, after an owner
 ran the migrations) needs USAGE on the schema, SELECT, INSERT, UPDATE and
 DELETE on the runs, the step ledger, the schedules table (a schedule removed
 from a registry loses its row), the retention table and the two limit tables
-(rate buckets, concurrency slots), the workers' table (revision 0007), and SELECT on jobrun's
+(rate buckets, concurrency slots), the workers' table (revision 0007), the paused jobs'
+and paused limit keys' tables (revision 0009), and SELECT on jobrun's
 version table (every store reads it once to check the revision) and on its
 compatibility record (revision 0006: read when the database is newer than the
 code). SQLite has no grants.
@@ -22,8 +23,10 @@ from jobrun.sql.schema import (
     job_retention,
     job_runs,
     job_schedules,
+    job_pauses,
     job_steps,
     job_workers,
+    limit_pauses,
     rate_buckets,
 )
 
@@ -38,6 +41,9 @@ NEEDED: dict[str, tuple[str, ...]] = {
     concurrency_slots.name: _DML,
     # Revision 0007: each worker writes, refreshes and deletes its own row.
     job_workers.name: _DML,
+    # Revision 0009: pausing and unpausing a job or a limit key writes and deletes them.
+    job_pauses.name: _DML,
+    limit_pauses.name: _DML,
     VERSION_TABLE: ("SELECT",),
     COMPAT_TABLE: ("SELECT",),
 }

@@ -19,7 +19,15 @@ from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_o
 RUNS = "_substrat_job_runs"
 NEW_COLUMNS = ("lease_epoch", "passes_committed")
 # Columns of later revisions, which a 0003 table does not have.
-LATER_COLUMNS = ("deferrals", "deferred_reason", "job_version", "cancelled", "error_origin")
+LATER_COLUMNS = (
+    "deferrals",
+    "deferred_reason",
+    "job_version",
+    "cancelled",
+    "error_origin",
+    "paused_at",
+    "pause_reason",
+)
 COLUMNS_0003 = (
     "id, module_id, job, instance, payload, status, cursor, counters, attempts, last_error, "
     "started_at, updated_at, next_attempt_at, ended_at, lease_owner, lease_driver, "

@@ -16,6 +16,7 @@ from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
+    COLUMNS_0009,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -41,7 +42,7 @@ async def at_0004(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(200):
             row = hand_made_row(number, module_id="@test/jobs", job="later")
-            values = row_values(row, without=(*NEW_COLUMNS, *COLUMNS_0006))
+            values = row_values(row, without=(*NEW_COLUMNS, *COLUMNS_0006, *COLUMNS_0009))
             values["status"] = "running" if number % 40 == 0 else "done"
             values["ended_at"] = None if number % 40 == 0 else "2025-12-31T01:00:00.000Z"
             values["passes_committed"] = number % 7

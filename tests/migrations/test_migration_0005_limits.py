@@ -22,7 +22,15 @@ from tests.support import SQL_BACKENDS, hand_made_row, insert_values, revision_o
 RUNS = "_substrat_job_runs"
 LIMIT_TABLES = {"_substrat_rate_buckets", "_substrat_concurrency_slots"}
 
-LATER = ("deferrals", "deferred_reason", "job_version", "cancelled", "error_origin")
+LATER = (
+    "deferrals",
+    "deferred_reason",
+    "job_version",
+    "cancelled",
+    "error_origin",
+    "paused_at",
+    "pause_reason",
+)
 COLUMNS_0004 = ", ".join(name for name in RunRow.__dataclass_fields__ if name not in LATER)
 
 

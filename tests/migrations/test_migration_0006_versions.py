@@ -18,6 +18,7 @@ from jobrun.sql.schema import COMPAT_TABLE
 from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
+    COLUMNS_0009,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -26,7 +27,9 @@ from tests.support import (
 )
 
 RUNS = "_substrat_job_runs"
-COLUMNS_0005 = ", ".join(name for name in RunRow.__dataclass_fields__ if name not in COLUMNS_0006)
+COLUMNS_0005 = ", ".join(
+    name for name in RunRow.__dataclass_fields__ if name not in (*COLUMNS_0006, *COLUMNS_0009)
+)
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(50):
             row = hand_made_row(number, module_id="@test/jobs", job="versioned")
-            values = row_values(row, without=COLUMNS_0006)
+            values = row_values(row, without=(*COLUMNS_0006, *COLUMNS_0009))
             values["status"] = "running" if number % 10 == 0 else "done"
             values["cursor"] = '{"n": 7}' if number == 0 else None
             rows.append(values)
@@ -67,19 +70,18 @@ async def _tables(engine: AsyncEngine) -> set[str]:
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_0006_keeps_every_run_at_version_1_and_records_the_oldest_code(
     at_0005: AsyncEngine,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = at_0005
     before = await _runs(engine)
     await jobrun.upgrade(engine, "0006")
     assert await revision_of(engine) == "0006"
-    # Read and driven as code of 0006 would (this code needs the workers' table of 0007).
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
     assert await _runs(engine) == before
     assert await _scalars(engine, f"SELECT DISTINCT job_version FROM {RUNS}") == [None]
     assert await _scalars(engine, f"SELECT oldest_code_revision FROM {COMPAT_TABLE}") == ["0006"]
 
-    # A run from before is of version 1: version-2 code upgrades its cursor.
+    # A run from before is of version 1: version-2 code upgrades its cursor. (Driven
+    # at the head: this code needs the workers' table of 0007 and the columns of 0009.)
+    await jobrun.upgrade(engine)
     store = jobrun.SqlJobRunStore(engine)
     registry = jobrun.JobRegistry()
     seen: list[Any] = []
@@ -144,21 +146,22 @@ async def test_a_future_revision_decides_by_its_record(
 ) -> None:
     await jobrun.upgrade(blank, "0007")
     # Revision 0007 (the workers' table) lets code of 0006 run: its record says 0006.
+    # (A read of the ledger, which 0006 and this code spell alike, stands for its work.)
     monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
-    assert await jobrun.job_runs(await _store_of(blank)) == []
+    assert await (await _store_of(blank)).steps("no such run") == {}
     # One that it may not: its record says 0007.
     async with blank.begin() as connection:
         await connection.execute(text(f"UPDATE {COMPAT_TABLE} SET oldest_code_revision = '0007'"))
     with pytest.raises(jobrun.CodeOutdatedError, match="needs jobrun code of revision 0007"):
-        await jobrun.job_runs(await _store_of(blank))
+        await (await _store_of(blank)).steps("no such run")
     # Code of that revision runs; code of a later one too.
     for code in ("0007", "0008"):
         monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", code)
         if code == "0008":
             with pytest.raises(jobrun.SchemaOutdatedError):
-                await jobrun.job_runs(await _store_of(blank))
+                await (await _store_of(blank)).steps("no such run")
         else:
-            assert await jobrun.job_runs(await _store_of(blank)) == []
+            assert await (await _store_of(blank)).steps("no such run") == {}
 
 
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)

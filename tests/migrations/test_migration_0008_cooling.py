@@ -71,7 +71,7 @@ async def test_0008_adds_the_cooling_columns_and_keeps_every_bucket(at_0006: Asy
     old = "limit_key, per_second, burst, milli_tokens, refilled_at"
     assert "cooling_until" not in await _columns(engine)
     await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0008"
+    assert await revision_of(engine) == SCHEMA_REVISION
     assert await _buckets(engine, old) == BEFORE
     assert await _buckets(engine, "cooling_until, cooling_reason") == [(None, None)] * 2
     # The new code cools a limit on it, and health reads it back.

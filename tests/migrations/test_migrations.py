@@ -52,6 +52,9 @@ JOBRUN_TABLES = {
     "_substrat_job_retention",
     # Revision 0007: the workers that said they are alive.
     "_substrat_job_workers",
+    # Revision 0009: paused jobs and paused limit keys.
+    "_substrat_job_pauses",
+    "_substrat_job_limit_pauses",
 }
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
@@ -435,7 +438,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade 0005 -> 0006" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0006 -> 0007" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0007 -> 0008" in output
-    assert SCHEMA_REVISION == "0008"  # a new revision adds its line above
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0008 -> 0009" in output
+    assert SCHEMA_REVISION == "0009"  # a new revision adds its line above
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE, COMPAT_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")

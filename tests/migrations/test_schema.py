@@ -33,11 +33,13 @@ from jobrun.sql.schema import (
     COMPAT_TABLE,
     VERSION_TABLE,
     concurrency_slots,
+    job_pauses,
     job_retention,
     job_runs,
     job_schedules,
     job_steps,
     job_workers,
+    limit_pauses,
     metadata,
     rate_buckets,
 )
@@ -50,7 +52,9 @@ BUCKETS = "_substrat_rate_buckets"
 SLOTS = "_substrat_concurrency_slots"
 RETENTION = "_substrat_job_retention"
 WORKERS = "_substrat_job_workers"
-TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS, RETENTION, WORKERS)
+JOB_PAUSES = "_substrat_job_pauses"
+LIMIT_PAUSES = "_substrat_job_limit_pauses"
+TABLES = (RUNS, STEPS, SCHEDULES, BUCKETS, SLOTS, RETENTION, WORKERS, JOB_PAUSES, LIMIT_PAUSES)
 TABLE_OBJECTS = (
     job_runs,
     job_steps,
@@ -59,6 +63,8 @@ TABLE_OBJECTS = (
     concurrency_slots,
     job_retention,
     job_workers,
+    job_pauses,
+    limit_pauses,
 )
 DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
@@ -103,6 +109,9 @@ EXPECTED: dict[str, Any] = {
             # Revision 0006: the cancelled marker.
             ("cancelled", "INTEGER", False, "0"),
             ("error_origin", "TEXT", True, None),
+            # Revision 0009: when and why an operator paused the run.
+            ("paused_at", "TEXT", True, None),
+            ("pause_reason", "TEXT", True, None),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
@@ -203,6 +212,26 @@ EXPECTED: dict[str, Any] = {
             ("expires_at", "TEXT", False, None),
         ],
         "primary_key": ["id"],
+        "indexes": [],
+    },
+    # Revision 0009: paused jobs and paused limit keys.
+    JOB_PAUSES: {
+        "columns": [
+            ("module_id", "TEXT", False, None),
+            ("job", "TEXT", False, None),
+            ("paused_at", "TEXT", False, None),
+            ("reason", "TEXT", True, None),
+        ],
+        "primary_key": ["module_id", "job"],
+        "indexes": [],
+    },
+    LIMIT_PAUSES: {
+        "columns": [
+            ("limit_key", "TEXT", False, None),
+            ("paused_at", "TEXT", False, None),
+            ("reason", "TEXT", True, None),
+        ],
+        "primary_key": ["limit_key"],
         "indexes": [],
     },
 }

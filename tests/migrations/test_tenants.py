@@ -215,6 +215,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_runs, _substrat_job_steps 
 GRANT SELECT ON jobrun_alembic_version, jobrun_schema_compat TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_schedules, _substrat_job_retention TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_workers TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON _substrat_job_pauses, _substrat_job_limit_pauses TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE
     ON _substrat_rate_buckets, _substrat_concurrency_slots TO {role};
 """
