@@ -30,6 +30,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Counts for a dashboard: running, due now, leased, failed, the oldest due wait, "
         "and the due runs of each job.",
     ),
+    "pause": (
+        "jobrun._cli.pause_commands",
+        "Pause a run, a job or a limit key: no driver takes it until unpaused.",
+    ),
     "prune": (
         _OPERATOR_MODULE,
         "Delete finished runs (and their ledgers) that ended before a cutoff.",
@@ -54,6 +58,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "start": (
         "jobrun._cli.start_command",
         "Start a run of MODULE/JOB, or join the live run of the same key.",
+    ),
+    "unpause": (
+        "jobrun._cli.pause_commands",
+        "Unpause a run, a job or a limit key: what it held is due at once.",
     ),
     "ui": (
         "jobrun._cli.ui_command",

@@ -97,9 +97,10 @@ async def _existing(store: SqlJobRunStore, run_id: str) -> JobRun:
 @click.option(
     "--status",
     "-s",
-    type=click.Choice(["running", "done", "failed", "cancelled", STRANDED]),
-    help="Only this status; failed includes the cancelled runs, cancelled only them; "
-    "stranded: running runs whose lease expired with no driver taking them (as the console's).",
+    type=click.Choice(["running", "done", "failed", "cancelled", "paused", STRANDED]),
+    help="Only this status; failed includes the cancelled runs, cancelled only them; running "
+    "includes the paused runs, paused only them; stranded: running runs whose lease expired "
+    "with no driver taking them (as the console's).",
 )
 @click.option(
     "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True,

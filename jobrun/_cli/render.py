@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from jobrun._core.limits import RateLimitBucket
+from jobrun._core.limits import RateLimitBucket, paused_limit_of
 from jobrun._core.progress import span
-from jobrun._core.records import JobRun, JobRunHealth, StepRow
+from jobrun._core.records import JobRun, JobRunHealth, PauseRecord, StepRow
 from jobrun._core.starts import starts_later_at
 from jobrun._core.versions import runs_beyond_code
 
@@ -24,7 +24,13 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-STATUS_STYLES = {"running": "cyan", "done": "green", "failed": "red", "cancelled": "magenta"}
+STATUS_STYLES = {
+    "running": "cyan",
+    "done": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "paused": "blue",
+}
 PIPE_WIDTH = 200
 
 
@@ -136,7 +142,18 @@ def health_json(
         | ({} if registered is None else _beyond_json(beyond.get((module_id, job))))
         for (module_id, job), runs in health.versions_by_job.items()
     ]
+    data["paused_jobs"] = [
+        {"module_id": module_id, "job": job} | _pause_json(record)
+        for (module_id, job), record in health.paused_jobs.items()
+    ]
+    data["paused_limits"] = [
+        {"key": key} | _pause_json(record) for key, record in health.paused_limits.items()
+    ]
     return data
+
+
+def _pause_json(record: PauseRecord) -> dict[str, Any]:
+    return {"paused_at": _jsonable(record.paused_at), "reason": record.reason}
 
 
 def _beyond_json(beyond: tuple[int, int] | None) -> dict[str, Any]:
@@ -265,8 +282,13 @@ def waiting_text(run: JobRun) -> str | None:
     later = starts_later_at(run)
     if later is not None:
         return f"starts at {instant(later)}"
+    if run.outcome == "paused":
+        why = f" ({run.pause_reason})" if run.pause_reason else ""
+        return f"paused since {instant(run.paused_at)}{why}: no driver takes it until unpaused"
     if run.status != "running" or run.lease_driver is not None:
         return None
+    if run.next_attempt_at is None and paused_limit_of(run.deferred_reason) is not None:
+        return f"waiting until it is unpaused ({run.deferred_reason})"
     if not run.deferrals or run.next_attempt_at is None:
         return None
     why = f"Retry-After: {run.deferred_reason}" if run.deferred_reason else "Retry-After"
@@ -350,6 +372,7 @@ def health_table(
     table.add_row("  orphaned", str(health.orphaned))
     table.add_row("failed", str(health.failed))
     table.add_row("  cancelled", str(health.cancelled))
+    table.add_row("paused", str(health.paused))
     table.add_row("oldest due waited", span(health.oldest_due_age_s))
     for (module_id, job), due in health.due_by_job.items():
         note = ""
@@ -375,7 +398,16 @@ def health_table(
         table.add_row(f"rate limit {bucket.key}", _bucket_text(bucket))
     for key, held in health.concurrency_slots.items():
         table.add_row(f"concurrency {key}", f"{held} in flight")
+    for (module_id, job), record in health.paused_jobs.items():
+        table.add_row(f"paused job {module_id}/{job}", _pause_text(record))
+    for key, record in health.paused_limits.items():
+        table.add_row(f"paused limit {key}", _pause_text(record))
     return table
+
+
+def _pause_text(record: PauseRecord) -> str:
+    """``since 2026-01-02 03:04:05 (deploy)``."""
+    return f"since {instant(record.paused_at)}" + (f" ({record.reason})" if record.reason else "")
 
 
 def _bucket_text(bucket: RateLimitBucket) -> str:

@@ -19,7 +19,13 @@ from typing import Protocol
 from jobrun._core.activity import ActivityQuery, Counts
 from jobrun._core.ids import first_id_at
 from jobrun._core.port import OperatorStore
-from jobrun._core.predicates import is_cancelled, is_failed_since, is_leased, is_stranded
+from jobrun._core.predicates import (
+    is_cancelled,
+    is_failed_since,
+    is_leased,
+    is_paused,
+    is_stranded,
+)
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRunStatus, RunRow
 from jobrun._core.refusals import is_number, refuse
 from jobrun._core.workers import PresenceSeen
@@ -46,7 +52,8 @@ class RunQuery:
     ``leased_at`` set means only runs leased as of that instant (the workers
     page); ``failed_since_at`` only runs that ended failed at or after it (the
     errors page). ``cancelled`` True means only runs an operator cancelled
-    (:func:`jobrun._core.predicates.is_cancelled`), False only the others.
+    (:func:`jobrun._core.predicates.is_cancelled`), False only the others;
+    ``paused`` the same for the runs an operator paused (``is_paused``).
     """
 
     module_id: str | None = None
@@ -60,6 +67,7 @@ class RunQuery:
     leased_at: str | None = None
     failed_since_at: str | None = None
     cancelled: bool | None = None
+    paused: bool | None = None
 
     def __post_init__(self) -> None:
         if not is_number(self.limit) or not 1 <= self.limit <= JOB_RUN_LIST_MAX:
@@ -104,6 +112,7 @@ def run_matches(row: RunRow, query: RunQuery) -> bool:
         and (query.leased_at is None or is_leased(row, query.leased_at))
         and (query.failed_since_at is None or is_failed_since(row, query.failed_since_at))
         and (query.cancelled is None or is_cancelled(row) == query.cancelled)
+        and (query.paused is None or is_paused(row) == query.paused)
     )
 
 

@@ -403,6 +403,28 @@ def rate_limit_of_deferral(reason: str | None) -> str | None:
     return key if isinstance(key, str) else None
 
 
+def limit_paused_reason(key: str) -> str:
+    """The ``deferred_reason`` of a run whose step named paused limit ``key``: what the
+    unpause looks for (so it is exactly this text, never the operator's reason)."""
+    return f"limit {key!r} is paused"
+
+
+_LIMIT_PAUSED = re.compile(r"limit (?P<key>'.*'|\".*\") is paused")
+
+
+def paused_limit_of(reason: str | None) -> str | None:
+    """The limit key whose pause deferred a run, when ``reason`` is the
+    ``deferred_reason`` :func:`limit_paused_reason` wrote; else ``None``."""
+    found = None if reason is None else _LIMIT_PAUSED.fullmatch(reason)
+    if found is None:
+        return None
+    try:
+        key = ast.literal_eval(found["key"])
+    except (ValueError, SyntaxError):
+        return None
+    return key if isinstance(key, str) and limit_paused_reason(key) == reason else None
+
+
 @dataclass(frozen=True, slots=True)
 class LimitUsage:
     """What a database's limits hold now, for ``jobrun health`` and the console."""

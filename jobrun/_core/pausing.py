@@ -33,6 +33,7 @@ from datetime import timedelta
 from jobrun._core.clock import Clock, ClockLike
 from jobrun._core.formats import format_instant, parse_instant
 from jobrun._core.lease import Lease
+from jobrun._core.limits import limit_paused_reason
 from jobrun._core.names import require_name, require_text
 from jobrun._core.outcomes import PassOutcome, _release_write
 from jobrun._core.port import JobRunStore, OperatorStore
@@ -78,12 +79,6 @@ def paused_start(row: RunRow, paused_at: str, reason: str | None) -> RunRow:
 def pause_record(paused_at: str, reason: str | None) -> PauseRecord:
     """A job's or a limit key's pause as stored (instant text), for readers."""
     return PauseRecord(parse_instant(paused_at), reason)
-
-
-def limit_paused_reason(key: str) -> str:
-    """The ``deferred_reason`` of a run whose step named paused limit ``key``: what the
-    unpause looks for (so it is exactly this text, never the operator's reason)."""
-    return f"limit {key!r} is paused"
 
 
 class LimitPausedDeferral(RetryAfter):
@@ -252,9 +247,3 @@ async def unpause_limit(store: OperatorStore, key: str) -> int:
     """:func:`jobrun.unpause_limit`."""
     key = _checked_key(key)
     return await store.unpause_limit(key, limit_paused_reason(key))
-
-
-def is_waiting_for_unpause(row: RunRow) -> bool:
-    """A live run no lease holds that waits at ``PARKED_AT``: paused, or deferred by a
-    paused limit (its ``deferred_reason`` says which)."""
-    return is_live(row) and row.lease_owner is None and row.next_attempt_at == PARKED_AT

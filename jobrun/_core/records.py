@@ -193,6 +193,8 @@ class RunFilter:
     limit: int = JOB_RUN_LIST_LIMIT
     # True: only the runs an operator cancelled (predicates.is_cancelled); None: any.
     cancelled: bool | None = None
+    # True: only the live runs an operator paused (predicates.is_paused); None: any.
+    paused: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,12 +544,13 @@ def priority_value(priority: object) -> int:
 
 
 def status_filter(status: str | None) -> str | None:
-    """Validate an operator read's status filter: a run status, or ``cancelled``
-    (the failed runs an operator cancelled)."""
+    """Validate an operator read's status filter: a run status, ``cancelled`` (the
+    failed runs an operator cancelled) or ``paused`` (the running runs an operator
+    paused)."""
     if status is None:
         return None
-    if status not in _STATUSES and status != "cancelled":
-        allowed = ", ".join((*(member.value for member in JobRunStatus), "cancelled"))
+    if status not in _STATUSES and status not in ("cancelled", "paused"):
+        allowed = ", ".join((*(member.value for member in JobRunStatus), "cancelled", "paused"))
         raise refuse(
             "status",
             f"{status!r} is not a run status",

@@ -11,7 +11,7 @@ from jobrun._core.dbclock import aligned_clock
 from jobrun._core.formats import format_instant
 from jobrun._core.names import require_name, require_text
 from jobrun._core.port import JobRunStore
-from jobrun._core.predicates import CANCELLED
+from jobrun._core.predicates import CANCELLED, PAUSED
 from jobrun._core.queue_safety import encode_queue_safe
 from jobrun._core.records import (
     DEFAULT_INSTANCE,
@@ -104,9 +104,10 @@ async def job_runs(
     ``await job_runs(store, module_id=..., job=..., status="running", limit=1)``
     returns an empty list once none of that job's runs is live.
 
-    ``status`` is a run status or ``"cancelled"``: the failed runs an operator
-    cancelled (``JobRun.outcome``). ``"failed"`` matches the stored status, so it
-    lists the cancelled runs too.
+    ``status`` is a run status, ``"cancelled"``: the failed runs an operator
+    cancelled, or ``"paused"``: the running runs an operator paused
+    (``JobRun.outcome``). ``"failed"`` and ``"running"`` match the stored status, so
+    they list the cancelled and the paused runs too.
     """
     for argument, value in (("module_id", module_id), ("job", job), ("instance", instance)):
         if value is not None:
@@ -114,14 +115,19 @@ async def job_runs(
             require_text(checked_str(value, argument, wanted=wanted, subject=subject), subject)
     checked_status = status_filter(status)
     cancelled = checked_status == CANCELLED
+    paused = checked_status == PAUSED
+    if cancelled or paused:
+        # A cancelled run's stored status is failed, a paused one's running; the
+        # marker tells each apart.
+        checked_status = JobRunStatus.FAILED.value if cancelled else JobRunStatus.RUNNING.value
     run_filter = RunFilter(
         module_id=module_id,
         job=job,
         instance=instance,
-        # A cancelled run's stored status is failed; the marker tells it apart.
-        status=JobRunStatus.FAILED.value if cancelled else checked_status,
+        status=checked_status,
         limit=job_run_list_limit(limit),
         cancelled=True if cancelled else None,
+        paused=True if paused else None,
     )
     return [job_run_of(row) for row in await store.list(run_filter)]
 

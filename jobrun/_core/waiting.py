@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from jobrun._core.limits import rate_limit_of_deferral
+from jobrun._core.limits import paused_limit_of, rate_limit_of_deferral
+from jobrun._core.predicates import PAUSED
 from jobrun._core.records import JobRun
 from jobrun._core.starts import starts_later_at
 
-WaitKind = Literal["leased", "stranded", "backoff", "limit", "deferred", "later", "due"]
+WaitKind = Literal["leased", "stranded", "backoff", "limit", "deferred", "later", "paused", "due"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +33,9 @@ class Waiting:
     further away than its budget: due again at ``at``, when the token is), deferred
     (a pass raised ``RetryAfter``: due again at ``at``),
     later (the run is due again at ``at`` for another reason:
-    a pass asked to wait, or it was started to start later), due (``at``: since
-    when it waits for a driver).
+    a pass asked to wait, or it was started to start later), paused (an operator
+    paused the run or its job, or a limit key one of its steps names: it waits for
+    the unpause, since ``at``), due (``at``: since when it waits for a driver).
     ``reason`` says why, in a few words."""
 
     kind: WaitKind
@@ -51,7 +53,14 @@ def waiting_of(run: JobRun, now: datetime) -> Waiting | None:
     if run.lease_expires_at is not None:
         if run.lease_expires_at > now:
             return Waiting("leased", run.lease_expires_at, "a pass is in flight")
-        return Waiting("stranded", run.lease_expires_at, "its holder stopped renewing")
+        if run.outcome != PAUSED:
+            return Waiting("stranded", run.lease_expires_at, "its holder stopped renewing")
+    if run.outcome == PAUSED and run.paused_at is not None:
+        why = f"paused: {run.pause_reason}" if run.pause_reason else "paused"
+        return Waiting("paused", run.paused_at, f"{why} (no driver takes it until unpaused)")
+    key = paused_limit_of(run.deferred_reason)
+    if run.next_attempt_at is None and key is not None:
+        return Waiting("paused", run.updated_at, f"limit {key!r} is paused: until it is unpaused")
     due = run.next_attempt_at
     if due is not None and due > now:
         limit = rate_limit_of_deferral(run.deferred_reason) if run.deferrals else None

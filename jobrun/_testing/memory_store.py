@@ -227,12 +227,13 @@ class MemoryJobRunStore:
             for name in ("module_id", "job", "instance", "status")
             if (value := getattr(run_filter, name)) is not None
         }
-        cancelled = run_filter.cancelled
+        cancelled, paused = run_filter.cancelled, run_filter.paused
         rows = [
             row
             for row in self.runs.values()
             if all(getattr(row, name) == value for name, value in wanted.items())
             and (cancelled is None or is_cancelled(row) == cancelled)
+            and (paused is None or is_paused(row) == paused)
         ]
         rows.sort(key=lambda row: row.id, reverse=True)
         return rows[: run_filter.limit]

@@ -951,13 +951,17 @@ def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
 LIST_FILTERS = ("module_id", "job", "instance", "status")
 
 
-def list_statement(filters: tuple[str, ...], cancelled: bool | None = None) -> Any:
+def list_statement(
+    filters: tuple[str, ...], cancelled: bool | None = None, paused: bool | None = None
+) -> Any:
     """The operator listing for the named equality filters (``filter_<name>``) and
-    ``limit``; ``cancelled`` True or False keeps only the runs that are (are not)
-    cancelled."""
+    ``limit``; ``cancelled`` (``paused``) True or False keeps only the runs that are
+    (are not) cancelled (paused)."""
     conditions = [job_runs.c[name] == bindparam(f"filter_{name}") for name in filters]
     if cancelled is not None:
         conditions.append(is_cancelled() if cancelled else not_(is_cancelled()))
+    if paused is not None:
+        conditions.append(is_paused() if paused else not_(is_paused()))
     return (
         select(job_runs)
         .where(and_(True, *conditions))
@@ -1286,6 +1290,10 @@ def run_matches(names: tuple[str, ...]) -> list[Any]:
         conditions.append(is_cancelled())
     if "query_not_cancelled" in names:
         conditions.append(not_(is_cancelled()))
+    if "query_paused" in names:
+        conditions.append(is_paused())
+    if "query_not_paused" in names:
+        conditions.append(not_(is_paused()))
     return conditions
 
 

@@ -572,7 +572,7 @@ class SqlJobRunStore:
 
     async def list(self, run_filter: RunFilter) -> list[RunRow]:
         given = tuple(name for name in LIST_FILTERS if getattr(run_filter, name) is not None)
-        statement = self._shapes.of(list_statement, given, run_filter.cancelled)
+        statement = self._shapes.of(list_statement, given, run_filter.cancelled, run_filter.paused)
         values: dict[str, Any] = {f"filter_{name}": getattr(run_filter, name) for name in given}
         values["limit"] = run_filter.limit
         async with self._operation("list"):
@@ -975,6 +975,8 @@ class SqlJobRunStore:
             values["query_failed_since_at"] = query.failed_since_at
         if query.cancelled is not None:
             values["query_cancelled" if query.cancelled else "query_not_cancelled"] = True
+        if query.paused is not None:
+            values["query_paused" if query.paused else "query_not_paused"] = True
         return values
 
     async def _learn_collation(self, query: RunQuery) -> None:

@@ -20,7 +20,13 @@ from jobrun._core.formats import format_instant
 from jobrun._core.records import JobRunStatus
 from jobrun._core.refusals import refuse
 from jobrun._core.runs import get_job_run, job_runs
-from jobrun._entry import cancel_job_run, resume_job_run, start_job_run
+from jobrun._entry import (
+    cancel_job_run,
+    pause_job_run,
+    resume_job_run,
+    start_job_run,
+    unpause_job_run,
+)
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 from jobrun.ui.audit import log_action
 from jobrun.ui.databases import DATABASE_FAILURES
@@ -29,7 +35,8 @@ from jobrun.ui.security import ACTIONS, Refused
 from jobrun.ui.state import console_of, database_of, failure_text, first, form_of
 
 DEFAULT_REASON = "cancelled from the console"
-BULK_ACTIONS = ("cancel", "resume", "release")
+DEFAULT_PAUSE_REASON = "paused from the console"
+BULK_ACTIONS = ("cancel", "resume", "release", "pause", "unpause")
 BULK_MAX = 10_000
 """At most this many runs per bulk action (the newest first)."""
 _BATCH = 500
@@ -38,7 +45,11 @@ _MAX_SELECTED = 500
 _EXPECTED = (JobConflictError, JobRunNotFoundError, JobValidationError)
 
 
-def _reason(form: dict[str, str]) -> str:
+def _reason(form: dict[str, str], action: str = "cancel") -> str:
+    if action == "pause":
+        # The run page's pause field has a name of its own, beside the cancel's reason.
+        given = form.get("pause_reason") or form.get("reason", "")
+        return given.strip()[:1000] or DEFAULT_PAUSE_REASON
     return form.get("reason", "").strip()[:1000] or DEFAULT_REASON
 
 
@@ -47,6 +58,12 @@ async def _act_on_one(store: BrowsableStore, action: str, run_id: str, reason: s
     if action == "cancel":
         await cancel_job_run(store, run_id, reason)
         return "cancelled"
+    if action == "pause":
+        await pause_job_run(store, run_id, reason=reason)
+        return "paused"
+    if action == "unpause":
+        await unpause_job_run(store, run_id)
+        return "unpaused"
     if action == "resume":
         await resume_job_run(store, run_id)
         return "resumed"
@@ -92,7 +109,7 @@ async def run_action(request: Request) -> Response:
         else:
             target, notice = (
                 run_id,
-                await _act_on_one(database.store, action, run_id, _reason(form)),
+                await _act_on_one(database.store, action, run_id, _reason(form, action)),
             )
     except _EXPECTED as error:
         raise Refused(409, error.message) from error
@@ -145,6 +162,13 @@ class Bulk:
             # Only stranded leases: releasing a healthy holder's lease in bulk would
             # make every live pass lose its run.
             return replace(query, stranded_at=format_instant(now))
+        if self.action in ("pause", "unpause"):
+            # Running runs not paused yet, or the paused ones.
+            paused = self.action == "unpause"
+            running = JobRunStatus.RUNNING.value
+            if (query.statuses and running not in query.statuses) or query.paused == (not paused):
+                return None
+            return replace(query, statuses=(running,), paused=paused)
         wanted = JobRunStatus.RUNNING.value if self.action == "cancel" else "failed"
         if query.statuses and wanted not in query.statuses:
             return None
@@ -173,6 +197,7 @@ async def bulk_confirm(request: Request) -> Response:
     context.setdefault("more", False)
     context["bulk_max"] = BULK_MAX
     context["default_reason"] = DEFAULT_REASON
+    context["default_pause_reason"] = DEFAULT_PAUSE_REASON
     return await console.pages.render(request, "bulk_confirm.html", context)
 
 
@@ -194,7 +219,7 @@ async def bulk_act(request: Request) -> Response:
     bulk = Bulk.of(fields)
     await console.guard.check_post(request, first(fields), bulk.action)
     database = database_of(request)
-    reason = _reason(first(fields))
+    reason = _reason(first(fields), bulk.action)
     done: list[str] = []
     refused: list[tuple[str, str]] = []
     error = None

@@ -87,11 +87,11 @@ def create_app(
     them the console shows but refuses every action, and says so on every page.
     ``read_only`` hides every action and refuses every POST. ``authorize(request,
     action)`` (plain or async) decides, per request, who may ``"view"`` (every
-    page and static file) and who may ``"cancel"``, ``"resume"``, ``"release"`` or
-    ``"start"``; without it, whoever reaches the app may do everything (put it
-    behind the host's own authentication). ``trusted_origins`` are origins besides
-    the request's own host a state change may come from (a proxy that rewrites
-    the Host header).
+    page and static file) and who may ``"cancel"``, ``"resume"``, ``"release"``,
+    ``"start"``, ``"pause"`` or ``"unpause"``; without it, whoever reaches the app
+    may do everything (put it behind the host's own authentication).
+    ``trusted_origins`` are origins besides the request's own host a state change
+    may come from (a proxy that rewrites the Host header).
     """
     if not is_number(poll_interval_s) or not 0.05 <= poll_interval_s <= 3600:
         raise refuse("poll_interval_s", f"must be in [0.05, 3600], got {poll_interval_s!r}")

@@ -9,12 +9,13 @@ from urllib.parse import urlencode
 
 from jobrun._core.browse import RunQuery
 from jobrun._core.formats import format_instant
-from jobrun._core.predicates import CANCELLED, FAILED, STRANDED
+from jobrun._core.predicates import CANCELLED, FAILED, PAUSED, RUNNING, STRANDED
 from jobrun._core.records import JobRunStatus
 
-STATUS_CHOICES = (*(member.value for member in JobRunStatus), CANCELLED, STRANDED)
+STATUS_CHOICES = (*(member.value for member in JobRunStatus), CANCELLED, PAUSED, STRANDED)
 """What the status filter offers: ``failed`` means failed and not cancelled;
-``cancelled`` the failed runs an operator cancelled."""
+``cancelled`` the failed runs an operator cancelled; ``running`` means running
+and not paused; ``paused`` the running runs an operator paused."""
 PAGE_SIZE = 50
 _FIELDS = ("status", "module", "job", "instance", "since")
 
@@ -53,6 +54,7 @@ class RunsFilter:
             instance_prefix=self.instance or None,
             statuses=_statuses(self.status),
             cancelled=_cancelled(self.status),
+            paused=_paused(self.status),
             started_since_at=_since_at(self.since) if self.since else None,
             stranded_at=format_instant(now) if self.status == STRANDED else None,
             before_id=before_id,
@@ -72,11 +74,17 @@ class RunsFilter:
 def _statuses(status: str) -> tuple[str, ...]:
     if status == CANCELLED:
         return (FAILED,)
+    if status == PAUSED:
+        return (RUNNING,)
     return (status,) if status in JobRunStatus._value2member_map_ else ()
 
 
 def _cancelled(status: str) -> bool | None:
     return {CANCELLED: True, FAILED: False}.get(status)
+
+
+def _paused(status: str) -> bool | None:
+    return {PAUSED: True, RUNNING: False}.get(status)
 
 
 def _since_at(text: str) -> str | None:

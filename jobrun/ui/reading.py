@@ -225,6 +225,9 @@ async def _run_context(request: Request) -> dict[str, Any]:
 
 _NOTICES = {
     "cancelled": "Cancelled.",
+    "paused": "Paused: no driver takes the run until it is unpaused (a pass in flight "
+    "stops at its next step).",
+    "unpaused": "Unpaused: the run is due again.",
     "resumed": "Resumed: the run is due again from its committed cursor.",
     "released": "Lease released: any driver may take the run now.",
     "not-released": "The run held no lease; nothing was released.",
@@ -261,6 +264,9 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
         "versions": {},
         "workers": 0,
         "served": {},
+        "paused": 0,
+        "paused_jobs": {},
+        "paused_limits": {},
     }
     try:
         part["revisions"] = await revisions_of(database)
@@ -270,6 +276,9 @@ async def _database_health(database: Database, now: datetime) -> dict[str, Any]:
             format_instant(now), format_instant(now - FAILED_RECENTLY)
         )
         part["limits"] = await database.store.limit_usage(format_instant(now))
+        # Revision 0009: what operators paused (runs, jobs, limit keys).
+        part["paused"] = (await database.store.health(format_instant(now))).paused
+        part["paused_jobs"], part["paused_limits"] = await database.store.pauses()
         # Versioned jobs only: runs of a version no worker's code has are never claimed.
         part["versions"] = {
             job: counts

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from jobrun.ui.hosts import AllowedHosts
 
 VIEW = "view"
-ACTIONS = ("cancel", "resume", "release", "start")
+ACTIONS = ("cancel", "resume", "release", "start", "pause", "unpause")
 """What ``authorize`` is asked about besides ``"view"``."""
 
 Authorize: TypeAlias = Callable[[Request, str], bool | Awaitable[bool]]

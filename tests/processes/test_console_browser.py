@@ -132,6 +132,27 @@ async def test_list_filter_open_and_cancel(
     assert record.last_error == "cancelled: wrong month"
 
 
+async def test_pause_and_unpause_behind_the_confirm(page: Page, served: str, store: Any) -> None:
+    run = await jobrun.start_job_run(store, module_id="shop", job="sync", instance="acme")
+    asked: list[str] = []
+    page.on("dialog", lambda dialog: asked.append(dialog.message))
+    await page.goto(f"{served}/db/0/runs/{run.id}")
+    await page.fill('input[aria-label="pause reason"]', "vendor outage")
+    await page.click('button:has-text("Pause")')
+    await expect(page.locator("h1 .status")).to_have_text("paused")
+    await expect(page.locator(".notice")).to_contain_text("Paused")
+    assert asked[-1].startswith("Pause this run?")
+    record = await jobrun.get_job_run(store, run.id)
+    assert record is not None
+    assert (record.outcome, record.pause_reason) == ("paused", "vendor outage")
+    await page.goto(f"{served}/db/0/runs?status=paused")
+    await expect(page.locator("table.runs tbody tr")).to_have_count(1)
+    await page.click(f'a[title="{run.id}"]')
+    await page.click('button:has-text("Unpause")')
+    await expect(page.locator("h1 .status")).to_have_text("running")
+    assert asked[-1].startswith("Unpause this run?")
+
+
 async def test_a_live_runs_counters_move(
     page: Page, served: str, store: Any, tmp_path: Path
 ) -> None:
