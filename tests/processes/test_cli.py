@@ -633,7 +633,7 @@ def test_plain_sqlite_url_and_the_environment_variable(sqlite_url: str) -> None:
 
 def test_usage_errors_exit_2(sqlite_url: str) -> None:
     fails(2, "runs", env={"JOBRUN_DATABASE_URL": None})  # no URL at all
-    fails(2, "runs", "--url", sqlite_url, "--status", "paused")
+    fails(2, "runs", "--url", sqlite_url, "--status", "sleeping")
     fails(2, "runs", "--url", sqlite_url, "--limit", "0")
     fails(2, "prune", "--url", sqlite_url, "--older-than", "soon")
     fails(2, "prune", "--url", sqlite_url, "--older-than", "1d", "--status", "running")
