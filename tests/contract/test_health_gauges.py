@@ -117,3 +117,20 @@ async def test_a_run_handed_on_between_passes_is_leased_not_due(
     assert [(health.due, health.leased, health.oldest_due_age_s) for health in seen] == [
         (0, 1, 0.0)
     ] * (PASSES - 1)
+
+
+async def test_paused_runs_have_their_own_gauge_and_are_not_due(
+    store: Any, clock: FakeClock
+) -> None:
+    for instance in ("a", "b", "c"):
+        await jobrun.start_job_run(store, module_id="m", job="long", instance=instance, clock=clock)
+    [first, *_] = await jobrun.job_runs(store, module_id="m", job="long")
+    await jobrun.pause_job_run(store, first.id, reason="held", clock=clock)
+    clock.advance(seconds=PASS_S)
+    health = await jobrun.job_run_health(store, clock=clock)
+    assert (health.running, health.due, health.paused) == (3, 2, 1)
+    metrics = WorkerMetrics(CollectorRegistry())
+    metrics.record_health("db", health)
+    seen = gauges(metrics)
+    assert (seen["jobrun_paused_runs"], seen["jobrun_due_runs"]) == (1, 2)
+    await promtool_check(metrics)
