@@ -48,14 +48,17 @@ def _target_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def _target(run_id: str | None, module_id: str | None, job: str | None, key: str | None) -> str:
+def _target(given: dict[str, Any]) -> str:
     """Which one thing the call names: ``run``, ``job`` or ``limit`` (else exit 2)."""
+    run_id, module_id, job, key = (
+        given[name] for name in ("run_id", "module_id", "job", "limit_key")
+    )
     if (module_id is None) != (job is None):
         raise OneLineUsageError("--module and --job name a job together: give both")
-    given = [name for name, value in (("run", run_id), ("job", job), ("limit", key)) if value]
-    if len(given) != 1:
+    named = [name for name, value in (("run", run_id), ("job", job), ("limit", key)) if value]
+    if len(named) != 1:
         raise OneLineUsageError("give one of RUN_ID, --module with --job, or --limit-key")
-    return given[0]
+    return named[0]
 
 
 def _job_said(verb: str, module_id: str, job: str, count: int) -> str:
@@ -65,15 +68,7 @@ def _job_said(verb: str, module_id: str, job: str, count: int) -> str:
 @cli.command("pause")
 @_target_options
 @click.option("--reason", default=None, help="Why, for the record (shown with the pause).")
-def pause(
-    url: str,
-    run_id: str | None,
-    module_id: str | None,
-    job: str | None,
-    limit_key: str | None,
-    as_json: bool,
-    reason: str | None,
-) -> None:
+def pause(reason: str | None, **given: Any) -> None:
     """Pause a run, a job or a limit key: no driver takes it until unpaused.
 
     A run: a pass in flight stops at its next step boundary, charged nothing, its
@@ -88,19 +83,20 @@ def pause(
       jobrun pause --url sqlite+aiosqlite:///app.db --module shop --job reindex
       jobrun pause --url sqlite+aiosqlite:///app.db --limit-key shopify --reason "429 storm"
     """
-    target = _target(run_id, module_id, job, limit_key)
+    target, url, as_json = _target(given), given["url"], given["as_json"]
     if target == "run":
-        run = run_on_store(url, lambda store: pause_job_run(store, str(run_id), reason=reason))
+        run_id = str(given["run_id"])
+        run = run_on_store(url, lambda store: pause_job_run(store, run_id, reason=reason))
         click.echo(dumps(run_json(run)) if as_json else f"paused {run.id}")
     elif target == "job":
-        module, name = str(module_id), str(job)
+        module, name = str(given["module_id"]), str(given["job"])
         count = run_on_store(
             url, lambda store: pause_job(store, module_id=module, job=name, reason=reason)
         )
         shown = {"module_id": module, "job": name, "paused_runs": count}
         click.echo(dumps(shown) if as_json else _job_said("paused", module, name, count))
     else:
-        key = str(limit_key)
+        key = str(given["limit_key"])
         fresh = run_on_store(url, lambda store: pause_limit(store, key, reason=reason))
         said = f"paused limit {key!r}" if fresh else f"limit {key!r} was already paused"
         click.echo(dumps({"key": key, "newly_paused": fresh}) if as_json else said)
@@ -108,14 +104,7 @@ def pause(
 
 @cli.command("unpause")
 @_target_options
-def unpause(
-    url: str,
-    run_id: str | None,
-    module_id: str | None,
-    job: str | None,
-    limit_key: str | None,
-    as_json: bool,
-) -> None:
+def unpause(**given: Any) -> None:
     """Unpause a run, a job or a limit key: what it held is due at once.
 
     A job's unpause unpauses every paused run of it (paused with the job or on
@@ -128,17 +117,18 @@ def unpause(
       jobrun unpause --url sqlite+aiosqlite:///app.db --module shop --job reindex
       jobrun unpause --url sqlite+aiosqlite:///app.db --limit-key shopify
     """
-    target = _target(run_id, module_id, job, limit_key)
+    target, url, as_json = _target(given), given["url"], given["as_json"]
     if target == "run":
-        run = run_on_store(url, lambda store: unpause_job_run(store, str(run_id)))
+        run_id = str(given["run_id"])
+        run = run_on_store(url, lambda store: unpause_job_run(store, run_id))
         click.echo(dumps(run_json(run)) if as_json else f"unpaused {run.id}")
     elif target == "job":
-        module, name = str(module_id), str(job)
+        module, name = str(given["module_id"]), str(given["job"])
         count = run_on_store(url, lambda store: unpause_job(store, module_id=module, job=name))
         shown = {"module_id": module, "job": name, "unpaused_runs": count}
         click.echo(dumps(shown) if as_json else _job_said("unpaused", module, name, count))
     else:
-        key = str(limit_key)
+        key = str(given["limit_key"])
         woken = run_on_store(url, lambda store: unpause_limit(store, key))
         said = f"unpaused limit {key!r}: {woken} run{'' if woken == 1 else 's'} due again"
         click.echo(dumps({"key": key, "woken_runs": woken}) if as_json else said)

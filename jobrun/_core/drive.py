@@ -37,22 +37,10 @@ UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"]
 
 
 def _count(report: JobDriveReport, run_id: str, outcome: PassOutcome) -> None:
-    if outcome.status == "advanced":
-        report.advanced += 1
-    elif outcome.status == "completed":
-        report.completed += 1
-    elif outcome.status == "retrying":
-        report.retrying += 1
-    elif outcome.status == "failed":
-        report.failed += 1
-    elif outcome.status == "deferred":
-        # Not a failure: no error, and the lease is already given back.
-        report.deferred += 1
-    elif outcome.status == "paused":
-        report.paused += 1
-    else:
-        # A lost lease is the new holder's business: counted here, nowhere else.
-        report.superseded += 1
+    # Each outcome has its own count, of the same name. A deferred or paused pass is
+    # no failure (no error, its lease already given back); a lost lease (superseded)
+    # is the new holder's business: counted here, nowhere else.
+    setattr(report, outcome.status, getattr(report, outcome.status) + 1)
     if outcome.error is not None and outcome.status in ("retrying", "failed"):
         report.errors.append(DriveError(run_id, outcome.error))
 

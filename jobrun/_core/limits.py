@@ -393,7 +393,12 @@ def rate_limit_of_deferral(reason: str | None) -> str | None:
     """The rate limit key whose token was too far away, when ``reason`` is the
     ``deferred_reason`` :func:`too_long_a_wait` stored; else ``None`` (a handler's
     own ``RetryAfter``, or none)."""
-    found = None if reason is None else _TOO_LONG_PATTERN.fullmatch(reason)
+    return _key_in(_TOO_LONG_PATTERN, reason)
+
+
+def _key_in(pattern: re.Pattern[str], reason: str | None) -> str | None:
+    """The key ``pattern`` reads (as ``repr`` wrote it) from the whole of ``reason``."""
+    found = None if reason is None else pattern.fullmatch(reason)
     if found is None:
         return None
     try:
@@ -415,14 +420,8 @@ _LIMIT_PAUSED = re.compile(r"limit (?P<key>'.*'|\".*\") is paused")
 def paused_limit_of(reason: str | None) -> str | None:
     """The limit key whose pause deferred a run, when ``reason`` is the
     ``deferred_reason`` :func:`limit_paused_reason` wrote; else ``None``."""
-    found = None if reason is None else _LIMIT_PAUSED.fullmatch(reason)
-    if found is None:
-        return None
-    try:
-        key = ast.literal_eval(found["key"])
-    except (ValueError, SyntaxError):
-        return None
-    return key if isinstance(key, str) and limit_paused_reason(key) == reason else None
+    key = _key_in(_LIMIT_PAUSED, reason)
+    return key if key is not None and limit_paused_reason(key) == reason else None
 
 
 @dataclass(frozen=True, slots=True)
