@@ -13,11 +13,17 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from jobrun._core.limits import RateLimitBucket, paused_limit_of
-from jobrun._core.progress import span
-from jobrun._core.records import JobRun, JobRunHealth, PauseRecord, StepRow
-from jobrun._core.starts import starts_later_at
-from jobrun._core.versions import runs_beyond_code
+from jobrun._core import (
+    JobRun,
+    JobRunHealth,
+    PauseRecord,
+    RateLimitBucket,
+    StepRow,
+    paused_limit_of,
+    runs_beyond_code,
+    span,
+    starts_later_at,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

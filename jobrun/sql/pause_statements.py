@@ -1,4 +1,4 @@
-"""The statements of pause and unpause (revision 0009, :mod:`jobrun._core.pausing`).
+"""The statements of pause and unpause (revision 0009, :mod:`jobrun._core.operator.pausing`).
 
 A run's own pause and unpause are operator changes (``statements.change_statement``);
 here are those of a job's runs, the job's and the limit key's records, the wake-up
@@ -22,7 +22,7 @@ from sqlalchemy import (
     update,
 )
 
-from jobrun._core.predicates import PARKED_AT
+from jobrun._core import PARKED_AT
 from jobrun.sql.schema import job_pauses, job_runs, limit_pauses
 from jobrun.sql.statements import dialect_insert, is_live, is_paused, parked
 

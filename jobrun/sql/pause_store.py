@@ -1,4 +1,4 @@
-"""The SQL store's pauses (revision 0009, :mod:`jobrun._core.pausing`): a job's and a
+"""The SQL store's pauses (revision 0009, :mod:`jobrun._core.operator.pausing`): a job's and a
 limit key's records and what goes with them, one short transaction each, and the
 reads that say what is paused. A run's own pause is an operator change, written by
 the store itself (``SqlJobRunStore.pause``)."""
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobrun._core.pausing import pause_record
-from jobrun._core.records import PauseRecord
+from jobrun._core import PauseRecord, pause_record
 from jobrun.sql.executor import Executor
 from jobrun.sql.pause_statements import (
     job_pauses_statement,

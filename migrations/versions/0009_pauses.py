@@ -33,7 +33,7 @@ depends_on: str | Sequence[str] | None = None
 RUNS = "_substrat_job_runs"
 JOB_PAUSES = "_substrat_job_pauses"
 LIMIT_PAUSES = "_substrat_job_limit_pauses"
-# jobrun._core.predicates.PARKED_AT, as this revision wrote it (a revision is frozen).
+# jobrun._core.model.predicates.PARKED_AT, as this revision wrote it (a revision is frozen).
 PARKED_AT = "9999-12-31T23:59:59.999Z"
 
 

@@ -36,8 +36,8 @@ from hypothesis.stateful import (
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun._core.predicates import PARKED_AT
-from jobrun._core.records import RunRow, StepRow
+from jobrun._core.model.predicates import PARKED_AT
+from jobrun._core.model.records import RunRow, StepRow
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import iso
 

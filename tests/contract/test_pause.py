@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.formats import format_instant
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.predicates import PARKED_AT
+from jobrun._core.model.records import ClaimRequest, StepRow
 from jobrun._core.port import WRITTEN_PAUSED
-from jobrun._core.predicates import PARKED_AT
-from jobrun._core.records import ClaimRequest, StepRow
 from jobrun.testing import FakeClock, drive_until_idle
 from tests.support import JOB, MODULE_ID, claim_as, drive, registry_for, row_of, start, start_id
 
@@ -115,7 +115,7 @@ async def test_the_step_write_and_the_commit_tell_the_pause(store: Any, clock: F
     assert await store.record_step(run_id, step, at, "other") is False
     row = await row_of(store, run_id)
     assert row.next_attempt_at == claimed.row.next_attempt_at  # the lease's expiry, kept
-    patch = jobrun._core.transitions.unleased(claimed.row)
+    patch = jobrun._core.rules.transitions.unleased(claimed.row)
     assert await store.commit_pass(run_id, patch, "T") == WRITTEN_PAUSED
     # The commit let go of the lease: the paused run waits for its unpause.
     row = await row_of(store, run_id)

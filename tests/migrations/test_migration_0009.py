@@ -14,7 +14,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.predicates import PARKED_AT
+from jobrun._core.model.predicates import PARKED_AT
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION
 from tests.support import (
