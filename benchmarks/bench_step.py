@@ -159,7 +159,9 @@ async def variants(
         async def sample() -> float:
             started = time.perf_counter()
             for _ in range(n):
-                arguments[step_at] = uuid.uuid4().hex
+                name = uuid.uuid4().hex
+                for at in step_at:
+                    arguments[at] = name
                 await fence_raw.execute(sql, arguments)
             return timed_ms(started, n)
 
@@ -190,7 +192,9 @@ async def variants(
         return raw.execute(upsert, row)
 
     def one_fenced() -> Any:
-        arguments[step_at] = uuid.uuid4().hex
+        name = uuid.uuid4().hex
+        for at in step_at:
+            arguments[at] = name
         return fence_raw.execute(sql, arguments)
 
     await own_engine()  # the jobrun step's file
@@ -274,9 +278,10 @@ async def held_run(engine: Any) -> tuple[str, str]:
     return run.id, token
 
 
-def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], int]:
+def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], tuple[int, ...]]:
     """The exact SQL text jobrun's store sends for a new step, its parameter list
-    (built as the store builds it) and where the step's name sits in that list."""
+    (built as the store builds it) and where the step's name sits in that list
+    (twice on SQLite, whose statement reads the run again while it is paused)."""
     prepared = jobrun.SqlJobRunStore(engine)._statements.record_step
     name = object()
     values = {
@@ -290,7 +295,7 @@ def step_statement(engine: Any, held: tuple[str, str]) -> tuple[str, list[Any], 
         "step_recorded_at": "2026-01-01T00:00:00.000Z",
     }
     arguments = prepared.arguments(values)
-    return prepared.sql, arguments, arguments.index(name)
+    return prepared.sql, arguments, tuple(at for at, value in enumerate(arguments) if value is name)
 
 
 class _Answering:
