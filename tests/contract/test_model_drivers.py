@@ -6,7 +6,8 @@ driver go on to its next checkpoint (or to the end of its call) while every
 other driver stays paused, so an interleaving is exactly the sequence of rules
 and a failing case replays. Between them the rules start runs, move the fake
 clock past lease expiries (so another driver takes a held run over), renew a
-lease as the background renewer would, and cancel, resume, release and prune.
+lease as the background renewer would, and cancel, resume, release, pause, unpause
+and prune.
 
 The lease is ten minutes, so the real background renewer (every quarter lease
 of real time) never fires during a case; the ``renew`` rule sends the same
@@ -90,6 +91,7 @@ class Driver:
     token: str | None = None
     plan: Plan = field(default_factory=lambda: Plan((), "advance"))
     bodies_unheld: int = 0
+    bodies_paused: int = 0
     paused: asyncio.Event = field(default_factory=asyncio.Event)
     go: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -138,8 +140,10 @@ class DriversMachine(RuleBasedStateMachine):
         async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
             row = await self.store.get(p.run.id)
             assert row is not None
+            if row.paused_at is not None:
+                self.problems.append(f"{driver.name} claimed the paused run {p.run.id}")
             driver.run_id, driver.token = p.run.id, row.lease_owner
-            driver.bodies_unheld = 0
+            driver.bodies_unheld = driver.bodies_paused = 0
             cursor = p.cursor or 0
             if any(step.result is not None for step in (await self.store.steps(p.run.id)).values()):
                 event("a pass began with committed steps to replay")
@@ -148,6 +152,12 @@ class DriversMachine(RuleBasedStateMachine):
                 name = f"c{cursor}-s{index}"
 
                 async def body(name: str = name, succeeds: bool = succeeds) -> str:
+                    if await self._paused(driver):
+                        # Paused while it ran: the write of the step in flight tells
+                        # the pass, so one more body at most may start.
+                        driver.bodies_paused += 1
+                        if driver.bodies_paused > 1:
+                            self.problems.append(f"{driver.name} went on after the pause")
                     if not await self._holds(driver):
                         # A driver cannot know its lease is gone before a write is
                         # refused: it may run one body, then it must stop.
@@ -188,6 +198,10 @@ class DriversMachine(RuleBasedStateMachine):
             if driver.run_id is not None and report.advanced + report.completed:
                 self.committed[driver.run_id] = self.committed.get(driver.run_id, 0) + 1
             driver.task, driver.run_id, driver.token = None, None, None
+
+    async def _paused(self, driver: Driver) -> bool:
+        row = None if driver.run_id is None else await self.store.get(driver.run_id)
+        return row is not None and row.status == "running" and row.paused_at is not None
 
     async def _holds(self, driver: Driver) -> bool:
         if driver.run_id is None:
@@ -294,9 +308,13 @@ class DriversMachine(RuleBasedStateMachine):
     def advance(self, milliseconds: int) -> None:
         self.clock.advance(milliseconds=milliseconds)
 
-    @rule(data=st.data(), action=st.sampled_from(["cancel", "resume", "release", "prune"]))
+    @rule(
+        data=st.data(),
+        action=st.sampled_from(["cancel", "resume", "release", "prune", "pause", "unpause"]),
+    )
     def operator(self, data: st.DataObject, action: str) -> None:
-        """An operator cancels, resumes or releases a run, or prunes ended runs."""
+        """An operator cancels, resumes, releases, pauses or unpauses a run, or prunes
+        ended runs."""
         if action == "prune":
             self.run(
                 jobrun.prune_job_runs(
@@ -314,6 +332,10 @@ class DriversMachine(RuleBasedStateMachine):
                 self.run(jobrun.cancel_job_run(self.store, run_id, "by hand", clock=self.clock))
             elif action == "resume":
                 self.run(jobrun.resume_job_run(self.store, run_id, clock=self.clock))
+            elif action == "pause":
+                self.run(jobrun.pause_job_run(self.store, run_id, clock=self.clock))
+            elif action == "unpause":
+                self.run(jobrun.unpause_job_run(self.store, run_id, clock=self.clock))
             else:
                 self.run(jobrun.release_job_lease(self.store, run_id))
 
