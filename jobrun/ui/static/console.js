@@ -14,13 +14,18 @@ function pollLive(live) {
     return found !== null && found.dataset.running === "yes";
   }
 
+  function typing() {
+    return live.contains(document.activeElement) && document.activeElement.tagName === "INPUT";
+  }
+
   async function refresh() {
     timer = null;
     if (document.visibilityState !== "visible" || !running()) {
       return;
     }
-    // Typing a cancel reason must not be wiped by a refresh.
-    if (live.contains(document.activeElement) && document.activeElement.tagName === "INPUT") {
+    // Typing a cancel or pause reason must not be wiped by a refresh, nor by one
+    // whose answer arrives after the typing began.
+    if (typing()) {
       schedule();
       return;
     }
@@ -31,7 +36,12 @@ function pollLive(live) {
         { credentials: "same-origin", headers: { Accept: "text/html" } },
       );
       if (response.ok) {
-        live.innerHTML = await response.text();
+        const text = await response.text();
+        if (typing()) {
+          schedule();
+          return;
+        }
+        live.innerHTML = text;
         live.dispatchEvent(new CustomEvent("jobrun:refreshed"));
       }
     } catch (error) {
