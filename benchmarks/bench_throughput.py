@@ -167,17 +167,19 @@ async def floor_sample(
             await raw.driver_connection.execute(SCRATCH)
         plain = UPSERT.format("$1, $2, $3, $4, $5, $6")
     # One held run per writer, as each jobrun pass holds its own.
-    statements: list[tuple[str, list[Any], int]] = []
+    statements: list[tuple[str, list[Any], tuple[int, ...]]] = []
     for _ in range(concurrency):
         if fenced:
             statements.append(step_statement(engine, await held_run(engine)))
         else:
-            statements.append((plain, ["r", "", "1", 1, None, "2026-01-01T00:00:00.000Z"], 1))
+            statements.append((plain, ["r", "", "1", 1, None, "2026-01-01T00:00:00.000Z"], (1,)))
 
-    async def writer(driver: Any, statement: tuple[str, list[Any], int]) -> None:
+    async def writer(driver: Any, statement: tuple[str, list[Any], tuple[int, ...]]) -> None:
         sql, values, step_at = statement
         for _ in range(steps):
-            values[step_at] = uuid.uuid4().hex
+            name = uuid.uuid4().hex
+            for at in step_at:  # twice on SQLite (see bench_step.step_statement)
+                values[at] = name
             if driver is None:
                 await connection.execute_fetchall(sql, values)
             else:
