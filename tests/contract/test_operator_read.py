@@ -101,7 +101,7 @@ async def test_cancelled_runs_are_listed_and_counted_by_the_one_rule(store, cloc
     assert (await jobrun.job_run_health(store, clock=clock)).cancelled == 0
 
 
-@pytest.mark.parametrize("status", ["paused", "RUNNING", "", "done "])
+@pytest.mark.parametrize("status", ["sleeping", "RUNNING", "", "done "])
 async def test_an_unknown_status_filter_is_refused(store, clock, status):
     await start(store, clock)
 
@@ -426,11 +426,11 @@ async def test_a_run_id_that_is_no_str_is_named_by_its_type() -> None:
 
 async def test_an_unknown_status_filter_lists_the_statuses() -> None:
     with pytest.raises(jobrun.JobValidationError) as caught:
-        await jobrun.job_runs(MemoryJobRunStore(), status="paused")
+        await jobrun.job_runs(MemoryJobRunStore(), status="sleeping")
     assert str(caught.value) == (
-        "status filter 'paused' is not one of running, done, failed, cancelled"
+        "status filter 'sleeping' is not one of running, done, failed, cancelled, paused"
     )
-    assert caught.value.errors == [{"path": "status", "message": "'paused' is not a run status"}]
+    assert caught.value.errors == [{"path": "status", "message": "'sleeping' is not a run status"}]
 
 
 @pytest.mark.parametrize("argument", ["module_id", "job", "instance"])
