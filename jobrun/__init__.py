@@ -8,6 +8,16 @@ its result as it completes so that it never runs again.
 import importlib
 import typing
 
+from jobrun._api import (
+    cancel_job_run,
+    job_run_health,
+    prune_job_runs,
+    resume_job_run,
+    run_due_jobs,
+    start_job_run,
+    start_job_runs,
+    start_scheduled_runs,
+)
 from jobrun._core.actions import release_job_lease
 from jobrun._core.limits import RateLimitBucket
 from jobrun._core.observe import (
@@ -37,16 +47,6 @@ from jobrun._core.registry import JobRegistry
 from jobrun._core.retry import RetryPolicy
 from jobrun._core.runs import get_job_run, job_runs
 from jobrun._core.starts import JobStart
-from jobrun._entry import (
-    cancel_job_run,
-    job_run_health,
-    prune_job_runs,
-    resume_job_run,
-    run_due_jobs,
-    start_job_run,
-    start_job_runs,
-    start_scheduled_runs,
-)
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
     ArgumentTypeError,

@@ -41,6 +41,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from jobrun._api import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._core import orphans
 from jobrun._core.clock import Clock
 from jobrun._core.drive import drive_due_jobs
@@ -57,7 +58,6 @@ from jobrun._core.refusals import checked_count, checked_seconds, refuse, refuse
 from jobrun._core.registry import JobRegistry
 from jobrun._core.retention import check_prune_after, prune_by_retention, retains
 from jobrun._core.wallsteps import lease_instants
-from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
 from jobrun._worker_deaths import dead_holder_seen, jobs_of

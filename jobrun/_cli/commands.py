@@ -14,6 +14,12 @@ from typing import Any
 
 import click
 
+from jobrun._api import (
+    cancel_job_run,
+    job_run_health,
+    prune_job_runs,
+    resume_job_run,
+)
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.params import Duration
@@ -43,12 +49,6 @@ from jobrun._core.predicates import STRANDED
 from jobrun._core.records import JOB_RUN_LIST_MAX, JobRun, job_run_of
 from jobrun._core.runs import get_job_run, job_runs
 from jobrun._core.worker_registry import served_jobs
-from jobrun._entry import (
-    cancel_job_run,
-    job_run_health,
-    prune_job_runs,
-    resume_job_run,
-)
 from jobrun.errors import JobRunNotFoundError
 from jobrun.sql.store import SqlJobRunStore
 

@@ -1,7 +1,7 @@
 """What the core is handed from the machine: chosen once, above the core, and passed in.
 
 The core reads no real source itself: no clock, no entropy, no ``/proc``, no
-process id. The public entry points (``jobrun._entry``) build one
+process id. The public entry points (``jobrun._api``) build one
 :class:`Sources` from ``jobrun._system`` and hand it to every core function that
 needs one, the way an event loop library chooses its clock once; a test can
 hand in another.
