@@ -27,6 +27,8 @@ from sqlalchemy import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from jobrun._core.records import JobRun
+from jobrun._core.runs import get_job_run
 from jobrun.errors import (
     CodeOutdatedError,
     JobConflictError,
@@ -271,3 +273,12 @@ def run_on_store(
             return await use(store)
 
     return run_action(act)
+
+
+async def existing_run(store: SqlJobRunStore, run_id: str) -> JobRun:
+    """The run ``run_id``; :class:`~jobrun.errors.JobRunNotFoundError` (one line, exit
+    1, through :func:`run_action`) when there is none."""
+    run = await get_job_run(store, run_id)
+    if run is None:
+        raise JobRunNotFoundError(run_id)
+    return run

@@ -14,7 +14,7 @@ from sqlalchemy import inspect, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
+import jobrun._cli.commands.db  # registers the db commands on the group
 from jobrun._cli.app import cli
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
 from jobrun.sql.tenancy import notify_channel

@@ -23,7 +23,7 @@ from jobrun._api import start_job_run, start_job_runs
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.job_names import check_registered, warn_unchecked
-from jobrun._cli.params import JsonValue
+from jobrun._cli.params import JsonValue, json_option
 from jobrun._cli.render import dumps, instant, run_json
 from jobrun._core.records import DEFAULT_INSTANCE, JobRun
 from jobrun._core.starts import JobStart, check_start, starts_later_at
@@ -154,7 +154,7 @@ def _said(run: JobRun) -> str:
     "--app", "app", metavar="MODULE:REGISTRY", default=None,
     help="Refuse a job this JobRegistry does not register (without it, the name is not checked).",
 )  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
+@json_option
 def start(**given: Any) -> None:
     """Start a run of MODULE/JOB, or join the live run of the same key.
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-import jobrun._cli.ui_command  # registers the command on the group
+import jobrun._cli.commands.ui  # registers the command on the group
 from jobrun._cli.app import cli
 from tests.support import run_in_thread
 

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
+from jobrun._cli.job_names import load_registry
 from jobrun._cli.render import dumps, instant, now, status_text, terminal
-from jobrun._cli.worker_command import load_registry
 from jobrun._core.formats import parse_instant
 from jobrun._core.records import ScheduleRow
 from jobrun._core.registry import JobRegistry

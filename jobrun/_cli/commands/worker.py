@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -36,8 +34,9 @@ from jobrun._cli.connect import (
     sqlite_file,
 )
 from jobrun._cli.event_loop import loop_option, run_on
+from jobrun._cli.job_names import load_registry
 from jobrun._cli.many_databases import urls_in
-from jobrun._cli.params import Duration
+from jobrun._cli.params import duration_option
 from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
 from jobrun._core.options import DriveOptions
 from jobrun._core.registry import JobRegistry
@@ -90,41 +89,6 @@ def _configure_logging(level: str, style: str) -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("jobrun").setLevel(level.upper())
-
-
-def load_registry(spec: str) -> JobRegistry:
-    """``package.module:attribute`` (the attribute may be dotted) to the JobRegistry it names."""
-    module_name, colon, attribute = spec.partition(":")
-    if not colon or not module_name or not attribute:
-        raise click.BadParameter(
-            f"{spec!r} is not of the form package.module:registry", param_hint="--app"
-        )
-    # Like other app servers: the working directory is importable.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise click.BadParameter(
-            f"cannot import {module_name!r}: {first_line(error)}", param_hint="--app"
-        ) from error
-    except SyntaxError as error:  # the app's own file, where the user can fix it
-        where = f"{error.filename}:{error.lineno}" if error.filename else "its source"
-        raise click.BadParameter(
-            f"cannot import {module_name!r}: {error.msg} at {where}", param_hint="--app"
-        ) from None
-    for part in attribute.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError as error:
-            raise click.BadParameter(
-                f"{module_name!r} has no attribute {attribute!r}", param_hint="--app"
-            ) from error
-    if not isinstance(found, JobRegistry):
-        raise click.BadParameter(
-            f"{spec} is a {type(found).__name__}, not a jobrun.JobRegistry", param_hint="--app"
-        )
-    return found
 
 
 def _metrics(port: int, host: str) -> tuple[PassObserver, HealthCallback]:
@@ -342,21 +306,15 @@ class _Urls:
     default=None,
     help="Seconds a pass may take before it is failed (and retried).",
 )
-@click.option(
+@duration_option(
     "--prune-after",
-    type=Duration(),
-    default=None,
-    metavar="DURATION",
     help="Delete finished runs of the app's jobs that ended longer ago than this "
     "(30d, 12h, ...); a job's keep_for wins for its runs. Runs of jobs the app does "
     "not register are kept (see --prune-unregistered-after). Checked at start and "
     "every 10 minutes.",
 )
-@click.option(
+@duration_option(
     "--prune-unregistered-after",
-    type=Duration(),
-    default=None,
-    metavar="DURATION",
     help="Also delete finished runs of jobs this app does NOT register (other apps' "
     "jobs, removed jobs) that ended longer ago than this; a job's keep_for recorded "
     "by its own workers still wins when longer.",
