@@ -7,6 +7,7 @@ only inside the functions that need it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import IO
 
 import click
@@ -97,6 +98,38 @@ def _existing_database(engine: AsyncEngine) -> None:
         raise FileNotFoundError(missing_sqlite_message(path, url_text))
 
 
+def _state_of_each(
+    targets: list[str],
+    read: Callable[[AsyncEngine, str | None], Awaitable[SchemaState]],
+    schema: str | None,
+    concurrency: int,
+    line: Callable[[SchemaState], tuple[str, str]],
+    failing: tuple[str, ...] = (),
+) -> SchemaState | None:
+    """``read``'s state of the one database in ``targets``, for the command to print.
+
+    With several, it prints a line each (``line``: its tally and its text), exits
+    with status 1 when any failed or was tallied as one of ``failing``, and
+    returns ``None``; a SQLite file that does not exist is a failure, never created.
+    """
+    if len(targets) > 1:
+
+        async def each(engine: AsyncEngine) -> SchemaState:
+            _existing_database(engine)
+            return await read(engine, schema)
+
+        tally = report(run_on_each(targets, each, concurrency), line)
+        if any(tally[name] for name in ("failed", *failing)):
+            raise SystemExit(1)
+        return None
+
+    async def act() -> SchemaState:
+        async with open_engine(targets[0], schema=schema) as engine:
+            return await read(engine, schema)
+
+    return run_action(act)
+
+
 @db.command("current")
 @many_urls_options
 @schema_option
@@ -109,27 +142,15 @@ def db_current(
     Example:
       jobrun db current --url postgresql://app@db.internal/app
     """
-    targets = chosen_urls(urls, urls_file)
-    if len(targets) > 1:
 
-        async def each(engine: AsyncEngine) -> SchemaState:
-            _existing_database(engine)
-            return await revisions(engine, schema)
+    def line(state: SchemaState) -> tuple[str, str]:
+        if state.at_head:
+            return "at head", f"current {state.current} (head)"
+        return "behind", f"current {_revision(state.current)}, head {state.head}"
 
-        def line(state: SchemaState) -> tuple[str, str]:
-            if state.at_head:
-                return "at head", f"current {state.current} (head)"
-            return "behind", f"current {_revision(state.current)}, head {state.head}"
-
-        if report(run_on_each(targets, each, concurrency), line)["failed"]:
-            raise SystemExit(1)
+    state = _state_of_each(chosen_urls(urls, urls_file), revisions, schema, concurrency, line)
+    if state is None:
         return
-
-    async def act() -> SchemaState:
-        async with open_engine(targets[0], schema=schema) as engine:
-            return await revisions(engine, schema)
-
-    state = run_action(act)
     note = "" if state.at_head else "  (behind or unknown: run `jobrun db upgrade`)"
     click.echo(f"current: {_revision(state.current)}{note}")
     click.echo(f"head:    {state.head}")
@@ -163,28 +184,16 @@ def db_check(
     Example:
       JOBRUN_DATABASE_URL=sqlite:///app.db jobrun db check || alert
     """
+
+    def line(state: SchemaState) -> tuple[str, str]:
+        if state.drifted:
+            return "drifted", "; ".join(_drift_lines(state))
+        return "ok", f"ok: at head {state.head}"
+
     targets = chosen_urls(urls, urls_file)
-    if len(targets) > 1:
-
-        async def each(engine: AsyncEngine) -> SchemaState:
-            _existing_database(engine)
-            return await check(engine, schema)
-
-        def line(state: SchemaState) -> tuple[str, str]:
-            if state.drifted:
-                return "drifted", "; ".join(_drift_lines(state))
-            return "ok", f"ok: at head {state.head}"
-
-        tally = report(run_on_each(targets, each, concurrency), line)
-        if tally["failed"] or tally["drifted"]:
-            raise SystemExit(1)
+    state = _state_of_each(targets, check, schema, concurrency, line, failing=("drifted",))
+    if state is None:
         return
-
-    async def act() -> SchemaState:
-        async with open_engine(targets[0], schema=schema) as engine:
-            return await check(engine, schema)
-
-    state = run_action(act)
     for line_text in _drift_lines(state):
         click.echo(line_text)
     if state.drifted:
