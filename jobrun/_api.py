@@ -19,12 +19,20 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from jobrun._core import actions, drive, runs, scheduled_runs, starts
-from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
-from jobrun._core.port import JobRunStore
-from jobrun._core.records import JobDriveReport
-from jobrun._core.registry import JobRegistry
-from jobrun._core.sources import Sources
+from jobrun._core import (
+    DriveKeywords,
+    DriveOptions,
+    JobDriveReport,
+    JobRegistry,
+    JobRunStore,
+    Sources,
+    actions,
+    drive,
+    drive_options,
+    runs,
+    scheduled_runs,
+    starts,
+)
 from jobrun._system import (
     SYSTEM_CLOCK,
     THIS_HOST,

@@ -27,8 +27,7 @@ from sqlalchemy import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobrun._core.records import JobRun
-from jobrun._core.runs import get_job_run
+from jobrun._core import JobRun, get_job_run
 from jobrun.errors import (
     CodeOutdatedError,
     JobConflictError,

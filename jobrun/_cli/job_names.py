@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from jobrun._cli.connect import first_line
-from jobrun._core.registry import JobRegistry
+from jobrun._core import JobRegistry
 
 
 def load_registry(spec: str) -> JobRegistry:

@@ -18,8 +18,7 @@ from jobrun._cli.app import cli
 from jobrun._cli.connect import existing_run, run_on_store, url_option
 from jobrun._cli.params import duration_option, json_option, run_id_argument
 from jobrun._cli.render import dumps, run_json
-from jobrun._core.actions import release_job_lease
-from jobrun._core.records import JobRun
+from jobrun._core import JobRun, release_job_lease
 from jobrun.sql.store import SqlJobRunStore
 
 

@@ -10,7 +10,7 @@ from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.params import json_option
 from jobrun._cli.render import dumps, health_json, health_table, terminal
 from jobrun._cli.workers_render import add_worker_rows, health_workers_json, with_workers
-from jobrun._core.worker_registry import served_jobs
+from jobrun._core import served_jobs
 
 
 @cli.command("health")

@@ -21,11 +21,15 @@ from jobrun._cli.params import json_option, run_id_argument
 from jobrun._cli.render import dumps, run_json, run_view, runs_table, step_json, terminal
 from jobrun._cli.render import now as utc_now
 from jobrun._cli.workers_render import NO_WORKER_KEY, unserved_ids, unserved_lines, with_workers
-from jobrun._core.browse import RunQuery
-from jobrun._core.formats import format_instant
-from jobrun._core.predicates import STRANDED
-from jobrun._core.records import JOB_RUN_LIST_MAX, JobRun, job_run_of
-from jobrun._core.runs import job_runs
+from jobrun._core import (
+    JOB_RUN_LIST_MAX,
+    STRANDED,
+    JobRun,
+    RunQuery,
+    format_instant,
+    job_run_of,
+    job_runs,
+)
 from jobrun.sql.store import SqlJobRunStore
 
 
