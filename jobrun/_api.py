@@ -72,7 +72,8 @@ def with_system_sources(
 
     signature = inspect.signature(core)
     first = next(iter(signature.parameters))
-    # inspect.signature reads __signature__ before following __wrapped__ to core.
+    # inspect.signature reads __signature__ before following __wrapped__ to core; set
+    # through vars() since type checkers know no such attribute on a function.
     vars(bound)["__signature__"] = signature.replace(
         parameters=list(signature.parameters.values())[1:]
     )
