@@ -1,8 +1,9 @@
-"""The public surface: what ``import jobrun`` offers, the error hierarchy and the records."""
+"""The public surface: what ``import jobrun`` and ``jobrun.testing`` offer, sorted, lazy where
+they can be, and light to import (the errors are tested in ``unit/test_errors.py``, the
+records in ``unit/model/test_records.py``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import re
 import subprocess
@@ -47,6 +48,7 @@ REQUIRED_NAMES = {
     "observe_all",
     "LOG_PASSES",
 }
+
 
 # Every public function's signature as it was before jobrun/_api.py bound the core
 # functions to the real sources (issue 35): the refactor changed none of them.
@@ -127,23 +129,6 @@ PUBLIC_SIGNATURES = {
         "schema: 'str | None' = None, "
         "revision: 'str' = 'head') -> 'list[UpgradeResult]'"
     ),
-}
-
-EXPECTED_CODES = {
-    "JobValidationError": "validation_failed",
-    "ArgumentTypeError": "validation_failed",
-    "HandlerMistakeError": "handler_mistake",
-    "JobConflictError": "conflict",
-    "StepReusedError": "conflict",
-    "StepFailedError": "step_failed",
-    "StepTimeoutError": "step_timeout",
-    "PassTimeoutError": "pass_timeout",
-    "SchemaOutdatedError": "schema_outdated",
-    "CodeOutdatedError": "code_outdated",
-    "StoreError": "store_failed",
-    "LeaseLostError": "lease_lost",
-    "JobRunNotFoundError": "not_found",
-    "RetryAfter": "deferred",
 }
 
 
@@ -284,162 +269,3 @@ def test_the_testing_module_exports_the_doubles() -> None:
     assert set(jobrun.testing.__all__) >= {"FakeClock", "MemoryJobRunStore"}
     assert inspect.isclass(jobrun.testing.FakeClock)
     assert inspect.isclass(jobrun.testing.MemoryJobRunStore)
-
-
-# --- errors -------------------------------------------------------------------------------
-
-
-def error_classes() -> dict[str, type[BaseException]]:
-    return {
-        name: value
-        for name, value in vars(jobrun.errors).items()
-        if inspect.isclass(value)
-        and issubclass(value, BaseException)
-        and value.__module__ == "jobrun.errors"
-    }
-
-
-def test_every_error_class_derives_from_the_root_and_is_exported() -> None:
-    classes = error_classes()
-    assert set(classes) == set(EXPECTED_CODES) | {"JobRunError"}
-    assert set(classes) == set(jobrun.errors.__all__)
-    for error in classes.values():
-        assert issubclass(error, jobrun.JobRunError)
-
-
-def test_each_error_has_its_code_and_the_codes_are_documented() -> None:
-    classes = error_classes()
-    module_doc = jobrun.errors.__doc__ or ""
-    for name, code in EXPECTED_CODES.items():
-        error = classes[name]
-        assert error.code == code  # type: ignore[attr-defined]
-        assert error.__doc__, f"{name} has no docstring"
-        assert re.search(rf"{name}\s+{code}\b", module_doc), f"{name}/{code} not in the table"
-
-
-def test_codes_are_distinct_apart_from_the_conflict_subtype() -> None:
-    direct = [
-        error.code  # type: ignore[attr-defined]
-        for error in error_classes().values()
-        if error.__bases__[0] is jobrun.JobRunError
-    ]
-    subtypes = {"handler_mistake", "step_timeout"}
-    assert sorted(direct) == sorted(set(EXPECTED_CODES.values()) - subtypes)
-    assert issubclass(jobrun.StepReusedError, jobrun.JobConflictError)
-    # A step that timed out is a failed attempt, with a code of its own.
-    assert jobrun.StepTimeoutError.__bases__ == (jobrun.StepFailedError,)
-    # A handler mistake is refused input too, with a code of its own.
-    assert jobrun.HandlerMistakeError.__bases__ == (jobrun.JobValidationError,)
-
-
-def test_validation_errors_are_value_errors_with_entries() -> None:
-    error = jobrun.JobValidationError("bad", [{"path": "payload", "message": "a bytes"}])
-    assert isinstance(error, ValueError)
-    assert error.code == "validation_failed"
-    assert error.errors == [{"path": "payload", "message": "a bytes"}]
-    assert str(error) == "bad"
-
-
-def test_conflicts_carry_a_reason() -> None:
-    assert jobrun.JobConflictError("taken", "some_reason").reason == "some_reason"
-    reused = jobrun.StepReusedError("fetch")
-    assert (reused.code, reused.reason, reused.step) == ("conflict", "job_step_reused", "fetch")
-    assert "fetch" in str(reused)
-
-
-def test_the_other_errors_read_as_sentences() -> None:
-    policy = jobrun.RetryPolicy()
-    step = jobrun.StepFailedError("fetch-page-3", 2, policy, "TimeoutError: upstream timed out")
-    assert str(step) == "step 'fetch-page-3' failed: TimeoutError: upstream timed out"
-    assert (step.step, step.attempts, step.policy) == ("fetch-page-3", 2, policy)
-    assert "2.5 s" in str(jobrun.PassTimeoutError(2.5))
-    outdated = jobrun.SchemaOutdatedError(None, "0001")
-    assert "upgrade" in str(outdated)
-    assert "0001" in str(outdated)
-    cause = OSError("disk full\nsecond line")
-    store = jobrun.StoreError("commit", cause)
-    assert str(store) == "commit failed: OSError: disk full"
-
-
-def test_describe_exception_names_the_type_of_foreign_errors() -> None:
-    assert jobrun.errors.describe_exception(KeyError("x")) == "KeyError: 'x'"
-    assert jobrun.errors.describe_exception(RuntimeError()) == "RuntimeError"
-    assert jobrun.errors.describe_exception(jobrun.StepReusedError("s")) == str(
-        jobrun.StepReusedError("s")
-    )
-
-
-# --- records ------------------------------------------------------------------------------
-
-
-def field_names(cls: Any) -> set[str]:
-    return {field.name for field in dataclasses.fields(cls)}
-
-
-def test_job_run_status_members_are_their_strings() -> None:
-    assert [member.value for member in jobrun.JobRunStatus] == ["running", "done", "failed"]
-    assert jobrun.JobRunStatus.RUNNING == "running"
-    assert jobrun.JobRunStatus.DONE == "done"
-    assert jobrun.JobRunStatus.FAILED == "failed"
-    assert str(jobrun.JobRunStatus.FAILED) == "failed"
-    assert jobrun.JobRunStatus("done") is jobrun.JobRunStatus.DONE
-
-
-def test_job_run_has_the_operator_fields() -> None:
-    assert field_names(jobrun.JobRun) >= {
-        "id",
-        "module_id",
-        "job",
-        "instance",
-        "status",
-        "payload",
-        "cursor",
-        "counters",
-        "attempts",
-        "last_error",
-        "started_at",
-        "updated_at",
-        "next_attempt_at",
-        "ended_at",
-        "decode_error",
-    }
-
-
-def test_job_drive_report_counts_outcomes() -> None:
-    assert field_names(jobrun.JobDriveReport) >= {
-        "attempted",
-        "advanced",
-        "completed",
-        "retrying",
-        "failed",
-        "errors",
-    }
-    report = jobrun.JobDriveReport()
-    assert (report.attempted, report.advanced, report.completed) == (0, 0, 0)
-    assert (report.retrying, report.failed, report.errors) == (0, 0, [])
-    assert jobrun.JobDriveReport().errors is not report.errors
-    assert field_names(jobrun.DriveError) >= {"run_id", "error"}
-
-
-def test_pass_result_keeps_the_cursor_unless_told() -> None:
-    assert field_names(jobrun.PassResult) == {"cursor", "done"}
-    result = jobrun.PassResult()
-    assert result.cursor is jobrun.KEEP_CURSOR
-    assert result.done is False
-    assert jobrun.PassResult(cursor=None).cursor is None
-
-
-def test_run_key_has_the_id_and_the_coalescing_key() -> None:
-    assert field_names(jobrun.RunKey) == {"id", "module_id", "job", "instance"}
-
-
-# --- job_run_list_limit -------------------------------------------------------------------
-
-
-# How it clamps numbers: test_job_run_list_limit_clamps in tests/contract/test_operator_read.py.
-
-
-@pytest.mark.parametrize("bad", [True, False, "5", [5]], ids=repr)
-def test_job_run_list_limit_refuses_non_numbers(bad: Any) -> None:
-    with pytest.raises(TypeError, match="limit"):
-        jobrun.job_run_list_limit(bad)
