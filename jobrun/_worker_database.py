@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobrun._core.clock import Clock
 from jobrun._core.observe import PassStart, PassWatch
 from jobrun._core.records import HeldLease
+from jobrun.sql.postgres.tenancy import notify_channel
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.sql.tenancy import notify_channel
 from jobrun.wakeups import sqlite_path
 
 FIRST_IDLE_DELAY_S = 0.05

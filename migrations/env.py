@@ -87,7 +87,7 @@ async def _migrate_async(url: str, schema: str | None) -> None:
     engine = create_async_engine(url)
     try:
         if schema is not None:
-            from jobrun.sql.tenancy import checked_schema
+            from jobrun.sql.postgres.tenancy import checked_schema
 
             checked_schema(engine, schema)
         async with engine.begin() as connection:

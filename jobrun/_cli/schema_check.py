@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.privileges import missing_privileges
 from jobrun.sql.migrate import _alembic_turn, current_revision, head_revision
+from jobrun.sql.postgres.tenancy import checked_schema, version_options
 from jobrun.sql.schema import metadata
-from jobrun.sql.tenancy import checked_schema, version_options
 
 
 @dataclass(frozen=True, slots=True)

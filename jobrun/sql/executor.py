@@ -38,7 +38,7 @@ counting, tracing and fault injection, called around every statement sent,
   trip and durable on return. A connection that saw an error or a cancellation
   is closed rather than kept, whatever state the server left it in; one the
   server closed while it was idle is replaced before use.
-  ``AsyncEngine.dispose()`` closes them (:mod:`jobrun.sql.kept_connections`).
+  ``AsyncEngine.dispose()`` closes them (:mod:`jobrun.sql.postgres.kept_connections`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
 
 from jobrun._core.refusals import refuse
-from jobrun.sql.kept_connections import (
+from jobrun.sql.postgres.kept_connections import (
     PostgresConnections,
     one_per_engine,
     postgres_connections_of,

@@ -27,8 +27,8 @@ from sqlalchemy.engine import Connection
 
 from jobrun._core.refusals import refuse
 from jobrun.sql.migrate import _POSTGRES_MIGRATION_LOCK, alembic_config, current_revision
+from jobrun.sql.postgres.tenancy import checked_schema
 from jobrun.sql.schema import COMPAT_TABLE, VERSION_TABLE, metadata
-from jobrun.sql.tenancy import checked_schema
 
 
 @contextmanager

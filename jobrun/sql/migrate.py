@@ -18,8 +18,8 @@ from sqlalchemy import column, inspect, select, table, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from jobrun.sql.postgres.tenancy import checked_schema, enter_schema
 from jobrun.sql.schema import VERSION_TABLE
-from jobrun.sql.tenancy import checked_schema, enter_schema
 
 if TYPE_CHECKING:
     from alembic.config import Config

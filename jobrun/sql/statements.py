@@ -54,7 +54,7 @@ from jobrun._core.records import JobRunStatus, RunPatch, RunRow
 from jobrun._core.transitions import CLAIM_FIELDS, takeover_note_parts
 from jobrun._core.worker_registry import WorkerRow
 from jobrun.sql.executor import Compiler, Prepared
-from jobrun.sql.presence import presence_held
+from jobrun.sql.postgres.presence import presence_held
 from jobrun.sql.schema import (
     BY_AGE_ONLY,
     LEASED_ONLY,
@@ -251,7 +251,7 @@ RECORD_STEP_ORDER = (
 def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
     (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
-    unless ``notify`` is false (``jobrun.sql.start_wakeups`` sends it later)."""
+    unless ``notify`` is false (``jobrun.sql.postgres.start_wakeups`` sends it later)."""
     insert = (
         dialect_insert(is_postgres, job_runs)
         .values({name: bindparam(f"row_{name}") for name in RUN_COLUMNS})
@@ -317,7 +317,7 @@ def start_many_insert(is_postgres: bool) -> Any:
 
 def notify_many() -> Any:
     """Postgres: one NOTIFY ``notify_channel`` per payload of the JSON array ``payloads``,
-    in one statement (``jobrun.sql.start_wakeups``)."""
+    in one statement (``jobrun.sql.postgres.start_wakeups``)."""
     given = func.json_array_elements_text(cast(bindparam("payloads", type_=Text), JSON))
     payloads = given.table_valued("value").alias("payloads")
     channel = bindparam("notify_channel", type_=Text)
@@ -845,7 +845,7 @@ def change_statement(columns: tuple[str, ...], leased: bool) -> Any:
 def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:
     """Runs held under an unexpired lease at ``now_at``, of ``jobs`` pairs (``module_{i}``,
     ``job_{i}``; ``None``: every job), with whether each holder's presence is held
-    (Postgres, see ``jobrun.sql.presence``; NULL elsewhere)."""
+    (Postgres, see ``jobrun.sql.postgres.presence``; NULL elsewhere)."""
     runs = job_runs.c
     held = presence_held() if with_presence else null()
     query = select(

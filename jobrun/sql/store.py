@@ -59,13 +59,14 @@ from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
 from jobrun.sql.claims import Fetch, SqlClaims, limit_lock_key, numbered, pairs
-from jobrun.sql.database_clock import DatabaseClockLeases
 from jobrun.sql.executor import Compiler, StatementHook, executor_for
 from jobrun.sql.limit_store import SqlLimits
-from jobrun.sql.presence import Presence, PresenceNotHeld, live_presences_statement
+from jobrun.sql.postgres.database_clock import DatabaseClockLeases
+from jobrun.sql.postgres.presence import Presence, PresenceNotHeld, live_presences_statement
+from jobrun.sql.postgres.start_wakeups import StartWakeUps
+from jobrun.sql.postgres.tenancy import checked_schema, in_schema, notify_channel
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
-from jobrun.sql.start_wakeups import StartWakeUps
 from jobrun.sql.statements import (
     LIST_FILTERS,
     PATCH_COLUMNS,
@@ -101,7 +102,6 @@ from jobrun.sql.statements import (
     sweep_workers_statement,
     take_slot_statement,
 )
-from jobrun.sql.tenancy import checked_schema, in_schema, notify_channel
 
 __all__ = ["SqlJobRunStore", "limit_lock_key", "notify_payload"]
 
@@ -364,7 +364,7 @@ class SqlJobRunStore:
         self, fetch: Fetch, row: RunRow, values: Mapping[str, Any]
     ) -> tuple[RunRow, bool] | None:
         """Postgres: :meth:`_start_in`, waking listening workers with at most one NOTIFY
-        in flight per store (``jobrun.sql.start_wakeups``): the NOTIFY rides in the
+        in flight per store (``jobrun.sql.postgres.start_wakeups``): the NOTIFY rides in the
         insert when none is, else the wake-up goes out after the commit, shared."""
         wakeups = self._start_wakeups
 

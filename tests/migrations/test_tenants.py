@@ -16,8 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
+from jobrun.sql.postgres.tenancy import notify_channel
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
-from jobrun.sql.tenancy import notify_channel
 from jobrun.testing import FakeClock
 from tests.support import drive, revision_of, run_in_thread
 
