@@ -20,7 +20,7 @@ VERSION_TABLE = "jobrun_alembic_version"
 COMPAT_TABLE = "jobrun_schema_compat"
 """Revision 0006: one row, ``oldest_code_revision``, the oldest jobrun code revision
 that may still run against the database (written by the revisions, read by
-:mod:`jobrun.sql.compat`). Like the version table, outside :data:`metadata`."""
+:mod:`jobrun.sql.upgrades.compat`). Like the version table, outside :data:`metadata`."""
 
 metadata = MetaData()
 

@@ -307,8 +307,8 @@ class SqlJobRunStore:
         # One read per store lifetime, so that a database nobody upgraded fails
         # with the command to run rather than "no such table".
         # And, on a database newer than this code, whether its revisions let this
-        # code run against it (jobrun.sql.compat): never claim under rules it lacks.
-        from jobrun.sql.compat import checked_against
+        # code run against it (jobrun.sql.upgrades.compat): never claim under rules it lacks.
+        from jobrun.sql.upgrades.compat import checked_against
 
         async with self._engine.connect() as connection:
             refused = await connection.run_sync(checked_against, self._schema, SCHEMA_REVISION)

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun.sql.migrate import downgrade
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0006,
     SQL_BACKENDS,

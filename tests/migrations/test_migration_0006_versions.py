@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.records import RunRow
-from jobrun.sql.compat import refusal
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE
+from jobrun.sql.upgrades.compat import refusal
+from jobrun.sql.upgrades.migrate import downgrade
 from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,

@@ -30,7 +30,7 @@ def migrations_directory() -> Path:
     packaged = Path(str(resources.files("jobrun"))) / "_migrations"
     if (packaged / "env.py").is_file():
         return packaged
-    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    checkout = Path(__file__).resolve().parents[3] / "migrations"
     if (checkout / "env.py").is_file():
         return checkout
     raise FileNotFoundError("jobrun's migrations are missing from this installation")
