@@ -1,6 +1,6 @@
 """The SQL store's claim: which runs a driver leases, in as few round trips as can be.
 
-Postgres takes up to k runs in one statement (``statements.claim_batch``): the
+Postgres takes up to k runs in one statement (``statements.claims.claim_batch``): the
 candidate rows are locked ``FOR UPDATE SKIP LOCKED``, so a claimer never waits on
 a row another claimer (or a holder's step write) holds, and the rows it writes are
 the rows it read. The lists a claim carries per call (runs to pass over, dead
@@ -32,14 +32,10 @@ from jobrun._core.transitions import (
     claim_transition,
     is_orphan,
 )
-from jobrun.sql.statements import (
-    RUN_COLUMNS,
-    Shapes,
-    claim_batch,
-    claim_read,
-    claim_write,
-    limit_locks,
-)
+from jobrun.sql.statements.claims import claim_batch, claim_read, claim_write
+from jobrun.sql.statements.compiled import Shapes
+from jobrun.sql.statements.limits import limit_locks
+from jobrun.sql.statements.runs import RUN_COLUMNS
 
 Fetch = Callable[[Any, Mapping[str, Any]], Awaitable[builtins.list[Any]]]
 """Sends one prepared statement with its values: the executor's, or a transaction's."""
@@ -107,7 +103,7 @@ class SqlClaims:
         limited: Limited,
         database_clock: bool,
     ) -> builtins.list[Claimed]:
-        """Postgres: the whole batch in one statement (see ``statements.claim_batch``)."""
+        """Postgres: the whole batch in one statement (see ``statements.claims.claim_batch``)."""
         jobs = builtins.list(request.expires_at)
         versioned = _versioned(request)
         dead = sorted(request.dead_owners)

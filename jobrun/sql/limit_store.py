@@ -23,8 +23,8 @@ from jobrun._core.limits import (
     wait_for_token_s,
 )
 from jobrun.sql.executor import Executor
-from jobrun.sql.statements import (
-    Shapes,
+from jobrun.sql.statements.compiled import Shapes
+from jobrun.sql.statements.limits import (
     acquire_slot_statement,
     buckets_statement,
     cool_limit_statement,

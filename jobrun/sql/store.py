@@ -67,39 +67,46 @@ from jobrun.sql.postgres.start_wakeups import StartWakeUps
 from jobrun.sql.postgres.tenancy import checked_schema, in_schema, notify_channel
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.sqlite_setup import configure_sqlite
-from jobrun.sql.statements import (
+from jobrun.sql.statements.browse import (
     LIST_FILTERS,
-    PATCH_COLUMNS,
-    RUN_COLUMNS,
-    RUNNING,
-    SCHEDULE_COLUMNS,
-    Shapes,
-    Statements,
     activity_ended_statement,
     activity_started_statement,
-    add_schedule_statement,
-    beat_worker_statement,
-    change_statement,
-    clock_statement,
     collation_statement,
     count_statement,
     find_statement,
-    forget_retention_statement,
-    forget_worker_statement,
-    held_leases_statement,
     is_bytewise_collation,
     job_loads_statement,
     list_statement,
+)
+from jobrun.sql.statements.clock import clock_statement
+from jobrun.sql.statements.compiled import Shapes
+from jobrun.sql.statements.operator import (
+    OperatorStatements,
+    beat_worker_statement,
+    change_statement,
+    forget_retention_statement,
+    forget_worker_statement,
     live_workers_statement,
-    point_slot_statement,
     prune_ledgers,
     prune_runs,
     record_retention_statement,
     recorded_retention_statement,
+    sweep_workers_statement,
+)
+from jobrun.sql.statements.rules import RUNNING
+from jobrun.sql.statements.runs import (
+    PATCH_COLUMNS,
+    RUN_COLUMNS,
+    RunStatements,
+    held_leases_statement,
+)
+from jobrun.sql.statements.schedules import (
+    SCHEDULE_COLUMNS,
+    add_schedule_statement,
+    point_slot_statement,
     remove_schedule_statement,
     reset_schedule_statement,
     schedule_rows_statement,
-    sweep_workers_statement,
     take_slot_statement,
 )
 
@@ -150,7 +157,7 @@ def _values(prefix: str, record: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _slot_values(schedule: ScheduleRow) -> dict[str, Any]:
-    """The key of ``schedule``'s row, named as ``statements._slot_key`` reads it."""
+    """The key of ``schedule``'s row, named as ``statements.schedules._slot_key`` reads it."""
     return {
         "slot_module_id": schedule.module_id,
         "slot_job": schedule.job,
@@ -180,10 +187,12 @@ def _fence_values(run_id: str, token: str) -> dict[str, Any]:
 
 # Compiled statements by dialect and schema: a worker over a thousand databases makes
 # a thousand stores, and compiling the fixed statements takes tens of ms per store.
-_COMPILED: dict[tuple[Any, ...], tuple[Statements, Shapes]] = {}
+_COMPILED: dict[tuple[Any, ...], tuple[RunStatements, OperatorStatements, Shapes]] = {}
 
 
-def _compiled_for(engine: AsyncEngine, schema: str | None) -> tuple[Statements, Shapes]:
+def _compiled_for(
+    engine: AsyncEngine, schema: str | None
+) -> tuple[RunStatements, OperatorStatements, Shapes]:
     dialect = engine.dialect
     key = (
         type(dialect),
@@ -195,7 +204,11 @@ def _compiled_for(engine: AsyncEngine, schema: str | None) -> tuple[Statements, 
     if found is None:
         compile_ = Compiler(dialect, None if schema is None else {None: schema})
         is_postgres = dialect.name == "postgresql"
-        found = _COMPILED[key] = (Statements(compile_, is_postgres), Shapes(compile_))
+        found = _COMPILED[key] = (
+            RunStatements(compile_, is_postgres),
+            OperatorStatements(compile_),
+            Shapes(compile_),
+        )
     return found
 
 
@@ -252,7 +265,9 @@ class SqlJobRunStore:
         if not self._is_postgres:
             configure_sqlite(engine, sqlite_busy_timeout_ms)
         # In a schema, every compiled statement names it (rendered once, here).
-        self._statements, self._shapes = _compiled_for(engine, self._schema)
+        self._statements, self._operator_statements, self._shapes = _compiled_for(
+            engine, self._schema
+        )
         self._claims = SqlClaims(self._executor, self._shapes, self._is_postgres, self._schema)
         self._limit_operations = SqlLimits(
             self._executor, self._shapes, self._is_postgres, self._schema
@@ -560,7 +575,7 @@ class SqlJobRunStore:
         values = _fence_values(run_id, token) | _values("new_", patch, PATCH_COLUMNS)
         if self._is_postgres:
             # A new token, still leased: the lease handed to the next pass, whose
-            # expiry Postgres counts on its own clock (see statements._handed_on_expiry).
+            # expiry Postgres counts on its own clock (see statements.runs._handed_on_expiry).
             successor = patch.lease_owner if patch.lease_owner != token else None
             handed_on = successor is not None and self._database_clock_leases.hand_on(
                 token, successor
@@ -654,7 +669,7 @@ class SqlJobRunStore:
     async def health(self, now_at: str) -> HealthCounts:
         async with self._operation("health"):
             found = await self._executor.fetch(
-                "health", self._statements.health, {"now_at": now_at}
+                "health", self._operator_statements.health, {"now_at": now_at}
             )
         row = found[0]
         return HealthCounts(
@@ -664,14 +679,14 @@ class SqlJobRunStore:
     async def due_by_job(self, now_at: str) -> dict[tuple[str, str], int]:
         async with self._operation("due_by_job"):
             found = await self._executor.fetch(
-                "due_by_job", self._statements.due_by_job, {"now_at": now_at}
+                "due_by_job", self._operator_statements.due_by_job, {"now_at": now_at}
             )
         return {(module_id, job): int(count) for module_id, job, count in found}
 
     async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
         async with self._operation("versions_by_job"):
             found = await self._executor.fetch(
-                "versions_by_job", self._statements.versions_by_job, {}
+                "versions_by_job", self._operator_statements.versions_by_job, {}
             )
         counts: dict[tuple[str, str], dict[int, int]] = {}
         for module_id, job, version, runs in found:
@@ -694,7 +709,7 @@ class SqlJobRunStore:
             async with self._operation("resume"), self._executor.transaction("resume") as tx:
                 if not await tx.fetch(statement, values):
                     return False
-                await tx.fetch(self._statements.refill, values)
+                await tx.fetch(self._operator_statements.refill, values)
                 return True
         except StoreError as error:
             if error.__cause__ is not None and self._executor.is_unique_violation(error.__cause__):
@@ -835,7 +850,7 @@ class SqlJobRunStore:
     # -- the console's reads (jobrun._core.browse.BrowsableStore) -----------------------------
 
     def _selection(self, query: RunQuery) -> dict[str, Any]:
-        """The values of ``query``'s conditions, named as ``statements.find_statement``
+        """The values of ``query``'s conditions, named as ``statements.browse.find_statement``
         reads them; their names are the statement's shape."""
         values: dict[str, Any] = {}
         if query.module_id is not None:
