@@ -13,7 +13,7 @@ from jobrun._core.browse import JobLoad, RunQuery
 from jobrun._core.formats import format_instant
 from jobrun._core.ids import first_id_at
 from jobrun._core.records import JOB_RUN_LIST_MAX
-from jobrun.sql.store import _prefix_successor
+from jobrun.sql.store.browse import _prefix_successor
 from tests.support import (
     SQL_BACKENDS,
     StatementLog,

@@ -27,9 +27,7 @@ from sqlalchemy import (
 )
 
 from jobrun._core.records import JobRunStatus
-from jobrun.sql.schema import (
-    job_runs,
-)
+from jobrun.sql.schema import job_runs
 from jobrun.sql.statements.rules import (
     FAILED,
     RUNNING,

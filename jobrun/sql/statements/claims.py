@@ -38,12 +38,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.elements import Grouping
 
 from jobrun._core.transitions import CLAIM_FIELDS, takeover_note_parts
-from jobrun.sql.schema import (
-    BY_AGE_ONLY,
-    LEASED_ONLY,
-    job_runs,
-    job_steps,
-)
+from jobrun.sql.schema import BY_AGE_ONLY, LEASED_ONLY, job_runs, job_steps
 from jobrun.sql.statements.clock import moved_to_database_clock, on_database_clock
 from jobrun.sql.statements.rules import due_at, is_due, is_leased, is_live, runnable_by
 

@@ -31,11 +31,7 @@ from sqlalchemy import (
     update,
 )
 
-from jobrun.sql.schema import (
-    concurrency_slots,
-    job_runs,
-    rate_buckets,
-)
+from jobrun.sql.schema import concurrency_slots, job_runs, rate_buckets
 from jobrun.sql.statements.clock import database_later, database_now, ms_between
 from jobrun.sql.statements.compiled import dialect_insert
 from jobrun.sql.statements.rules import slot_counts

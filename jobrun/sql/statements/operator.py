@@ -10,25 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    Text,
-    bindparam,
-    delete,
-    func,
-    literal,
-    not_,
-    select,
-    update,
-)
+from sqlalchemy import Text, bindparam, delete, func, literal, not_, select, update
 
 from jobrun._core.worker_registry import WorkerRow
 from jobrun.sql.executor import Compiler
-from jobrun.sql.schema import (
-    job_retention,
-    job_runs,
-    job_steps,
-    job_workers,
-)
+from jobrun.sql.schema import job_retention, job_runs, job_steps, job_workers
 from jobrun.sql.statements.compiled import dialect_insert
 from jobrun.sql.statements.rules import (
     FAILED,

@@ -25,11 +25,7 @@ from sqlalchemy import (
 )
 
 from jobrun._core.records import JobRunStatus
-from jobrun.sql.schema import (
-    due_at_of,
-    job_runs,
-    job_steps,
-)
+from jobrun.sql.schema import due_at_of, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value

@@ -33,18 +33,10 @@ from sqlalchemy import (
 from jobrun._core.records import RunPatch, RunRow
 from jobrun.sql.executor import Compiler
 from jobrun.sql.postgres.presence import presence_held
-from jobrun.sql.schema import (
-    LIVE_ONLY,
-    job_runs,
-    job_steps,
-)
+from jobrun.sql.schema import LIVE_ONLY, job_runs, job_steps
 from jobrun.sql.statements.clock import database_instant, database_now_at, moved_to_database_clock
 from jobrun.sql.statements.compiled import dialect_insert
-from jobrun.sql.statements.rules import (
-    is_leased,
-    is_live,
-    live_run_of,
-)
+from jobrun.sql.statements.rules import is_leased, is_live, live_run_of
 
 RUN_COLUMNS = tuple(column.name for column in job_runs.c)
 # Statements return whole runs in table order, which is RunRow's field order.

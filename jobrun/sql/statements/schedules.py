@@ -9,18 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    Text,
-    and_,
-    bindparam,
-    delete,
-    select,
-    update,
-)
+from sqlalchemy import Text, and_, bindparam, delete, select, update
 
-from jobrun.sql.schema import (
-    job_schedules,
-)
+from jobrun.sql.schema import job_schedules
 from jobrun.sql.statements.compiled import dialect_insert
 
 SCHEDULE_COLUMNS = tuple(column.name for column in job_schedules.c)

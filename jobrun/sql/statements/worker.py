@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    bindparam,
-    func,
-    select,
-)
+from sqlalchemy import bindparam, func, select
 
 from jobrun.sql.statements.rules import due_at, is_live
 
