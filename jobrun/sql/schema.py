@@ -164,7 +164,7 @@ Index(
     job_runs.c.job,
 )
 # Revision 0006: the instance prefix filter without a job reads a range of
-# instance (on a bytewise collation: see jobrun.sql.store).
+# instance (on a bytewise collation: see jobrun.sql.store.browse).
 Index("_substrat_job_runs_instance", job_runs.c.instance, job_runs.c.id)
 
 job_schedules = Table(
