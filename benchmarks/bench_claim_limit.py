@@ -41,9 +41,9 @@ from sqlalchemy import make_url  # noqa: E402
 from sqlalchemy.ext.asyncio import create_async_engine  # noqa: E402
 
 import jobrun  # noqa: E402
-from jobrun._core.formats import format_instant  # noqa: E402
-from jobrun._core.records import ClaimRequest  # noqa: E402
-from jobrun._core.transitions import release_transition  # noqa: E402
+from jobrun._core.model.formats import format_instant  # noqa: E402
+from jobrun._core.model.records import ClaimRequest  # noqa: E402
+from jobrun._core.rules.transitions import release_transition  # noqa: E402
 
 KEY = ("bench", "limited")
 VARIANTS = {"unlimited": None, "limited": 1000, "at limit": 2}

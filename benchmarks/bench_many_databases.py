@@ -55,8 +55,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 import jobrun
-from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.records import ClaimRequest
+from jobrun._core.model.formats import add_milliseconds, format_instant
+from jobrun._core.model.records import ClaimRequest
 from jobrun._system import local_identity
 
 DATABASE_PREFIX = "jobrun_many_"

@@ -55,7 +55,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun._core.formats import format_instant
+from jobrun._core.model.formats import format_instant
 from jobrun._system import system_clock
 
 MODULE_ID, JOB = "bench", "passes"

@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.records import ClaimRequest
-from jobrun._core.waiting import waiting_of
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import ClaimRequest
+from jobrun._core.operator.waiting import waiting_of
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import JOB, drive, registry_for, row_of, start_id
 from tests.support import MODULE_ID as MODULE

@@ -1,13 +1,13 @@
 """Each rule is spelled in one place: its Python home and its SQL twin, nowhere else.
 
-The homes are ``jobrun/_core/predicates.py`` (and ``browse.run_matches``,
+The homes are ``jobrun/_core/model/predicates.py`` (and ``browse.run_matches``,
 ``transitions``, ``worker_registry``) with the twins of the same names in
 ``jobrun/sql/statements/`` (``rules.py``; the claim's in ``claims.py``, the
 workers' in ``operator.py``; tests/contract/test_rule_parity.py checks that each
-pair agrees). This test
-scans ``jobrun/`` for the spellings that were once repeated across the stores,
-the test kit and the claim, and fails when one appears outside its home
-(file, and function where the file holds more than the rule).
+pair agrees). This test scans ``jobrun/`` for the spellings that were once
+repeated across the stores, the test kit and the claim, and fails when one
+appears outside its home (file, and function where the file holds more than the
+rule).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "jobrun"
-PREDICATES = "_core/predicates.py"
+PREDICATES = "_core/model/predicates.py"
 STATEMENTS = "sql/statements/rules.py"
 CLAIM_STATEMENTS = "sql/statements/claims.py"
 OPERATOR_STATEMENTS = "sql/statements/operator.py"
@@ -93,12 +93,15 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     (
         "the presence field of lease_driver",
         r"presence=\(|presence=\[",
-        {"_core/holders.py": None},
+        {"_core/leases/holders.py": None},
     ),
     (
         "a worker is live: its row's expiry is still ahead",
         r"\.expires_at\s*[<>]",
-        {"_core/worker_registry.py": {"worker_is_live"}, OPERATOR_STATEMENTS: {"worker_is_live"}},
+        {
+            "_core/operator/worker_registry.py": {"worker_is_live"},
+            OPERATOR_STATEMENTS: {"worker_is_live"},
+        },
     ),
 ]
 # The console and the command line read public JobRun records, not stored rows.

@@ -10,11 +10,7 @@ constructor and the properties every drive shares.
 
 from __future__ import annotations
 
-from jobrun._core.clock import Clock
-from jobrun._core.fair import ClaimTurns
-from jobrun._core.orphans import OrphanScans, deprecated_scans
-from jobrun._core.owed import OwedReleases
-from jobrun._core.port import StoreLimits
+from jobrun._core import ClaimTurns, Clock, OrphanScans, OwedReleases, StoreLimits, deprecated_scans
 from jobrun._system import SYSTEM_CLOCK
 from jobrun._testing.memory.browse import MemoryBrowse
 from jobrun._testing.memory.claims import MemoryClaims

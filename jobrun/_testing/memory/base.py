@@ -8,9 +8,7 @@ A facet declares the tables only it keeps in its own class.
 
 from __future__ import annotations
 
-from jobrun._core.clock import Clock
-from jobrun._core.predicates import is_live
-from jobrun._core.records import RunRow, StepRow
+from jobrun._core import Clock, RunRow, StepRow, is_live
 
 
 class MemoryStoreBase:

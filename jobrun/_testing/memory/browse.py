@@ -1,5 +1,5 @@
 """The browse facet of the memory store: the operator's listing and the console's reads,
-by the rules of :mod:`jobrun._core.browse`.
+by the rules of :mod:`jobrun._core.operator.browse`.
 """
 
 from __future__ import annotations
@@ -7,18 +7,23 @@ from __future__ import annotations
 import builtins
 from dataclasses import replace
 
-from jobrun._core.activity import ActivityQuery, Counts, count_activity
-from jobrun._core.browse import JobLoad, RunQuery, run_matches
-from jobrun._core.predicates import (
+from jobrun._core import (
+    ActivityQuery,
+    Counts,
+    JobLoad,
+    PresenceSeen,
+    RunFilter,
+    RunQuery,
+    RunRow,
+    count_activity,
     is_cancelled,
     is_due,
     is_failed_since,
     is_live,
     is_stranded,
+    run_matches,
     waiting_since,
 )
-from jobrun._core.records import RunFilter, RunRow
-from jobrun._core.workers import PresenceSeen
 from jobrun._testing.memory.base import MemoryStoreBase
 
 

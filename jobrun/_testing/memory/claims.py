@@ -6,8 +6,7 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import replace
 
-from jobrun._core.records import ClaimRequest
-from jobrun._core.transitions import Claimed, claim_candidate, claim_transition
+from jobrun._core import Claimed, ClaimRequest, claim_candidate, claim_transition
 from jobrun._testing.memory.base import MemoryStoreBase
 
 

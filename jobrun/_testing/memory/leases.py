@@ -8,9 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
-from jobrun._core.port import not_watching
-from jobrun._core.predicates import is_leased
-from jobrun._core.records import HeldLease
+from jobrun._core import HeldLease, is_leased, not_watching
 from jobrun._testing.memory.base import MemoryStoreBase
 
 

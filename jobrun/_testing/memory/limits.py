@@ -1,5 +1,5 @@
 """The limits facet of the memory store: rate-limit buckets and concurrency slots,
-by the arithmetic of :mod:`jobrun._core.limits` on the store's clock.
+by the arithmetic of :mod:`jobrun._core.limits.declarations` on the store's clock.
 """
 
 from __future__ import annotations
@@ -8,9 +8,15 @@ import builtins
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobrun._core.formats import format_instant
-from jobrun._core.limits import MILLI, LimitUsage, bucket_cap_milli, bucket_state, take
-from jobrun._core.predicates import slot_counts
+from jobrun._core import (
+    MILLI,
+    LimitUsage,
+    bucket_cap_milli,
+    bucket_state,
+    format_instant,
+    slot_counts,
+    take,
+)
 from jobrun._testing.memory.base import MemoryStoreBase
 
 

@@ -6,7 +6,11 @@ import builtins
 from collections.abc import Mapping
 from dataclasses import replace
 
-from jobrun._core.predicates import (
+from jobrun._core import (
+    HealthCounts,
+    JobRunStatus,
+    RunChange,
+    WorkerRow,
     is_cancelled,
     is_due,
     is_leased,
@@ -16,10 +20,8 @@ from jobrun._core.predicates import (
     refill_on_resume,
     stored_version,
     waiting_since,
+    worker_is_live,
 )
-from jobrun._core.records import HealthCounts, JobRunStatus
-from jobrun._core.transitions import RunChange
-from jobrun._core.worker_registry import WorkerRow, worker_is_live
 from jobrun._testing.memory.base import MemoryStoreBase
 from jobrun.errors import JobConflictError
 

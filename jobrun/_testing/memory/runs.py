@@ -6,9 +6,7 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import replace
 
-from jobrun._core.predicates import live_run_of
-from jobrun._core.records import RunPatch, RunRow, StepRow
-from jobrun._core.refusals import refuse
+from jobrun._core import RunPatch, RunRow, StepRow, live_run_of, refuse
 from jobrun._testing.memory.base import MemoryStoreBase
 
 

@@ -6,7 +6,7 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import replace
 
-from jobrun._core.records import RunRow, ScheduleRow
+from jobrun._core import RunRow, ScheduleRow
 from jobrun._testing.memory.base import MemoryStoreBase
 from jobrun._testing.memory.runs import start_in
 

@@ -12,11 +12,11 @@ Each statement has one home, in the file of the facet that sends it
   retention and the workers' rows (``OperatorStore``);
 * :mod:`~jobrun.sql.statements.schedules`: each schedule's progress (``ScheduleStore``);
 * :mod:`~jobrun.sql.statements.browse`: the listing and the console's reads
-  (``jobrun._core.browse.BrowsableStore``);
+  (``jobrun._core.operator.browse.BrowsableStore``);
 * :mod:`~jobrun.sql.statements.worker`: what the worker reads and locks beside the port.
 
 What they build on: :mod:`~jobrun.sql.statements.rules` (the SQL twins of
-``jobrun._core.predicates``, each rule spelled once),
+``jobrun._core.model.predicates``, each rule spelled once),
 :mod:`~jobrun.sql.statements.clock` (the database's clock as stored instant text)
 and :mod:`~jobrun.sql.statements.compiled` (compiled once per shape).
 

@@ -1,9 +1,9 @@
 """The browse facet's statements: the operator's listing and the console's reads.
 
 ``JobRunStore.list`` (the listing of ``jobrun.job_runs``) and the reads of
-``jobrun._core.browse.BrowsableStore``: a page of runs, a capped count, each
+``jobrun._core.operator.browse.BrowsableStore``: a page of runs, a capped count, each
 job's load and the activity chart. :func:`run_matches` is the SQL twin of
-``jobrun._core.browse.run_matches``. (Which presences Postgres holds, also shown
+``jobrun._core.operator.browse.run_matches``. (Which presences Postgres holds, also shown
 by the console, is read by :func:`jobrun.sql.postgres.presence.live_presences_statement`,
 with the presence's other SQL.)
 """
@@ -26,7 +26,7 @@ from sqlalchemy import (
     union_all,
 )
 
-from jobrun._core.records import JobRunStatus
+from jobrun._core import JobRunStatus
 from jobrun.sql.schema import job_runs
 from jobrun.sql.statements.rules import (
     FAILED,
@@ -88,8 +88,8 @@ def _instance_prefixed(names: tuple[str, ...]) -> list[Any]:
 
 
 def run_matches(names: tuple[str, ...]) -> list[Any]:
-    """Twin of :func:`jobrun._core.browse.run_matches`: the conditions of a console
-    query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
+    """Twin of :func:`jobrun._core.operator.browse.run_matches`: the conditions of a console
+    query (``jobrun._core.operator.browse.RunQuery``) that has the values ``names``:
     ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
     ``query_status_<status>`` (markers), ``query_started_since_at`` with ``query_first_id``,
     ``query_stranded_at``, ``query_before_id``, ``query_leased_at``,

@@ -1,6 +1,6 @@
 """The database's clock in SQL: now, later, and time between two stored instants.
 
-Instants are stored as text (``jobrun._core.formats.format_instant``: UTC,
+Instants are stored as text (``jobrun._core.model.formats.format_instant``: UTC,
 milliseconds, ``Z``); these expressions write and read that text on the
 database's own clock, so that a claim, a renewal or a rate limit's refill is
 judged there rather than on a caller's clock. Used by the runs facet (a lease
@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import visitors
 
-# The stored instant text (jobrun._core.formats.format_instant), as Postgres writes it.
+# The stored instant text (jobrun._core.model.formats.format_instant), as Postgres writes it.
 _INSTANT_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
 # The same, as SQLite's strftime writes it.
 _SQLITE_INSTANT_FORMAT = "'%Y-%m-%dT%H:%M:%fZ'"
@@ -69,7 +69,7 @@ def moved_to_database_clock(instant: str, counted_from: str) -> Any:
 
 def database_now(is_postgres: bool) -> Any:
     """The database's clock now (as it reads while the statement runs), as
-    ``jobrun._core.formats.format_instant`` writes instants (milliseconds truncated,
+    ``jobrun._core.model.formats.format_instant`` writes instants (milliseconds truncated,
     UTC, ``Z``)."""
     if is_postgres:
         return database_instant(func.clock_timestamp())

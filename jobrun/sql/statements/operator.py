@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, delete, func, literal, not_, select, update
 
-from jobrun._core.worker_registry import WorkerRow
+from jobrun._core import WorkerRow
 from jobrun.sql.executor import Compiler
 from jobrun.sql.schema import job_retention, job_runs, job_steps, job_workers
 from jobrun.sql.statements.compiled import dialect_insert
@@ -68,7 +68,7 @@ class OperatorStatements:
 
 
 def change_statement(columns: tuple[str, ...], leased: bool) -> Any:
-    """An operator's change (``jobrun._core.transitions.RunChange``): ``new_{column}``
+    """An operator's change (``jobrun._core.rules.transitions.RunChange``): ``new_{column}``
     on run ``run_id`` while its status is ``when_status`` (and, if ``leased``, it
     holds a lease)."""
     runs = job_runs.c
@@ -138,7 +138,7 @@ def recorded_retention_statement() -> Any:
     return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
 
 
-# -- the workers that said they are alive (jobrun._core.worker_registry) -------------------
+# -- the workers that said they are alive (jobrun._core.operator.worker_registry) ------------
 
 WORKER_COLUMNS = tuple(column.name for column in job_workers.c)
 # Rows come back in table order, which is WorkerRow's field order.
@@ -146,7 +146,7 @@ assert tuple(WorkerRow.__dataclass_fields__) == WORKER_COLUMNS
 
 
 def worker_is_live(now_at: Any) -> Any:
-    """Twin of :func:`jobrun._core.worker_registry.worker_is_live`."""
+    """Twin of :func:`jobrun._core.operator.worker_registry.worker_is_live`."""
     return job_workers.c.expires_at > now_at
 
 

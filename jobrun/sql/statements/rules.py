@@ -1,4 +1,4 @@
-"""The rules in SQL: twins of :mod:`jobrun._core.predicates`, of the same names.
+"""The rules in SQL: twins of :mod:`jobrun._core.model.predicates`, of the same names.
 
 Each takes the runs' columns (``job_runs.c`` or an alias's) and returns a condition
 (or, for ``live_run_of`` and ``refill_on_resume``, the statement the rule is);
@@ -24,7 +24,7 @@ from sqlalchemy import (
     update,
 )
 
-from jobrun._core.records import JobRunStatus
+from jobrun._core import JobRunStatus
 from jobrun.sql.schema import due_at_of, job_runs, job_steps
 
 RUNNING = JobRunStatus.RUNNING.value
@@ -33,28 +33,28 @@ _RUNS = job_runs.c
 
 
 def due_at(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.due_at` (the claim-order index's key)."""
+    """Twin of :func:`jobrun._core.model.predicates.due_at` (the claim-order index's key)."""
     return due_at_of(runs)
 
 
 def waiting_since(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.waiting_since` (health's oldest wait)."""
+    """Twin of :func:`jobrun._core.model.predicates.waiting_since` (health's oldest wait)."""
     return func.coalesce(runs.next_attempt_at, runs.updated_at)
 
 
 def is_live(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_live` (the constant written into the
+    """Twin of :func:`jobrun._core.model.predicates.is_live` (the constant written into the
     text: one parameter fewer to bind, on the step write among others)."""
     return runs.status == literal_column(f"'{RUNNING}'")
 
 
 def stored_version(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.stored_version`."""
+    """Twin of :func:`jobrun._core.model.predicates.stored_version`."""
     return func.coalesce(runs.job_version, literal_column("1"))
 
 
 def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.runnable_by`, for code whose jobs of a
+    """Twin of :func:`jobrun._core.model.predicates.runnable_by`, for code whose jobs of a
     version above 1 are ``versioned_module_{i}``, ``versioned_job_{i}`` of version
     ``versioned_version_{i}`` (every other job: version 1). A per-row condition of
     no index: the claim applies it to the rows its index order reads."""
@@ -73,43 +73,43 @@ def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
 
 
 def is_due(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_due` (the claim-order index's range)."""
+    """Twin of :func:`jobrun._core.model.predicates.is_due` (the claim-order index's range)."""
     return and_(is_live(runs), now_at >= due_at(runs))
 
 
 def is_leased(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_leased`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_leased`."""
     return and_(is_live(runs), runs.lease_owner.is_not(None), now_at < due_at(runs))
 
 
 def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_stranded`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_stranded`."""
     return and_(is_due(now_at, runs), runs.lease_owner.is_not(None))
 
 
 def has_ended_since(since_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.has_ended_since`."""
+    """Twin of :func:`jobrun._core.model.predicates.has_ended_since`."""
     return runs.ended_at >= since_at
 
 
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_failed_since`."""
     return and_(runs.status == FAILED, has_ended_since(since_at, runs))
 
 
 def is_cancelled(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_cancelled`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_cancelled`."""
     return and_(runs.status == FAILED, runs.cancelled == 1)
 
 
 def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.slot_counts`, for the slot row ``slots``
+    """Twin of :func:`jobrun._core.model.predicates.slot_counts`, for the slot row ``slots``
     and its run ``runs``."""
     return and_(is_leased(now_at, runs), runs.lease_owner == slots.lease_token)
 
 
 def live_run_of() -> Any:
-    """Twin of :func:`jobrun._core.predicates.live_run_of`: the live run of the key
+    """Twin of :func:`jobrun._core.model.predicates.live_run_of`: the live run of the key
     ``row_module_id``, ``row_job``, ``row_instance`` (the partial unique index on
     ``LIVE_ONLY`` keeps it to one)."""
     runs = job_runs.c
@@ -122,7 +122,7 @@ def live_run_of() -> Any:
 
 
 def refill_on_resume() -> Any:
-    """Twin of :func:`jobrun._core.predicates.refill_on_resume`: the steps of run
+    """Twin of :func:`jobrun._core.model.predicates.refill_on_resume`: the steps of run
     ``run_id`` that never completed get their attempts back; completed ones keep
     their memo."""
     steps = job_steps.c
@@ -150,7 +150,7 @@ def _any_job(prefix: str, jobs: int) -> Any:
 
 
 def is_prunable(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_prunable`: status one of ``statuses``
+    """Twin of :func:`jobrun._core.model.predicates.is_prunable`: status one of ``statuses``
     (``pruned_status_{i}``), never live, ended before ``ended_before``; of
     ``only_jobs`` pairs (``only_module_{i}``, ``only_job_{i}``; ``None``: any job) and
     none of ``except_jobs`` (``except_*_{i}``)."""

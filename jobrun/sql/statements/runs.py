@@ -30,7 +30,7 @@ from sqlalchemy import (
     update,
 )
 
-from jobrun._core.records import RunPatch, RunRow
+from jobrun._core import RunPatch, RunRow
 from jobrun.sql.executor import Compiler
 from jobrun.sql.postgres.presence import presence_held
 from jobrun.sql.schema import LIVE_ONLY, job_runs, job_steps
@@ -247,7 +247,7 @@ def _handed_on_expiry() -> Any:
 def _extend_lease(on_database_clock: bool) -> Any:
     """Renew lease ``fence_token`` of run ``fence_id``; never an expired lease, nor to
     an expiry already past. On the caller's clock: ``expires_at`` judged at ``now_at``
-    (see ``jobrun._core.wallsteps``). On the database's clock (Postgres): both there,
+    (see ``jobrun._core.time.wall_steps``). On the database's clock (Postgres): both there,
     the new expiry ``lease_ms`` after the statement's start."""
     if on_database_clock:
         now_at: Any = database_now_at()

@@ -13,7 +13,7 @@ name in :mod:`jobrun.sql.statements`:
   retention, the workers' rows (``OperatorStore``);
 * :mod:`~jobrun.sql.store.schedules`: each schedule's progress (``ScheduleStore``);
 * :mod:`~jobrun.sql.store.browse`: the listing and the console's reads
-  (:mod:`jobrun._core.browse`).
+  (:mod:`jobrun._core.operator.browse`).
 
 What they share, and what every operation goes through (the schema check, the
 error translation), is :mod:`~jobrun.sql.store.base`. Every operation binds its
@@ -26,11 +26,17 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._core.fair import ClaimTurns
-from jobrun._core.orphans import OrphanScans, deprecated_scans
-from jobrun._core.owed import OwedReleases
-from jobrun._core.port import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_STEP_RESULT_BYTES, StoreLimits
-from jobrun._core.refusals import refuse_type, type_name
+from jobrun._core import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_STEP_RESULT_BYTES,
+    ClaimTurns,
+    OrphanScans,
+    OwedReleases,
+    StoreLimits,
+    deprecated_scans,
+    refuse_type,
+    type_name,
+)
 from jobrun.sql.executor import StatementHook, executor_for
 from jobrun.sql.postgres.database_clock import DatabaseClockLeases
 from jobrun.sql.postgres.presence import Presence

@@ -1,5 +1,5 @@
 """The browse facet of the SQL store: the operator's listing and the console's reads
-(``JobRunStore.list`` and :class:`jobrun._core.browse.BrowsableStore`; statements in
+(``JobRunStore.list`` and :class:`jobrun._core.operator.browse.BrowsableStore`; statements in
 :mod:`jobrun.sql.statements.browse`).
 
 A page reads newest first down an index ending in id, stopped by the limit: it
@@ -11,11 +11,18 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from jobrun._core.activity import ActivityQuery, Counts
-from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.ids import first_id_at
-from jobrun._core.records import JobRunStatus, RunFilter, RunRow
-from jobrun._core.workers import PresenceSeen, presence_seen
+from jobrun._core import (
+    ActivityQuery,
+    Counts,
+    JobLoad,
+    JobRunStatus,
+    PresenceSeen,
+    RunFilter,
+    RunQuery,
+    RunRow,
+    first_id_at,
+    presence_seen,
+)
 from jobrun.sql.postgres.presence import live_presences_statement
 from jobrun.sql.statements.browse import (
     LIST_FILTERS,

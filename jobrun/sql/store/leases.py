@@ -16,9 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from jobrun._core.formats import parse_instant
-from jobrun._core.port import not_watching
-from jobrun._core.records import HeldLease
+from jobrun._core import HeldLease, not_watching, parse_instant
 from jobrun._system import system_clock
 from jobrun.sql.postgres.presence import Presence
 from jobrun.sql.statements.clock import clock_statement

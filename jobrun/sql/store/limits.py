@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from jobrun._core.limits import MILLI, LimitUsage, bucket_cap_milli, bucket_state, wait_for_token_s
+from jobrun._core import MILLI, LimitUsage, bucket_cap_milli, bucket_state, wait_for_token_s
 from jobrun.sql.statements.limits import (
     acquire_slot_statement,
     buckets_statement,

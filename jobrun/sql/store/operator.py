@@ -14,9 +14,7 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from jobrun._core.records import HealthCounts
-from jobrun._core.transitions import RunChange
-from jobrun._core.worker_registry import WorkerRow
+from jobrun._core import HealthCounts, RunChange, WorkerRow
 from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.statements.operator import (
     OperatorStatements,

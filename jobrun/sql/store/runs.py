@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobrun._core.records import RunPatch, RunRow, StepRow
+from jobrun._core import RunPatch, RunRow, StepRow
 from jobrun.errors import StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
 from jobrun.sql.postgres.start_wakeups import StartWakeUps

@@ -12,7 +12,7 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
-from jobrun._core.records import RunRow, ScheduleRow
+from jobrun._core import RunRow, ScheduleRow
 from jobrun.sql.statements.schedules import (
     SCHEDULE_COLUMNS,
     add_schedule_statement,
