@@ -1,5 +1,5 @@
 """The limits facet of the memory store: rate-limit buckets and concurrency slots,
-by the arithmetic of :mod:`jobrun._core.limits.declarations` on the store's clock.
+by the arithmetic of :mod:`jobrun._core.limits.buckets` on the store's clock.
 """
 
 from __future__ import annotations

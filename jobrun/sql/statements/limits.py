@@ -1,6 +1,6 @@
 """The limits facet's statements: rate-limit buckets and concurrency slots.
 
-The SQL of :mod:`jobrun._core.limits.declarations`: a token is taken in one upsert that
+The SQL of :mod:`jobrun._core.limits.buckets`: a token is taken in one upsert that
 refills the bucket on the database's clock; a slot is inserted only while fewer
 than the limit count, in one statement. Only the clock's spelling differs
 between the engines (:mod:`jobrun.sql.statements.clock`); everything else is the
@@ -58,7 +58,7 @@ def _greatest(is_postgres: bool, *values: Any) -> Any:
 def take_token_statement(is_postgres: bool) -> Any:
     """Refill bucket ``bucket_key`` on the database's clock and reserve one token, in
     one statement (created full, less the token, at its first take); returns the
-    milli-tokens left. The arithmetic is :func:`jobrun._core.limits.declarations.take`'s:
+    milli-tokens left. The arithmetic is :func:`jobrun._core.limits.buckets.take`'s:
     whole milli-tokens gained (``bucket_rate`` per ms), capped at
     ``bucket_burst_milli``, minus 1000. On Postgres the row lock orders concurrent
     takers; SQLite runs one writer at a time. Also returns the milliseconds until

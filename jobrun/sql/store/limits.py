@@ -1,5 +1,5 @@
-"""The limits facet of the SQL store: rate-limit buckets and concurrency slots
-(``jobrun._core.limits``), with their statements in :mod:`jobrun.sql.statements.limits`.
+"""The limits facet of the SQL store: rate-limit buckets and concurrency slots (the
+core's ``limits`` wing), with their statements in :mod:`jobrun.sql.statements.limits`.
 
 Round trips: a token is one statement on both engines (an upsert that refills on
 the database's clock and takes, returning what is left). A slot is one statement

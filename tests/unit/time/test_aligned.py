@@ -1,16 +1,14 @@
-"""The clocks a drive runs on: the database-aligned default, a clock passed in, a bare
-wall clock."""
+"""The clock a drive runs on: aligned with the database's by default, or the one passed in
+(a bare wall clock made whole is in ``test_clock.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from typing import Any, cast
 
 import pytest
 
 from jobrun._core.time.aligned import aligned_clock
-from jobrun._core.time.clock import as_clock
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.testing import FakeClock
 
@@ -49,38 +47,3 @@ async def test_a_clock_passed_in_is_used_as_is_and_the_database_is_not_asked() -
     assert await aligned_clock(cast(Any, None), fake, SYSTEM_CLOCK) is fake
     wall = aligned_clock(cast(Any, None), lambda: fake.now() + timedelta(hours=1), SYSTEM_CLOCK)
     assert (await wall).now() == fake.now() + timedelta(hours=1)
-
-
-class _RecordingClock:
-    """A base clock that records what it is asked."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, object]] = []
-
-    def now(self) -> Any:
-        raise AssertionError("the wall time must come from the callable")
-
-    def monotonic(self) -> float:
-        return 42.5
-
-    async def sleep(self, seconds: float) -> None:
-        self.asked.append(("sleep", seconds))
-
-    def timeout(self, seconds: float | None) -> Any:
-        self.asked.append(("timeout", seconds))
-        return contextlib.nullcontext()
-
-
-async def test_a_bare_wall_clock_borrows_everything_but_the_time_from_its_base() -> None:
-    base = _RecordingClock()
-    moment = FakeClock().now()
-    clock = as_clock(lambda: moment, cast(Any, base))
-    assert clock.now() == moment
-    assert clock.monotonic() == 42.5
-    await clock.sleep(3.5)
-    clock.timeout(7.0)
-    assert base.asked == [("sleep", 3.5), ("timeout", 7.0)]
-    with pytest.raises(
-        TypeError, match=r"^clock must be a Clock or a callable returning a datetime, got 5$"
-    ):
-        as_clock(cast(Any, 5), cast(Any, base))

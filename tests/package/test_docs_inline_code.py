@@ -13,7 +13,7 @@ Without ``:region`` the block is the whole file (less any region marker lines).
 The test fails when a block and its file differ; to rewrite every block from
 its file after editing an example::
 
-    python tests/unit/test_docs_inline_code.py --write
+    python tests/package/test_docs_inline_code.py --write
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_shown_code_is_the_file(page: Path) -> None:
         where = f"{page.relative_to(REPO)} line {marker + 1}"
         assert shown == region(path, name), (
             f"{where} differs from {path}{':' + name if name else ''}; "
-            "run: python tests/unit/test_docs_inline_code.py --write"
+            "run: python tests/package/test_docs_inline_code.py --write"
         )
 
 

@@ -1,4 +1,5 @@
-"""JobRegistry: one handler per (module_id, name) pair."""
+"""JobRegistry: one handler per (module_id, name) pair, and the job's options checked as it is
+registered (its version and upgrades: ``rules/test_versions.py``)."""
 
 from __future__ import annotations
 
@@ -160,3 +161,9 @@ def test_a_registered_job_keeps_its_limit_and_its_retention() -> None:
 def test_a_keep_for_of_the_wrong_type_is_named_with_its_type() -> None:
     with pytest.raises(TypeError, match=r"^keep_for must be a timedelta or None, got int$"):
         jobrun.JobRegistry().register("m", "j", done_at_once, keep_for=cast(Any, 5))
+
+
+@pytest.mark.parametrize(("value", "kind"), [(-1, ValueError), (True, TypeError), (1.5, TypeError)])
+def test_max_deferrals_is_checked_at_registration(value: Any, kind: type[Exception]) -> None:
+    with pytest.raises(kind):
+        jobrun.JobRegistry().register("m", "j", done_at_once, max_deferrals=value)

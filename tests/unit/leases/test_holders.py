@@ -1,12 +1,14 @@
-"""The check by pid judges a holder only where its pid and start time mean what they say.
+"""A holder's identity as a lease records it (described, parsed back), and the check by pid
+that judges a holder only where its pid and start time mean what they say.
 
-Fabricated identities, one per branch of ``liveness_on_this_host``; the same
-rules on real namespaces are in ``tests/processes/test_holder_namespaces.py``.
+Fabricated identities, one per branch of ``liveness_seen_from`` (asked through
+``liveness_on_this_host``, this host's answers); the same rules on real namespaces
+are in ``tests/processes/test_holder_namespaces.py``, and how this process learns
+its own identity in ``test__system.py``.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import pytest
 
 from jobrun import _system
 from jobrun._core.leases.holders import HolderIdentity, Liveness, parse_holder
-from jobrun._system import liveness_on_this_host, local_identity
+from jobrun._system import liveness_on_this_host
 from tests.support import proc_identity, unused_pid
 
 
@@ -86,40 +88,6 @@ def test_a_holder_whose_stat_cannot_be_read_is_unknown(monkeypatch: pytest.Monke
     assert liveness_on_this_host(here, here) is Liveness.UNKNOWN
 
 
-def test_a_process_without_a_proc_of_its_own_records_no_pid(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    proc_identity()
-    monkeypatch.setattr(_system, "_local", None)
-    monkeypatch.setattr(_system, "own_start_ticks", lambda: None)
-    blind = _system.local_identity()
-    assert (blind.pid, blind.start_ticks) == (None, None)
-    assert blind.boot is not None, "the rest is still recorded, for operators"
-    assert " pid=" not in blind.describe("w")
-    assert liveness_on_this_host(blind, blind) is Liveness.UNKNOWN
-
-
-def test_own_start_ticks_reads_this_processs_stat() -> None:
-    proc_identity()
-    stat = Path(f"/proc/{os.getpid()}/stat").read_text(encoding="ascii")
-    assert _system.own_start_ticks() == int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def test_own_start_ticks_refuses_a_proc_of_an_outer_pid_namespace(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    proc_identity()
-    read_text = _system.read_text
-    # What /proc/self/status shows in a child pid namespace under the host's /proc.
-    nested = f"Name:\tpython\nNSpid:\t{os.getpid()}\t2\n"
-    monkeypatch.setattr(
-        _system,
-        "read_text",
-        lambda path: nested if path == "/proc/self/status" else read_text(path),
-    )
-    assert _system.own_start_ticks() is None
-
-
 def test_a_described_identity_parses_back_field_for_field() -> None:
     identity = HolderIdentity(
         host="web-7",
@@ -164,19 +132,6 @@ def test_a_driver_text_without_a_whole_identity_at_its_end_proves_nothing(
 
 def test_an_identity_bracket_without_a_host_reads_as_an_unknown_host() -> None:
     assert parse_holder("w [jobrun pid=5]") == HolderIdentity(host="?", pid=5)
-
-
-def test_this_process_knows_its_own_identity() -> None:
-    here = proc_identity()
-    stat = Path("/proc/self/stat").read_text(encoding="ascii")
-    assert here.pid == os.getpid()
-    assert here.start_ticks == int(stat.rsplit(")", 1)[1].split()[19])
-    assert here.host == os.uname().nodename
-    assert here.pid_namespace == os.readlink("/proc/self/ns/pid")[len("pid:[") : -1]
-    if Path("/proc/self/ns/time").exists():
-        assert here.time_namespace == os.readlink("/proc/self/ns/time")[len("time:[") : -1]
-    assert here.boot == Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
-    assert local_identity() is here, "learnt once per process"
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""Versioned jobs at registration: ``version`` and ``upgrade`` are checked before anything
-is registered, and the upgrade functions are kept in version order."""
+"""Job versions (``jobrun/_core/rules/versions.py``): ``version`` and ``upgrade`` checked before
+anything is registered, the upgrade functions kept in version order, a stored cursor upgraded
+from its own version on, and the runs a newer version left that this code cannot take."""
 
 from __future__ import annotations
 
