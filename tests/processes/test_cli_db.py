@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.processes.cli_support import execute, fails, file_url, ok
 from tests.support import SQL_BACKENDS, run_in_thread
 

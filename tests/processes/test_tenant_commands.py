@@ -27,8 +27,8 @@ import jobrun._cli.commands.schedules
 import jobrun._cli.commands.ui
 import jobrun._cli.commands.worker
 from jobrun._cli.app import cli
+from jobrun.sql.postgres.tenancy import in_schema
 from jobrun.sql.schema import SCHEMA_REVISION
-from jobrun.sql.tenancy import in_schema
 from jobrun.ui import create_app
 from tests.support import REPO, iso, run_in_thread, set_columns
 

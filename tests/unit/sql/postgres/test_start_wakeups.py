@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from jobrun.sql.start_wakeups import StartWakeUps
+from jobrun.sql.postgres.start_wakeups import StartWakeUps
 
 
 async def test_starts_that_find_a_notify_in_flight_share_the_next_one():

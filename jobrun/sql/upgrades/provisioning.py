@@ -17,7 +17,7 @@ from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from jobrun._core import is_int, refuse
-from jobrun.sql.migrate import current_revision, upgrade
+from jobrun.sql.upgrades.migrate import current_revision, upgrade
 from jobrun.sql.urls import with_asyncio_driver
 
 T = TypeVar("T")

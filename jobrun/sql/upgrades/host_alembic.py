@@ -26,9 +26,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from jobrun._core import refuse
-from jobrun.sql.migrate import _POSTGRES_MIGRATION_LOCK, alembic_config, current_revision
+from jobrun.sql.postgres.tenancy import checked_schema
 from jobrun.sql.schema import COMPAT_TABLE, VERSION_TABLE, metadata
-from jobrun.sql.tenancy import checked_schema
+from jobrun.sql.upgrades.migrate import _POSTGRES_MIGRATION_LOCK, alembic_config, current_revision
 
 
 @contextmanager

@@ -1,6 +1,8 @@
-"""The SQL store's claim: which runs a driver leases, in as few round trips as can be.
+"""The claims facet of the SQL store: which runs a driver leases, in as few round trips
+as can be (``JobRunStore.claim`` and ``claim_batch``; statements in
+:mod:`jobrun.sql.statements.claims`).
 
-Postgres takes up to k runs in one statement (``statements.claim_batch``): the
+Postgres takes up to k runs in one statement (``statements.claims.claim_batch``): the
 candidate rows are locked ``FOR UPDATE SKIP LOCKED``, so a claimer never waits on
 a row another claimer (or a holder's step write) holds, and the rows it writes are
 the rows it read. The lists a claim carries per call (runs to pass over, dead
@@ -19,7 +21,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -33,17 +35,10 @@ from jobrun._core import (
     claim_transition,
     is_orphan,
 )
-from jobrun.sql.statements import (
-    RUN_COLUMNS,
-    Shapes,
-    claim_batch,
-    claim_read,
-    claim_write,
-    limit_locks,
-)
-
-Fetch = Callable[[Any, Mapping[str, Any]], Awaitable[builtins.list[Any]]]
-"""Sends one prepared statement with its values: the executor's, or a transaction's."""
+from jobrun.sql.statements.claims import claim_batch, claim_read, claim_write
+from jobrun.sql.statements.limits import limit_locks
+from jobrun.sql.statements.runs import RUN_COLUMNS
+from jobrun.sql.store.base import Fetch, SqlStoreBase, numbered, pairs
 
 Limited = builtins.list[tuple[tuple[str, str], int]]
 _WIDTH = len(RUN_COLUMNS)
@@ -59,29 +54,29 @@ def limit_lock_key(schema: str | None, module_id: str, job: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def pairs(prefix: str, jobs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """``{prefix}module_{i}`` and ``{prefix}job_{i}`` of each ``(module_id, job)`` pair."""
-    values: dict[str, Any] = {}
-    for index, (module_id, job) in enumerate(jobs):
-        values |= {f"{prefix}module_{index}": module_id, f"{prefix}job_{index}": job}
-    return values
+class SqlClaims(SqlStoreBase):
+    """The claim, for SQLite and Postgres; the leases it takes on the database's clock
+    are remembered for their renewals (:mod:`jobrun.sql.store.leases`)."""
 
+    async def claim(self, request: ClaimRequest) -> Claimed | None:
+        claimed = await self.claim_batch(request, [request.token])
+        return claimed[0] if claimed else None
 
-def numbered(name: str, items: Sequence[Any]) -> dict[str, Any]:
-    """``{name}_{i}`` of each item."""
-    return {f"{name}_{index}": item for index, item in enumerate(items)}
+    async def claim_batch(
+        self, request: ClaimRequest, tokens: Sequence[str]
+    ) -> builtins.list[Claimed]:
+        if not request.expires_at or not tokens:
+            return []
+        # Postgres judges expiries on its own clock, at the statement.
+        database_clock = self._is_postgres and request.database_clock
+        async with self._operation("claim"):
+            claimed = await self._claim_runs(request, tokens, database_clock)
+        if database_clock:
+            for taken in claimed:
+                self._database_clock_leases.remember(taken.row.lease_owner or "")
+        return claimed
 
-
-class SqlClaims:
-    """Claims for one SQL store (its executor, compiled shapes, dialect and schema)."""
-
-    def __init__(self, executor: Any, shapes: Shapes, is_postgres: bool, schema: str | None):
-        self._executor = executor
-        self._shapes = shapes
-        self._is_postgres = is_postgres
-        self._schema = schema
-
-    async def claim(
+    async def _claim_runs(
         self, request: ClaimRequest, tokens: Sequence[str], database_clock: bool
     ) -> builtins.list[Claimed]:
         """Up to ``len(tokens)`` runs, in claim order, the i-th leased under ``tokens[i]``."""
@@ -108,7 +103,7 @@ class SqlClaims:
         limited: Limited,
         database_clock: bool,
     ) -> builtins.list[Claimed]:
-        """Postgres: the whole batch in one statement (see ``statements.claim_batch``)."""
+        """Postgres: the whole batch in one statement (see ``statements.claims.claim_batch``)."""
         jobs = builtins.list(request.expires_at)
         versioned = _versioned(request)
         dead = sorted(request.dead_owners)

@@ -18,8 +18,8 @@ from sqlalchemy import column, inspect, select, table, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from jobrun.sql.postgres.tenancy import checked_schema, enter_schema
 from jobrun.sql.schema import VERSION_TABLE
-from jobrun.sql.tenancy import checked_schema, enter_schema
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -30,7 +30,7 @@ def migrations_directory() -> Path:
     packaged = Path(str(resources.files("jobrun"))) / "_migrations"
     if (packaged / "env.py").is_file():
         return packaged
-    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    checkout = Path(__file__).resolve().parents[3] / "migrations"
     if (checkout / "env.py").is_file():
         return checkout
     raise FileNotFoundError("jobrun's migrations are missing from this installation")

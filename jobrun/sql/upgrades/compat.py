@@ -16,8 +16,8 @@ from sqlalchemy import column, inspect, select, table
 from sqlalchemy.engine import Connection
 
 from jobrun.errors import CodeOutdatedError, JobRunError, SchemaOutdatedError
-from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import COMPAT_TABLE
+from jobrun.sql.upgrades.migrate import current_revision
 
 
 def oldest_code_revision(connection: Connection, schema: str | None = None) -> str | None:
