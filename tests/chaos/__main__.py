@@ -1,4 +1,4 @@
-"""Chaos runner (issue 21): inject faults into real drivers and let a referee count the damage.
+"""The chaos runner (issue 21): inject faults into real drivers and let a referee count the damage.
 
 Each scenario runs three driver processes (``tests/processes/chaos_child.py``)
 over three runs whose steps sleep 100 or 200 ms, with a 3 s lease so that a
@@ -7,9 +7,9 @@ bodies log their own start and end; afterwards the referee counts overlapping
 bodies of one run, finished bodies run again, runs not done, and the seconds
 from the fault to the affected run's next body.
 
-    make chaos                                    # every scenario (needs root for tmpfs)
-    .venv/bin/python benchmarks/chaos.py --quick  # the bounded set CI runs
-    .venv/bin/python benchmarks/chaos.py --only 'kill -9'
+    make chaos                                 # every scenario (needs root for tmpfs)
+    .venv/bin/python -m tests.chaos --quick    # the bounded set CI runs
+    .venv/bin/python -m tests.chaos --only 'kill -9'
 
 The table is printed and written to ``chaos-results.md`` and
 ``chaos-results.json`` in the repository root (ignored by git).
@@ -21,19 +21,14 @@ import argparse
 import asyncio
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-# Run as a script from anywhere: the checkout comes first on the path (hence E402 below).
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.chaos.faults import all_scenarios  # noqa: E402
-from tests.chaos.stage import BODY_MS, LEASE_MS, Outcome, run_scenario  # noqa: E402
+from tests.chaos.faults import all_scenarios
+from tests.chaos.stage import BODY_MS, LEASE_MS, REPO, Outcome, run_scenario
 
 DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 COLUMNS = (
@@ -112,7 +107,9 @@ async def run_all(arguments: argparse.Namespace) -> list[Outcome]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.chaos", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--quick", action="store_true", help="the bounded set (no tmpfs, cluster)")
     parser.add_argument("--only", default="", help="scenarios whose 'name backend' contains this")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
