@@ -75,13 +75,9 @@ def test_the_runner_writes_the_table(tmp_path: Path) -> None:
     the promises page shows, and the JSON records beside it."""
     out = tmp_path / "chaos-results"
     command = [sys.executable, "-m", "tests.chaos", "--only", "kill -9 holder mid-step sqlite"]
+    command += ["--out", str(out)]
     done = subprocess.run(
-        [*command, "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
+        command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     header, blank, columns, _rule, row, *more = out.with_suffix(".md").read_text().splitlines()
