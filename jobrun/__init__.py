@@ -8,35 +8,39 @@ its result as it completes so that it never runs again.
 import importlib
 import typing
 
-from jobrun._core.actions import release_job_lease
-from jobrun._core.limits import RateLimitBucket
-from jobrun._core.observe import (
+from jobrun._core import (
+    KEEP_CURSOR,
     LOG_PASSES,
-    LoggingObserver,
-    PassEnd,
-    PassObserver,
-    PassStart,
-    PassWatch,
-    StepEnd,
-    observe_all,
-)
-from jobrun._core.options import DriveOptions
-from jobrun._core.passes import KEEP_CURSOR, JobPass, PassResult
-from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore, StoreLimits
-from jobrun._core.queue_safety import assert_queue_safe
-from jobrun._core.records import (
     DriveError,
+    DriveOptions,
     JobDriveReport,
+    JobPass,
+    JobRegistry,
     JobRun,
     JobRunHealth,
     JobRunStatus,
+    JobRunStore,
+    JobStart,
+    LoggingObserver,
+    OperatorStore,
+    PassEnd,
+    PassObserver,
+    PassResult,
+    PassStart,
+    PassWatch,
+    RateLimitBucket,
+    RetryPolicy,
     RunKey,
+    ScheduleStore,
+    StepEnd,
+    StoreLimits,
+    assert_queue_safe,
+    get_job_run,
     job_run_list_limit,
+    job_runs,
+    observe_all,
+    release_job_lease,
 )
-from jobrun._core.registry import JobRegistry
-from jobrun._core.retry import RetryPolicy
-from jobrun._core.runs import get_job_run, job_runs
-from jobrun._core.starts import JobStart
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,

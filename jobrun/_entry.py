@@ -17,21 +17,28 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from jobrun._core import actions, drive, runs, scheduled_runs
-from jobrun._core import starts as starts_core
-from jobrun._core.clock import ClockLike
-from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
-from jobrun._core.port import JobRunStore, OperatorStore, ScheduleStore
-from jobrun._core.records import (
+from jobrun._core import (
     DEFAULT_INSTANCE,
+    ClockLike,
+    DriveKeywords,
+    DriveOptions,
     JobDriveReport,
+    JobRegistry,
     JobRun,
     JobRunHealth,
     JobRunStatus,
+    JobRunStore,
+    JobStart,
+    OperatorStore,
+    ScheduleStore,
+    Sources,
+    actions,
+    drive,
+    drive_options,
+    runs,
+    scheduled_runs,
 )
-from jobrun._core.registry import JobRegistry
-from jobrun._core.sources import Sources
-from jobrun._core.starts import JobStart
+from jobrun._core.operator import starts as starts_core
 from jobrun._system import (
     SYSTEM_CLOCK,
     THIS_HOST,

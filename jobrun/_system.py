@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from jobrun._core.clock import Clock, ClockLike, Deadline, as_clock
-from jobrun._core.holders import HolderIdentity, Liveness, liveness_seen_from
-from jobrun._core.ids import UlidMint
+from jobrun._core.leases.holders import HolderIdentity, Liveness, liveness_seen_from
+from jobrun._core.model.ids import UlidMint
+from jobrun._core.time.clock import Clock, ClockLike, Deadline, as_clock
 
 
 class SystemClock:
@@ -178,7 +178,7 @@ def liveness_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = 
 
 
 class ThisHost:
-    """The host this process runs on, as the core's :class:`~jobrun._core.holders.Host`."""
+    """The host this process runs on, as the core's :class:`~jobrun._core.leases.holders.Host`."""
 
     def identity(self) -> HolderIdentity:
         return local_identity()

@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobrun._core.clock import Clock
-from jobrun._core.orphans import PRESENCE_GRACE_S
+from jobrun._core.leases.proof_of_death import PRESENCE_GRACE_S
+from jobrun._core.time.clock import Clock
 
 log = logging.getLogger("jobrun.watchdog")
 

@@ -12,9 +12,7 @@ from collections import deque
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._core.clock import Clock
-from jobrun._core.observe import PassStart, PassWatch
-from jobrun._core.records import HeldLease
+from jobrun._core import Clock, HeldLease, PassStart, PassWatch
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.tenancy import notify_channel
 from jobrun.wakeups import sqlite_path

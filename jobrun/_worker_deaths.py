@@ -2,7 +2,7 @@
 
 A leased run comes due only when its lease expires, so a worker that sleeps until
 its database's next due instant would wait out a dead holder's whole lease: the
-proof of death is found by the claim's scan (``jobrun._core.orphans``), and an
+proof of death is found by the claim's scan (``jobrun._core.leases.proof_of_death``), and an
 idle worker does not claim. So, while another process holds a lease of this
 worker's jobs on a database, its idle driver reads those leases itself every
 ``orphans.IDLE_LOOK_S`` (SQLite: a stdlib connection, as the next-due read;
@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import logging
 
-from jobrun._core import orphans
-from jobrun._core.clock import Clock
-from jobrun._core.formats import format_instant
-from jobrun._core.holders import Host
-from jobrun._core.records import HeldLease
-from jobrun._core.registry import JobRegistry
-from jobrun._core.wallsteps import lease_instants
+from jobrun._core import Clock, HeldLease, Host, JobRegistry, format_instant, lease_instants
+from jobrun._core import proof_of_death as orphans
 from jobrun._worker_database import ServedDatabase
 from jobrun.sql.next_due import sqlite_held_leases
 

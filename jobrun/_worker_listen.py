@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jobrun._core.registry import JobRegistry
+from jobrun._core import JobRegistry
 from jobrun._worker_database import ServedDatabase
 
 log = logging.getLogger("jobrun.worker")

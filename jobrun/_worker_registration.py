@@ -6,7 +6,7 @@ every ``heartbeat_s`` after (every ``SWEEP_EVERY_BEATS``-th also deletes the row
 of workers gone), and the row deleted when the worker stops serving the
 database. A failed write is logged and tried again at the next heartbeat: the
 worker's real work never waits on its row. See
-:mod:`jobrun._core.worker_registry` for what readers make of the rows.
+:mod:`jobrun._core.operator.worker_registry` for what readers make of the rows.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
-from jobrun._core.clock import Clock
-from jobrun._core.formats import format_instant
-from jobrun._core.registry import JobRegistry
-from jobrun._core.worker_registry import (
+from jobrun._core import (
     DEFAULT_HEARTBEAT_S,
+    Clock,
+    JobRegistry,
     WorkerRow,
     beat_row,
+    format_instant,
     jobs_text,
     sweep_due,
 )

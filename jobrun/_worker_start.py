@@ -16,7 +16,7 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._core.clock import Clock
+from jobrun._core import Clock
 from jobrun._entry import job_run_health
 from jobrun._worker_database import ServedDatabase
 from jobrun.errors import StoreError

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 from jobrun.sql.executor import Compiler
 from jobrun.sql.statements import release_database_statement, take_database_statement
 from jobrun.sql.store import SqlJobRunStore

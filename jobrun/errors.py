@@ -30,7 +30,7 @@ Bad input, whatever the argument, is refused before anything is written with a
 wrong with it. An argument of the wrong *type* (a list where a name belongs) is
 an ``ArgumentTypeError``: a ``JobValidationError`` that is also a ``TypeError``,
 as Python users expect, so ``except TypeError`` still catches it. Every refusal
-is made in one place (``jobrun._core.refusals``), save :class:`RetryAfter`'s own:
+is made in one place (``jobrun._core.model.refusals``), save :class:`RetryAfter`'s own:
 this module is the bottom layer and cannot import the core.
 
 :class:`RetryAfter` is the one error meant to be raised by user code rather than
@@ -40,10 +40,8 @@ by jobrun: it ends the pass as ``deferred`` (see its docstring).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobrun._core.retry import RetryPolicy
+from collections.abc import Callable
+from typing import Protocol
 
 __all__ = [
     "ArgumentTypeError",
@@ -138,6 +136,21 @@ class StepReusedError(JobConflictError):
         self.step = step
 
 
+class RetryRule(Protocol):
+    """What judges a failed step's next attempt: :class:`jobrun.RetryPolicy` is one.
+
+    Named here, as the shape the errors need, so this bottom module names nothing
+    of the core above it.
+    """
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    def next_attempt_at(self, attempts: int, failed_at: str, random: Callable[[], float]) -> str:
+        """When the run is due again after ``attempts`` failures, the last at ``failed_at``."""
+        ...
+
+
 class StepFailedError(JobRunError):
     """An attempt of a step failed, or the step had no attempts left.
 
@@ -147,7 +160,7 @@ class StepFailedError(JobRunError):
 
     code = "step_failed"
 
-    def __init__(self, step: str, attempts: int, policy: RetryPolicy, cause: str) -> None:
+    def __init__(self, step: str, attempts: int, policy: RetryRule, cause: str) -> None:
         super().__init__(f"step {step!r} failed: {cause}")
         self.step = step
         self.attempts = attempts
@@ -161,7 +174,7 @@ class StepTimeoutError(StepFailedError):
 
     code = "step_timeout"
 
-    def __init__(self, step: str, attempts: int, policy: RetryPolicy, timeout_s: float) -> None:
+    def __init__(self, step: str, attempts: int, policy: RetryRule, timeout_s: float) -> None:
         super().__init__(step, attempts, policy, timed_out_text(timeout_s))
         # The run's last error reads "step 'x' timed out after N s", not "failed: ...".
         self.message = f"step {step!r} {timed_out_text(timeout_s)}"
@@ -259,7 +272,7 @@ def _checked_rate_limit(rate_limit: object) -> None:
 
 
 def _checked_delay_s(seconds: object) -> float:
-    # Built here, not by jobrun._core.refusals: the bottom layer cannot import it.
+    # Built here, not by jobrun._core.model.refusals: the bottom layer cannot import it.
     if not isinstance(seconds, int | float) or isinstance(seconds, bool):
         problem = f"must be a number of seconds, got {type(seconds).__name__}"
         raise ArgumentTypeError(

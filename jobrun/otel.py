@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from jobrun._core.observe import PassEnd, PassStart, PassWatch, StepEnd
+from jobrun._core import PassEnd, PassStart, PassWatch, StepEnd
 from jobrun._version import __version__
 
 PASS_SPAN = "jobrun.pass"

@@ -20,8 +20,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _start_http_server
 
-from jobrun._core.observe import PassEnd, PassStart, PassWatch, StepEnd
-from jobrun._core.records import JobRunHealth
+from jobrun._core import JobRunHealth, PassEnd, PassStart, PassWatch, StepEnd
 
 # Steps span a memo hit (microseconds) to a long API call (minutes).
 STEP_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 120.0, 600.0)

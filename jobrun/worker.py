@@ -41,22 +41,31 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from jobrun._core import orphans
-from jobrun._core.clock import Clock
-from jobrun._core.drive import drive_due_jobs
-from jobrun._core.fair import ClaimTurns
-from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.observe import (
+from jobrun._core import (
     LOG_PASSES,
+    ClaimTurns,
+    Clock,
+    DriveKeywords,
+    DriveOptions,
+    JobRegistry,
+    JobRunHealth,
     PassObserver,
+    RunKey,
+    check_prune_after,
+    checked_count,
+    checked_seconds,
+    drive_due_jobs,
+    drive_options,
+    format_instant,
+    lease_instants,
     observe_all,
+    parse_instant,
+    prune_by_retention,
+    refuse,
+    refuse_type,
+    retains,
 )
-from jobrun._core.options import DriveKeywords, DriveOptions, drive_options
-from jobrun._core.records import JobRunHealth, RunKey
-from jobrun._core.refusals import checked_count, checked_seconds, refuse, refuse_type
-from jobrun._core.registry import JobRegistry
-from jobrun._core.retention import check_prune_after, prune_by_retention, retains
-from jobrun._core.wallsteps import lease_instants
+from jobrun._core import proof_of_death as orphans
 from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
@@ -408,7 +417,7 @@ class _Worker(DatabaseTurns, Listening):
         """Log a failed drive; the seconds to wait before the next.
 
         The next try comes soon (the store may answer again any moment, and the
-        runs whose release it failed wait for it: see ``jobrun._core.owed``); the
+        runs whose release it failed wait for it: see ``jobrun._core.leases.owed_releases``); the
         warning comes when a streak of failures begins and once per interval after.
         """
         now = self.clock.monotonic()

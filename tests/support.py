@@ -33,10 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 import jobrun.worker as worker_module
-from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.holders import HolderIdentity
-from jobrun._core.observe import PassEnd, PassStart
-from jobrun._core.records import ClaimRequest, RunRow, StepRow
+from jobrun._core.engine.observe import PassEnd, PassStart
+from jobrun._core.leases.holders import HolderIdentity
+from jobrun._core.model.formats import add_milliseconds, format_instant
+from jobrun._core.model.records import ClaimRequest, RunRow, StepRow
 from jobrun._system import local_identity
 from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import job_runs as runs_table

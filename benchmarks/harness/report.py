@@ -45,7 +45,7 @@ def running_loop() -> str:
 def jobrun_json() -> str:
     """What writes jobrun's plain JSON here (orjson when installed; older trees: json)."""
     try:
-        from jobrun._core.fast_json import accelerator
+        from jobrun._core.model.fast_json import accelerator
     except ImportError:
         return "json (piecewise)"
     return accelerator()

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
 from benchmarks.harness import plain_url, trivial_steps
-from jobrun._core.formats import format_instant
+from jobrun._core.model.formats import format_instant
 from jobrun._system import system_clock
 
 MODULE_ID, JOB = "bench", "passes"

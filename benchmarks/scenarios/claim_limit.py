@@ -30,9 +30,9 @@ from typing import Any
 
 import jobrun
 from benchmarks import harness
-from jobrun._core.formats import format_instant
-from jobrun._core.records import ClaimRequest
-from jobrun._core.transitions import release_transition
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import ClaimRequest
+from jobrun._core.rules.transitions import release_transition
 
 KEY = ("bench", "limited")
 VARIANTS = {"unlimited": None, "limited": 1000, "at limit": 2}

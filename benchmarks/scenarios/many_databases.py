@@ -53,8 +53,8 @@ from sqlalchemy.pool import NullPool
 import jobrun
 from benchmarks import harness
 from benchmarks.harness.server_usage import process_cpu_s
-from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.records import ClaimRequest
+from jobrun._core.model.formats import add_milliseconds, format_instant
+from jobrun._core.model.records import ClaimRequest
 from jobrun._system import local_identity
 
 

@@ -36,13 +36,18 @@ from jobrun._cli.workers_render import (
     unserved_lines,
     with_workers,
 )
-from jobrun._core.actions import release_job_lease
-from jobrun._core.browse import RunQuery
-from jobrun._core.formats import format_instant
-from jobrun._core.predicates import STRANDED
-from jobrun._core.records import JOB_RUN_LIST_MAX, JobRun, job_run_of
-from jobrun._core.runs import get_job_run, job_runs
-from jobrun._core.worker_registry import served_jobs
+from jobrun._core import (
+    JOB_RUN_LIST_MAX,
+    STRANDED,
+    JobRun,
+    RunQuery,
+    format_instant,
+    get_job_run,
+    job_run_of,
+    job_runs,
+    release_job_lease,
+    served_jobs,
+)
 from jobrun._entry import (
     cancel_job_run,
     job_run_health,

@@ -12,7 +12,7 @@ import difflib
 
 import click
 
-from jobrun._core.registry import JobRegistry
+from jobrun._core import JobRegistry
 
 
 def warn_unchecked(module_id: str, job: str) -> None:

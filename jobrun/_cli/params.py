@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 
 if TYPE_CHECKING:
     # click 8.2 made ParamType generic; at run time the plain class works on every click.

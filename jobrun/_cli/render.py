@@ -13,11 +13,15 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from jobrun._core.limits import RateLimitBucket
-from jobrun._core.progress import span
-from jobrun._core.records import JobRun, JobRunHealth, StepRow
-from jobrun._core.starts import starts_later_at
-from jobrun._core.versions import runs_beyond_code
+from jobrun._core import (
+    JobRun,
+    JobRunHealth,
+    RateLimitBucket,
+    StepRow,
+    runs_beyond_code,
+    span,
+    starts_later_at,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

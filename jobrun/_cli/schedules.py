@@ -12,9 +12,7 @@ from jobrun._cli.app import cli
 from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.render import dumps, instant, now, status_text, terminal
 from jobrun._cli.worker_command import load_registry
-from jobrun._core.formats import parse_instant
-from jobrun._core.records import ScheduleRow
-from jobrun._core.registry import JobRegistry
+from jobrun._core import JobRegistry, ScheduleRow, parse_instant
 from jobrun.sql.store import SqlJobRunStore
 
 

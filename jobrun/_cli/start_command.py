@@ -24,8 +24,7 @@ from jobrun._cli.connect import run_on_store, url_option
 from jobrun._cli.job_names import check_registered, warn_unchecked
 from jobrun._cli.params import JsonValue
 from jobrun._cli.render import dumps, instant, run_json
-from jobrun._core.records import DEFAULT_INSTANCE, JobRun
-from jobrun._core.starts import JobStart, check_start, starts_later_at
+from jobrun._core import DEFAULT_INSTANCE, JobRun, JobStart, check_start, starts_later_at
 from jobrun._entry import start_job_run, start_job_runs
 from jobrun.errors import JobValidationError
 from jobrun.sql.store import SqlJobRunStore

@@ -1,6 +1,6 @@
 """``jobrun watch``: poll one run and show it live until it ends.
 
-Rates and progress come from :mod:`jobrun._core.progress` (the console's run page
+Rates and progress come from :mod:`jobrun._core.model.progress` (the console's run page
 shows the same numbers): rates per counter per second between two polls, and a
 progress bar when the counters include ``total``.
 
@@ -30,10 +30,7 @@ from jobrun._cli.render import (
     shorten,
     status_text,
 )
-from jobrun._core.port import OperatorStore
-from jobrun._core.progress import Poll, progress_of, span
-from jobrun._core.records import JobRun
-from jobrun._core.runs import get_job_run
+from jobrun._core import JobRun, OperatorStore, Poll, get_job_run, progress_of, span
 from jobrun.errors import JobRunNotFoundError
 
 

@@ -38,10 +38,15 @@ from jobrun._cli.connect import (
 from jobrun._cli.event_loop import loop_option, run_on
 from jobrun._cli.many_databases import urls_in
 from jobrun._cli.params import Duration
-from jobrun._core.observe import LOG_PASSES, PassObserver, observe_all
-from jobrun._core.options import DriveOptions
-from jobrun._core.registry import JobRegistry
-from jobrun._core.worker_registry import DEFAULT_HEARTBEAT_S, GONE_AFTER_BEATS
+from jobrun._core import (
+    DEFAULT_HEARTBEAT_S,
+    GONE_AFTER_BEATS,
+    LOG_PASSES,
+    DriveOptions,
+    JobRegistry,
+    PassObserver,
+    observe_all,
+)
 from jobrun.errors import (
     CodeOutdatedError,
     JobValidationError,

@@ -1,4 +1,4 @@
-"""The live workers (``jobrun._core.worker_registry``) as ``jobrun health`` and
+"""The live workers (``jobrun._core.operator.worker_registry``) as ``jobrun health`` and
 ``jobrun runs`` show them: a line per worker, and the due runs nobody will take."""
 
 from __future__ import annotations
@@ -7,10 +7,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.progress import span
-from jobrun._core.records import JobRun
-from jobrun._core.worker_registry import Job, WorkerRow, served_jobs, waits_for_no_one
+from jobrun._core import (
+    Job,
+    JobRun,
+    WorkerRow,
+    format_instant,
+    parse_instant,
+    served_jobs,
+    span,
+    waits_for_no_one,
+)
 from jobrun.sql.store import SqlJobRunStore
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from jobrun._core.fair import ClaimTurns
-from jobrun._core.limits import LimitUsage
-from jobrun._core.orphans import OrphanScans
-from jobrun._core.owed import OwedReleases
-from jobrun._core.records import (
+from jobrun._core.leases.owed_releases import OwedReleases
+from jobrun._core.leases.proof_of_death import OrphanScans
+from jobrun._core.limits.buckets import LimitUsage
+from jobrun._core.model.queue_safety import DEFAULT_MAX_PAYLOAD_BYTES
+from jobrun._core.model.records import (
     ClaimRequest,
     HealthCounts,
     HeldLease,
@@ -26,11 +26,11 @@ from jobrun._core.records import (
     ScheduleRow,
     StepRow,
 )
-from jobrun._core.refusals import checked_positive_int
-from jobrun._core.transitions import Claimed, RunChange
-from jobrun._core.worker_registry import WorkerRow
+from jobrun._core.model.refusals import checked_positive_int
+from jobrun._core.model.worker_rows import WorkerRow
+from jobrun._core.rules.fair_turns import ClaimTurns
+from jobrun._core.rules.transitions import Claimed, RunChange
 
-DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
 
 
@@ -70,19 +70,19 @@ class JobRunStore(Protocol):
     @property
     def owed_releases(self) -> OwedReleases:
         """Lease releases this store failed to write, sent again before the next
-        claim (see ``jobrun._core.owed``); the store only keeps them."""
+        claim (see ``jobrun._core.leases.owed_releases``); the store only keeps them."""
         ...
 
     @property
     def claim_turns(self) -> ClaimTurns:
         """Which claims of :func:`jobrun.run_due_jobs` calls on this store go by age
-        (see ``jobrun._core.fair``), counted across calls; the store only keeps it."""
+        (see ``jobrun._core.rules.fair_turns``), counted across calls; the store only keeps it."""
         ...
 
     @property
     def orphan_scans(self) -> OrphanScans:
         """What the scans for runs of dead holders saw on this store, kept between
-        drives (see ``jobrun._core.orphans``); the store only keeps it."""
+        drives (see ``jobrun._core.leases.proof_of_death``); the store only keeps it."""
         ...
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
@@ -117,7 +117,7 @@ class JobRunStore(Protocol):
 
         Due means ``running`` with ``COALESCE(next_attempt_at, started_at) <=
         now_at``; order is ``priority`` (highest first), then that instant, then
-        id (:func:`jobrun._core.transitions.claim_candidate` spells the rules).
+        id (:func:`jobrun._core.rules.transitions.claim_candidate` spells the rules).
         A job in ``max_concurrent`` is passed over while that many of its runs
         hold a lease that has not expired; the count and the lease are one
         atomic decision, so concurrent claimers on any number of hosts never
@@ -126,7 +126,7 @@ class JobRunStore(Protocol):
         not, outside the limits.
 
         The store decides nothing about the run's new state: it writes what
-        :func:`jobrun._core.transitions.claim_transition` makes of the row it
+        :func:`jobrun._core.rules.transitions.claim_transition` makes of the row it
         chose, fenced on the values that decision read, so concurrent claimers
         never get the same run. Returns that decision: the row as written and
         the holder taken over, if any.
@@ -227,7 +227,7 @@ class JobRunStore(Protocol):
         atomic write that refills and takes (never a caller's clock), so takers on
         any number of hosts, whatever their clocks, are never issued more than
         ``burst + per_second * t`` tokens due within any ``t`` seconds. Refill counts
-        whole milli-tokens (:func:`jobrun._core.limits.refilled`). Every take
+        whole milli-tokens (:func:`jobrun._core.limits.declarations.refilled`). Every take
         reserves: below zero the bucket queues takers in the order they asked,
         each told how long until its token refills. ``per_second`` and ``burst``
         are the caller's declaration, stored with the bucket for health.
@@ -247,7 +247,7 @@ class JobRunStore(Protocol):
         whether it was taken.
 
         A slot counts while its token is still its run's lease and that lease has
-        not expired by ``now_at`` (:func:`jobrun._core.predicates.slot_counts`): a
+        not expired by ``now_at`` (:func:`jobrun._core.model.predicates.slot_counts`): a
         holder that died, lost its lease or ended its pass frees its slots with no
         write. The count and the insert are one atomic decision across
         connections, processes and hosts."""
@@ -295,18 +295,18 @@ class OperatorStore(JobRunStore, Protocol):
 
     async def versions_by_job(self) -> dict[tuple[str, str], dict[int, int]]:
         """Running runs per ``(module_id, job)`` and per stored version
-        (:func:`jobrun._core.predicates.stored_version`): ``{job: {version: runs}}``.
+        (:func:`jobrun._core.model.predicates.stored_version`): ``{job: {version: runs}}``.
         Jobs without running runs are left out."""
         ...
 
     async def cancel(self, run_id: str, change: RunChange) -> bool:
-        """Apply ``change`` (:func:`jobrun._core.transitions.cancel_transition`) in one
+        """Apply ``change`` (:func:`jobrun._core.rules.transitions.cancel_transition`) in one
         conditional write; ``False`` when its condition does not hold. The ledger
         is kept."""
         ...
 
     async def resume(self, run_id: str, change: RunChange) -> bool:
-        """Apply ``change`` (:func:`jobrun._core.transitions.resume_transition`) and, in
+        """Apply ``change`` (:func:`jobrun._core.rules.transitions.resume_transition`) and, in
         the same transaction, give the run's failed ledger rows their attempts
         back (completed ones are kept: they are not repeated).
 
@@ -316,7 +316,7 @@ class OperatorStore(JobRunStore, Protocol):
         ...
 
     async def release(self, run_id: str, change: RunChange) -> bool:
-        """Apply ``change`` (:func:`jobrun._core.transitions.release_transition`) in one
+        """Apply ``change`` (:func:`jobrun._core.rules.transitions.release_transition`) in one
         conditional write; ``False`` when no lease was held."""
         ...
 
@@ -344,7 +344,7 @@ class OperatorStore(JobRunStore, Protocol):
         """Record each ``(module_id, job)``'s own retention (its ``keep_for``) in whole
         seconds (``updated_at`` ``at``), replacing what was recorded; ``None`` deletes
         the job's record. One transaction. Read by workers that do not register the
-        job (see :mod:`jobrun._core.retention`)."""
+        job (see :mod:`jobrun._core.operator.retention`)."""
         ...
 
     async def recorded_retention(self) -> dict[tuple[str, str], int]:
@@ -355,7 +355,7 @@ class OperatorStore(JobRunStore, Protocol):
         """Write the worker's row (``row.id`` its key): inserted if absent, else its
         ``jobs``, ``heartbeat_at`` and ``expires_at`` replaced. With ``sweep_at``,
         also delete the rows of workers gone by then (``expires_at`` not after it;
-        see :mod:`jobrun._core.worker_registry`)."""
+        see :mod:`jobrun._core.operator.worker_registry`)."""
         ...
 
     async def forget_worker(self, worker_id: str) -> None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobrun._core.clock import Clock, ClockLike, as_clock
-from jobrun._core.holders import Host
-from jobrun._core.lease import BodyGuard
+from jobrun._core.leases.holders import Host
+from jobrun._core.leases.renewal import BodyGuard
+from jobrun._core.time.clock import Clock, ClockLike, as_clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
-from jobrun._core.clock import Deadline
-from jobrun._core.refusals import refuse
+from jobrun._core import Deadline, refuse
 
 
 class FakeClock:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jobrun._core.records import RunPatch, StepRow
-from jobrun._core.refusals import is_int, refuse
+from jobrun._core import RunPatch, StepRow, is_int, refuse
 
 
 class SimulatedCrash(BaseException):

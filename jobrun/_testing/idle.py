@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.observe import PassEnd, PassStart, PassWatch, StepEnd
-from jobrun._core.predicates import due_at, is_due
-from jobrun._core.records import DriveError, JobRunStatus, RunFilter
-from jobrun._core.registry import JobRegistry
+from jobrun._core import (
+    DriveError,
+    JobRegistry,
+    JobRunStatus,
+    PassEnd,
+    PassStart,
+    PassWatch,
+    RunFilter,
+    StepEnd,
+    due_at,
+    format_instant,
+    is_due,
+    parse_instant,
+)
 from jobrun._entry import run_due_jobs
 from jobrun._testing.clock import FakeClock
 from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash

@@ -11,16 +11,38 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from jobrun._core.activity import ActivityQuery, Counts, count_activity
-from jobrun._core.browse import JobLoad, RunQuery, run_matches
-from jobrun._core.clock import Clock
-from jobrun._core.fair import ClaimTurns
-from jobrun._core.formats import format_instant
-from jobrun._core.limits import MILLI, LimitUsage, bucket_cap_milli, bucket_state, take
-from jobrun._core.orphans import OrphanScans, deprecated_scans
-from jobrun._core.owed import OwedReleases
-from jobrun._core.port import StoreLimits, not_watching
-from jobrun._core.predicates import (
+from jobrun._core import (
+    MILLI,
+    ActivityQuery,
+    Claimed,
+    ClaimRequest,
+    ClaimTurns,
+    Clock,
+    Counts,
+    HealthCounts,
+    HeldLease,
+    JobLoad,
+    JobRunStatus,
+    LimitUsage,
+    OrphanScans,
+    OwedReleases,
+    PresenceSeen,
+    RunChange,
+    RunFilter,
+    RunPatch,
+    RunQuery,
+    RunRow,
+    ScheduleRow,
+    StepRow,
+    StoreLimits,
+    WorkerRow,
+    bucket_cap_milli,
+    bucket_state,
+    claim_candidate,
+    claim_transition,
+    count_activity,
+    deprecated_scans,
+    format_instant,
     is_cancelled,
     is_due,
     is_failed_since,
@@ -29,26 +51,16 @@ from jobrun._core.predicates import (
     is_prunable,
     is_stranded,
     live_run_of,
+    not_watching,
     refill_on_resume,
+    refuse,
+    run_matches,
     slot_counts,
     stored_version,
+    take,
     waiting_since,
+    worker_is_live,
 )
-from jobrun._core.records import (
-    ClaimRequest,
-    HealthCounts,
-    HeldLease,
-    JobRunStatus,
-    RunFilter,
-    RunPatch,
-    RunRow,
-    ScheduleRow,
-    StepRow,
-)
-from jobrun._core.refusals import refuse
-from jobrun._core.transitions import Claimed, RunChange, claim_candidate, claim_transition
-from jobrun._core.worker_registry import WorkerRow, worker_is_live
-from jobrun._core.workers import PresenceSeen
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import JobConflictError
 
@@ -442,7 +454,7 @@ class MemoryJobRunStore:
         self.schedules[key] = replace(schedule, last_run_id=run.id)
         return run, inserted
 
-    # -- the console's reads (jobrun._core.browse.BrowsableStore) -----------------------------
+    # -- the console's reads (jobrun._core.operator.browse.BrowsableStore) -------------------------
 
     async def find(self, query: RunQuery) -> builtins.list[RunRow]:
         rows = sorted(

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from jobrun._core.refusals import refuse, refuse_type, type_name
+from jobrun._core import refuse, refuse_type, type_name
 from jobrun.sql.executor import Prepared
 
 

@@ -24,11 +24,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from jobrun._core.records import ClaimRequest, RunRow
-from jobrun._core.transitions import (
+from jobrun._core import (
     CLAIM_FIELDS,
     Claimed,
+    ClaimRequest,
     PreviousHolder,
+    RunRow,
     claim_transition,
     is_orphan,
 )

@@ -59,7 +59,7 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 from jobrun.sql.kept_connections import (
     PostgresConnections,
     one_per_engine,

@@ -25,7 +25,7 @@ from typing import TextIO
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 from jobrun.sql.migrate import _POSTGRES_MIGRATION_LOCK, alembic_config, current_revision
 from jobrun.sql.schema import COMPAT_TABLE, VERSION_TABLE, metadata
 from jobrun.sql.tenancy import checked_schema

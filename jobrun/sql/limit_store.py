@@ -1,4 +1,4 @@
-"""The SQL store's rate-limit buckets and concurrency slots (``jobrun._core.limits``).
+"""The SQL store's rate-limit buckets and concurrency slots (``jobrun._core.limits.declarations``).
 
 Round trips: a token is one statement on both engines (an upsert that refills on
 the database's clock and takes, returning what is left). A slot is one statement
@@ -15,13 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from jobrun._core.limits import (
-    MILLI,
-    LimitUsage,
-    bucket_cap_milli,
-    bucket_state,
-    wait_for_token_s,
-)
+from jobrun._core import MILLI, LimitUsage, bucket_cap_milli, bucket_state, wait_for_token_s
 from jobrun.sql.executor import Executor
 from jobrun.sql.statements import (
     Shapes,

@@ -3,7 +3,7 @@ pool connection.
 
 An idle worker sleeps until then (or until woken): see :mod:`jobrun.wakeups`;
 while another process holds a lease there it also looks, as often as
-``jobrun._core.orphans.IDLE_LOOK_S``, whether the holder died
+``jobrun._core.leases.proof_of_death.IDLE_LOOK_S``, whether the holder died
 (:func:`sqlite_held_leases`; Postgres: ``SqlJobRunStore.held_leases_on_presence``).
 SQLite: a short-lived stdlib ``sqlite3`` connection, opened, read and closed in
 the calling thread (a read of a small local index, well under a millisecond,
@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from jobrun._core.records import HeldLease
+from jobrun._core import HeldLease
 from jobrun.sql.claims import pairs as job_pairs
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.statements import held_leases_statement, next_due_statement

@@ -3,7 +3,7 @@
 The presence is a session-level advisory lock on a random 63-bit key, held on
 one connection of its own per store (made from a copy of the host's pool
 configuration, so it never takes a connection from the host's pool). The key is
-written into ``lease_driver`` by every claim (see ``jobrun._core.holders``).
+written into ``lease_driver`` by every claim (see ``jobrun._core.leases.holders``).
 When the process dies, however it dies, its socket closes, Postgres ends the
 session and frees the lock: a claimer on any host that finds the key free in
 ``pg_locks`` has proof that the holder is gone. The connection idles: holding
@@ -13,7 +13,7 @@ the lock costs no query at all. The same connection carries the worker's
 A session that ended is not proof that its process did: a network cut, a
 Postgres restart or a proxy end the sessions of live processes. So a claimer
 that finds the lock free waits ``PRESENCE_GRACE_S`` before it takes the runs
-over (see ``jobrun._core.orphans``), and the holder keeps its side of that
+over (see ``jobrun._core.leases.proof_of_death``), and the holder keeps its side of that
 bargain here: the session is told never to time out when idle
 (``idle_session_timeout = 0``, which a server or role setting would otherwise
 apply), and a round trip on it every ``PRESENCE_CHECK_INTERVAL_S``, allowed
@@ -58,10 +58,13 @@ from sqlalchemy.exc import MissingGreenlet
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
-from jobrun._core.holders import PRESENCE_PATTERN
-from jobrun._core.orphans import PRESENCE_CHECK_INTERVAL_S, PRESENCE_CHECK_TIMEOUT_S
-from jobrun._core.port import not_watching
-from jobrun._core.workers import PRESENCE_APPLICATION
+from jobrun._core import (
+    PRESENCE_APPLICATION,
+    PRESENCE_CHECK_INTERVAL_S,
+    PRESENCE_CHECK_TIMEOUT_S,
+    PRESENCE_PATTERN,
+    not_watching,
+)
 from jobrun.sql.schema import job_runs
 
 log = logging.getLogger("jobrun.presence")

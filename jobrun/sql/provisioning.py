@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from jobrun._core.refusals import is_int, refuse
+from jobrun._core import is_int, refuse
 from jobrun.sql.migrate import current_revision, upgrade
 from jobrun.sql.urls import with_asyncio_driver
 

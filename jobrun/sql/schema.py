@@ -65,7 +65,7 @@ job_runs = Table(
     # version newer than its own code; a newer one upgrades the cursor first.
     Column("job_version", Integer, nullable=True),
     # Revision 0006: 1 when an operator cancelled the run (it ended failed by hand);
-    # a resume sets it back to 0. See jobrun._core.predicates.is_cancelled.
+    # a resume sets it back to 0. See jobrun._core.model.predicates.is_cancelled.
     Column("cancelled", Integer, nullable=False, server_default=text("0")),
     # Revision 0006: where the last failure was raised ("file:line in function"),
     # kept apart so last_error's "Type: message" text stays as it was.
@@ -93,7 +93,7 @@ job_runs = Table(
 
 def due_at_of(runs: Any) -> Any:
     """The due instant of the runs table ``runs`` (its columns, or an alias's): the SQL
-    of ``jobrun._core.predicates.due_at``, spelled only here, since the index below
+    of ``jobrun._core.model.predicates.due_at``, spelled only here, since the index below
     must be keyed on the very expression the statements order and compare by."""
     return func.coalesce(runs.next_attempt_at, runs.started_at)
 
@@ -108,7 +108,7 @@ Index(
 )
 
 # Revision 0005: the order of the claims that go by age (one in FAIR_EVERY, see
-# jobrun._core.fair): when each run became due, then id, priority ignored. Its
+# jobrun._core.rules.fair_turns): when each run became due, then id, priority ignored. Its
 # own index, so those claims too read an index front to back and stop at the
 # first fit instead of sorting the due runs.
 #
@@ -210,7 +210,7 @@ job_steps = Table(
     Column("recorded_at", Text, nullable=False),
 )
 
-# -- Revision 0005: rate and concurrency limits (jobrun._core.limits) ----------------------
+# -- Revision 0005: rate and concurrency limits (jobrun._core.limits.declarations) -----------------
 
 rate_buckets = Table(
     "_substrat_rate_buckets",
@@ -243,7 +243,7 @@ concurrency_slots = Table(
     Column("acquired_at", Text, nullable=False),
 )
 
-# -- Revision 0007: the workers that said they are alive (jobrun._core.worker_registry) -------
+# -- Revision 0007: the workers that said they are alive (jobrun._core.operator.worker_registry) ---
 
 job_workers = Table(
     "_substrat_job_workers",

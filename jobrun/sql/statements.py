@@ -50,9 +50,14 @@ from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import Grouping
 from sqlalchemy.sql.expression import ClauseElement
 
-from jobrun._core.records import JobRunStatus, RunPatch, RunRow
-from jobrun._core.transitions import CLAIM_FIELDS, takeover_note_parts
-from jobrun._core.worker_registry import WorkerRow
+from jobrun._core import (
+    CLAIM_FIELDS,
+    JobRunStatus,
+    RunPatch,
+    RunRow,
+    WorkerRow,
+    takeover_note_parts,
+)
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.presence import presence_held
 from jobrun.sql.schema import (
@@ -80,35 +85,35 @@ _KEY = (job_runs.c.module_id, job_runs.c.job, job_runs.c.instance)
 _RUNS = job_runs.c
 
 
-# -- the rules: SQL twins of jobrun._core.predicates, of the same names ----------------------
+# -- the rules: SQL twins of jobrun._core.model.predicates, of the same names ----------------------
 # Each takes the runs' columns (``job_runs.c`` or an alias's) and returns a condition;
 # tests/contract/test_rule_parity.py checks each against its Python home on every
 # backend, and tests/unit/test_one_home.py that neither is spelled anywhere else.
 
 
 def due_at(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.due_at` (the claim-order index's key)."""
+    """Twin of :func:`jobrun._core.model.predicates.due_at` (the claim-order index's key)."""
     return due_at_of(runs)
 
 
 def waiting_since(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.waiting_since` (health's oldest wait)."""
+    """Twin of :func:`jobrun._core.model.predicates.waiting_since` (health's oldest wait)."""
     return func.coalesce(runs.next_attempt_at, runs.updated_at)
 
 
 def is_live(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_live` (the constant written into the
+    """Twin of :func:`jobrun._core.model.predicates.is_live` (the constant written into the
     text: one parameter fewer to bind, on the step write among others)."""
     return runs.status == literal_column(f"'{RUNNING}'")
 
 
 def stored_version(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.stored_version`."""
+    """Twin of :func:`jobrun._core.model.predicates.stored_version`."""
     return func.coalesce(runs.job_version, literal_column("1"))
 
 
 def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.runnable_by`, for code whose jobs of a
+    """Twin of :func:`jobrun._core.model.predicates.runnable_by`, for code whose jobs of a
     version above 1 are ``versioned_module_{i}``, ``versioned_job_{i}`` of version
     ``versioned_version_{i}`` (every other job: version 1). A per-row condition of
     no index: the claim applies it to the rows its index order reads."""
@@ -127,43 +132,43 @@ def runnable_by(versioned: int, runs: Any = _RUNS) -> Any:
 
 
 def is_due(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_due` (the claim-order index's range)."""
+    """Twin of :func:`jobrun._core.model.predicates.is_due` (the claim-order index's range)."""
     return and_(is_live(runs), now_at >= due_at(runs))
 
 
 def is_leased(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_leased`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_leased`."""
     return and_(is_live(runs), runs.lease_owner.is_not(None), now_at < due_at(runs))
 
 
 def is_stranded(now_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_stranded`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_stranded`."""
     return and_(is_due(now_at, runs), runs.lease_owner.is_not(None))
 
 
 def has_ended_since(since_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.has_ended_since`."""
+    """Twin of :func:`jobrun._core.model.predicates.has_ended_since`."""
     return runs.ended_at >= since_at
 
 
 def is_failed_since(since_at: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_failed_since`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_failed_since`."""
     return and_(runs.status == FAILED, has_ended_since(since_at, runs))
 
 
 def is_cancelled(runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_cancelled`."""
+    """Twin of :func:`jobrun._core.model.predicates.is_cancelled`."""
     return and_(runs.status == FAILED, runs.cancelled == 1)
 
 
 def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
-    """Twin of :func:`jobrun._core.predicates.slot_counts`, for the slot row ``slots``
+    """Twin of :func:`jobrun._core.model.predicates.slot_counts`, for the slot row ``slots``
     and its run ``runs``."""
     return and_(is_leased(now_at, runs), runs.lease_owner == slots.lease_token)
 
 
 def live_run_of() -> Any:
-    """Twin of :func:`jobrun._core.predicates.live_run_of`: the live run of the key
+    """Twin of :func:`jobrun._core.model.predicates.live_run_of`: the live run of the key
     ``row_module_id``, ``row_job``, ``row_instance`` (the partial unique index on
     ``LIVE_ONLY`` keeps it to one)."""
     runs = job_runs.c
@@ -176,7 +181,7 @@ def live_run_of() -> Any:
 
 
 def refill_on_resume() -> Any:
-    """Twin of :func:`jobrun._core.predicates.refill_on_resume`: the steps of run
+    """Twin of :func:`jobrun._core.model.predicates.refill_on_resume`: the steps of run
     ``run_id`` that never completed get their attempts back; completed ones keep
     their memo."""
     steps = job_steps.c
@@ -510,7 +515,7 @@ def _dead(dead: int) -> list[Any]:
 
 def _orphan_candidate(pairs: list[Any], dead: int, skipped: int, versioned: int) -> Any:
     """An orphaned run: leased by a holder proven dead (``dead_{i}``; see
-    ``jobrun._core.orphans``), as ``jobrun._core.transitions.is_orphan``. Taking it
+    ``leases.proof_of_death``), as ``rules.transitions.is_orphan``. Taking it
     over adds no pass in flight, so per-job limits do not apply."""
     runs = job_runs.c
     return (
@@ -538,7 +543,7 @@ def claim_read(
     (``dead_{i}``) comes first; ``by_age``: the due run due longest, whatever its
     priority; neither of a version newer than the code's (``versioned`` jobs of a
     version above 1, see :func:`runnable_by`). The same rules as
-    ``jobrun._core.transitions.claim_candidate``."""
+    ``jobrun._core.rules.transitions.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     chosen: Any = _due_candidate(jobs, skipped, limited, by_age, versioned)
     if dead:
@@ -546,7 +551,7 @@ def claim_read(
     return select(job_runs).where(job_runs.c.id == chosen)
 
 
-# The stored instant text (jobrun._core.formats.format_instant), as Postgres writes it.
+# The stored instant text (jobrun._core.model.formats.format_instant), as Postgres writes it.
 _INSTANT_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
 
 
@@ -602,7 +607,7 @@ def _handed_on_expiry() -> Any:
 def _extend_lease(on_database_clock: bool) -> Any:
     """Renew lease ``fence_token`` of run ``fence_id``; never an expired lease, nor to
     an expiry already past. On the caller's clock: ``expires_at`` judged at ``now_at``
-    (see ``jobrun._core.wallsteps``). On the database's clock (Postgres): both there,
+    (see ``jobrun._core.time.wall_steps``). On the database's clock (Postgres): both there,
     the new expiry ``lease_ms`` after the statement's start."""
     if on_database_clock:
         now_at: Any = database_now_at()
@@ -751,7 +756,7 @@ def _within_limits(numbered: Any, limited: int) -> Any:
 
 
 def _claimed_values(chosen: Any, jobs: int, on_database_clock: bool) -> dict[str, Any]:
-    """What a claim writes: twin of ``jobrun._core.transitions.claim_transition``
+    """What a claim writes: twin of ``jobrun._core.rules.transitions.claim_transition``
     (tests/contract/test_rule_parity.py compares the two row for row)."""
     runs = job_runs.c
     began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
@@ -794,7 +799,7 @@ def claim_batch(
     database_clock: bool = False,
 ) -> Any:
     """Postgres: lease up to ``len(tokens)`` runs in one statement, by the rules of
-    ``jobrun._core.transitions.claim_candidate`` applied run after run (orphans
+    ``jobrun._core.rules.transitions.claim_candidate`` applied run after run (orphans
     first, then due runs in order; limits counted with the runs this claim takes),
     each written as ``claim_transition`` would. The rows are locked before they
     are read for the write, so nothing between the choice and the write can change
@@ -827,7 +832,7 @@ def _as_given(element: Any) -> Any:
 
 
 def change_statement(columns: tuple[str, ...], leased: bool) -> Any:
-    """An operator's change (``jobrun._core.transitions.RunChange``): ``new_{column}``
+    """An operator's change (``jobrun._core.rules.transitions.RunChange``): ``new_{column}``
     on run ``run_id`` while its status is ``when_status`` (and, if ``leased``, it
     holds a lease)."""
     runs = job_runs.c
@@ -907,7 +912,7 @@ def _any_job(prefix: str, jobs: int) -> Any:
 
 
 def is_prunable(statuses: int, only_jobs: int | None, except_jobs: int) -> Any:
-    """Twin of :func:`jobrun._core.predicates.is_prunable`: status one of ``statuses``
+    """Twin of :func:`jobrun._core.model.predicates.is_prunable`: status one of ``statuses``
     (``pruned_status_{i}``), never live, ended before ``ended_before``; of
     ``only_jobs`` pairs (``only_module_{i}``, ``only_job_{i}``; ``None``: any job) and
     none of ``except_jobs`` (``except_*_{i}``)."""
@@ -1087,7 +1092,7 @@ def recorded_retention_statement() -> Any:
     return select(kept.module_id, kept.job, kept.keep_for_s).order_by(kept.module_id, kept.job)
 
 
-# -- the workers that said they are alive (jobrun._core.worker_registry) -------------------
+# -- the workers that said they are alive (jobrun._core.operator.worker_registry) ------------------
 
 WORKER_COLUMNS = tuple(column.name for column in job_workers.c)
 # Rows come back in table order, which is WorkerRow's field order.
@@ -1095,7 +1100,7 @@ assert tuple(WorkerRow.__dataclass_fields__) == WORKER_COLUMNS
 
 
 def worker_is_live(now_at: Any) -> Any:
-    """Twin of :func:`jobrun._core.worker_registry.worker_is_live`."""
+    """Twin of :func:`jobrun._core.operator.worker_registry.worker_is_live`."""
     return job_workers.c.expires_at > now_at
 
 
@@ -1133,7 +1138,7 @@ def live_workers_statement() -> Any:
     )
 
 
-# -- the console's reads (jobrun._core.browse.BrowsableStore) --------------------------------
+# -- the console's reads (jobrun._core.operator.browse.BrowsableStore) -----------------------------
 
 
 def _instance_prefixed(names: tuple[str, ...]) -> list[Any]:
@@ -1154,8 +1159,8 @@ def _instance_prefixed(names: tuple[str, ...]) -> list[Any]:
 
 
 def run_matches(names: tuple[str, ...]) -> list[Any]:
-    """Twin of :func:`jobrun._core.browse.run_matches`: the conditions of a console
-    query (``jobrun._core.browse.RunQuery``) that has the values ``names``:
+    """Twin of :func:`jobrun._core.operator.browse.run_matches`: the conditions of a console
+    query (``jobrun._core.operator.browse.RunQuery``) that has the values ``names``:
     ``query_module_id``, ``query_job``, the ``query_prefix`` ones,
     ``query_status_<status>`` (markers), ``query_started_since_at`` with ``query_first_id``,
     ``query_stranded_at``, ``query_before_id``, ``query_leased_at``,
@@ -1316,13 +1321,13 @@ def activity_ended_statement(chars: int, names: tuple[str, ...]) -> Any:
     )
 
 
-# -- rate and concurrency limits (jobrun._core.limits) ---------------------------------------
+# -- rate and concurrency limits (jobrun._core.limits.declarations) --------------------------------
 # The dialect part: the database's clock as instant text, and time between two
 # instant texts. Everything else is the same SQL on both engines.
 
 
 def database_now(is_postgres: bool) -> Any:
-    """The database's clock now, as ``jobrun._core.formats.format_instant`` writes
+    """The database's clock now, as ``jobrun._core.model.formats.format_instant`` writes
     instants (milliseconds truncated, UTC, ``Z``)."""
     if is_postgres:
         utc = func.timezone(literal_column("'UTC'"), func.clock_timestamp())
@@ -1366,7 +1371,7 @@ def _greatest(is_postgres: bool, *values: Any) -> Any:
 def take_token_statement(is_postgres: bool) -> Any:
     """Refill bucket ``bucket_key`` on the database's clock and reserve one token, in
     one statement (created full, less the token, at its first take); returns the
-    milli-tokens left. The arithmetic is :func:`jobrun._core.limits.take`'s:
+    milli-tokens left. The arithmetic is :func:`jobrun._core.limits.declarations.take`'s:
     whole milli-tokens gained (``bucket_rate`` per ms), capped at
     ``bucket_burst_milli``, minus 1000. On Postgres the row lock orders concurrent
     takers; SQLite runs one writer at a time. Also returns the milliseconds until

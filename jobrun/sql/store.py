@@ -5,7 +5,7 @@ values and sends them through the store's one executor (:mod:`jobrun.sql.executo
 round trips per operation are listed in ``docs/design.md`` ("Round trips").
 Methods are grouped as the port's protocols are (:mod:`jobrun._core.port`): the
 pass engine's and driver's ``JobRunStore``, the ``OperatorStore``, the
-``ScheduleStore``, then the console's reads (:mod:`jobrun._core.browse`).
+``ScheduleStore``, then the console's reads (:mod:`jobrun._core.operator.browse`).
 """
 
 from __future__ import annotations
@@ -23,38 +23,39 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._core.activity import ActivityQuery, Counts
-from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.fair import ClaimTurns
-from jobrun._core.formats import parse_instant
-from jobrun._core.ids import first_id_at
-from jobrun._core.limits import LimitUsage
-from jobrun._core.orphans import OrphanScans, deprecated_scans
-from jobrun._core.owed import OwedReleases
-from jobrun._core.port import (
+from jobrun._core import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
-    StoreLimits,
-    not_watching,
-)
-from jobrun._core.records import (
+    ActivityQuery,
+    Claimed,
     ClaimRequest,
+    ClaimTurns,
+    Counts,
     HealthCounts,
     HeldLease,
+    JobLoad,
     JobRunStatus,
+    LimitUsage,
+    OrphanScans,
+    OwedReleases,
+    PresenceSeen,
+    RunChange,
     RunFilter,
     RunPatch,
+    RunQuery,
     RunRow,
     ScheduleRow,
     StepRow,
+    StoreLimits,
+    WorkerRow,
+    deprecated_scans,
+    first_id_at,
+    not_watching,
+    parse_instant,
+    presence_seen,
+    refuse_type,
+    type_name,
 )
-from jobrun._core.refusals import refuse_type, type_name
-from jobrun._core.transitions import (
-    Claimed,
-    RunChange,
-)
-from jobrun._core.worker_registry import WorkerRow
-from jobrun._core.workers import PresenceSeen, presence_seen
 from jobrun._system import system_clock
 from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
@@ -832,7 +833,7 @@ class SqlJobRunStore:
             raise _kept_changing("start_slot")
         return started
 
-    # -- the console's reads (jobrun._core.browse.BrowsableStore) -----------------------------
+    # -- the console's reads (jobrun._core.operator.browse.BrowsableStore) -------------------------
 
     def _selection(self, query: RunQuery) -> dict[str, Any]:
         """The values of ``query``'s conditions, named as ``statements.find_statement``

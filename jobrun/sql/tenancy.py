@@ -23,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 from jobrun.sql.schema import VERSION_TABLE
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")

@@ -14,12 +14,16 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from jobrun._core.actions import release_job_lease
-from jobrun._core.browse import BrowsableStore, RunQuery
-from jobrun._core.formats import format_instant
-from jobrun._core.records import JobRunStatus
-from jobrun._core.refusals import refuse
-from jobrun._core.runs import get_job_run, job_runs
+from jobrun._core import (
+    BrowsableStore,
+    JobRunStatus,
+    RunQuery,
+    format_instant,
+    get_job_run,
+    job_runs,
+    refuse,
+    release_job_lease,
+)
 from jobrun._entry import cancel_job_run, resume_job_run, start_job_run
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 from jobrun.ui.audit import log_action

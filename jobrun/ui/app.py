@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobrun._core.refusals import is_number, refuse
+from jobrun._core import is_number, refuse
 from jobrun.ui.acting import bulk_act, bulk_confirm, run_action
 from jobrun.ui.databases import Databases, databases_of
 from jobrun.ui.hosts import AllowedHosts, HostGuard

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobrun._core.activity import Bucket, Resolution
+from jobrun._core import Bucket, Resolution
 
 WIDTH = 720
 HEIGHT = 180

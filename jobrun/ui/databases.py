@@ -10,8 +10,7 @@ from typing import TypeAlias
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._core.browse import BrowsableStore
-from jobrun._core.refusals import refuse, refuse_type, type_name
+from jobrun._core import BrowsableStore, refuse, refuse_type, type_name
 from jobrun.errors import JobRunError
 from jobrun.sql.migrate import current_revision, head_revision
 from jobrun.sql.store import SqlJobRunStore

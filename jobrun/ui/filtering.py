@@ -7,10 +7,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
-from jobrun._core.browse import RunQuery
-from jobrun._core.formats import format_instant
-from jobrun._core.predicates import CANCELLED, FAILED, STRANDED
-from jobrun._core.records import JobRunStatus
+from jobrun._core import CANCELLED, FAILED, STRANDED, JobRunStatus, RunQuery, format_instant
 
 STATUS_CHOICES = (*(member.value for member in JobRunStatus), CANCELLED, STRANDED)
 """What the status filter offers: ``failed`` means failed and not cancelled;

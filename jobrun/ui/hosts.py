@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 """What a console bound to a loopback address answers to unless told otherwise."""

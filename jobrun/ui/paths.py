@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from jobrun._core.refusals import refuse, refuse_type, type_name
+from jobrun._core import refuse, refuse_type, type_name
 
 # Characters a path segment may hold as they are, in links and in the request
 # path alike: no query (?), fragment (#) or percent-escape (%), which would make

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from jobrun._core.refusals import refuse
+from jobrun._core import refuse
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -12,16 +12,26 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from jobrun._core.browse import COUNT_CAP
-from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.holders import parse_holder
-from jobrun._core.predicates import STRANDED
-from jobrun._core.progress import Poll, progress_of
-from jobrun._core.records import JobRun, JobRunStatus, StepRow, job_run_of
-from jobrun._core.refusals import is_number
-from jobrun._core.waiting import Waiting, waiting_of
-from jobrun._core.worker_registry import DUE_KINDS, served_jobs, waits_for_no_one
-from jobrun._core.workers import driver_name
+from jobrun._core import (
+    COUNT_CAP,
+    DUE_KINDS,
+    STRANDED,
+    JobRun,
+    JobRunStatus,
+    Poll,
+    StepRow,
+    Waiting,
+    driver_name,
+    format_instant,
+    is_number,
+    job_run_of,
+    parse_holder,
+    parse_instant,
+    progress_of,
+    served_jobs,
+    waiting_of,
+    waits_for_no_one,
+)
 from jobrun.ui.databases import DATABASE_FAILURES, Database, revisions_of, upgrade_command
 from jobrun.ui.filtering import PAGE_SIZE, STATUS_CHOICES, RunsFilter
 from jobrun.ui.state import console_of, database_of, failure_text

@@ -9,13 +9,21 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from jobrun._core.activity import PER_MINUTE, RESOLUTIONS, activity_query, buckets_of
-from jobrun._core.browse import RunQuery
-from jobrun._core.error_groups import group_errors
-from jobrun._core.formats import format_instant
-from jobrun._core.records import JOB_RUN_LIST_MAX, RunRow
-from jobrun._core.worker_registry import unserved, workers_seen
-from jobrun._core.workers import drivers_of, idle_presences
+from jobrun._core import (
+    JOB_RUN_LIST_MAX,
+    PER_MINUTE,
+    RESOLUTIONS,
+    RunQuery,
+    RunRow,
+    activity_query,
+    buckets_of,
+    drivers_of,
+    format_instant,
+    group_errors,
+    idle_presences,
+    unserved,
+    workers_seen,
+)
 from jobrun.ui.chart import chart_of
 from jobrun.ui.databases import DATABASE_FAILURES, Database
 from jobrun.ui.state import console_of, database_of, failure_text

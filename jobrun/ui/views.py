@@ -14,9 +14,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from jobrun._core.browse import COUNT_CAP
-from jobrun._core.formats import parse_instant
-from jobrun._core.progress import span
+from jobrun._core import COUNT_CAP, parse_instant, span
 from jobrun.ui.databases import Database
 from jobrun.ui.security import CSRF_FIELD, Guard
 

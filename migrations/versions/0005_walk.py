@@ -21,7 +21,7 @@ RUNS = "_substrat_job_runs"
 
 # --- Fair claims: the order of the claims that go by age ---------------------------------------
 # One claim in FAIR_EVERY takes the run due longest, priority ignored (see
-# jobrun._core.fair); this index is that claim's order, so it reads the index
+# jobrun._core.rules.fair_turns); this index is that claim's order, so it reads the index
 # front to back and stops at the first fit, as the priority claim does with
 # _substrat_job_runs_claim_order. (0003 dropped an index of the same shape named
 # _substrat_job_runs_due_at; the new name keeps the two histories apart.)

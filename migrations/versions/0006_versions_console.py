@@ -67,7 +67,7 @@ def _downgrade_compat() -> None:
 # filter's indexes ----------------------------------------------------------------
 ENDED_INDEX = "_substrat_job_runs_ended"
 INSTANCE_INDEX = "_substrat_job_runs_instance"
-# What jobrun's cancel has always written first into last_error (jobrun._core.actions).
+# What jobrun's cancel has always written first into last_error (jobrun._core.operator.actions).
 CANCELLED_PREFIX = "cancelled: "
 
 

@@ -1,6 +1,6 @@
 """The workers that said they are alive: one row per worker process, written when it
 starts serving the database, again at each heartbeat, deleted when it stops (see
-``jobrun._core.worker_registry``).
+``jobrun._core.operator.worker_registry``).
 
 Code of 0006 may run against it: it does not register, which costs nothing but the
 console's and health's view of it (its due runs may read "no live worker runs

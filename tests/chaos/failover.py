@@ -34,7 +34,7 @@ from pathlib import Path
 from sqlalchemy import make_url, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from jobrun._core.holders import parse_holder
+from jobrun._core.leases.holders import parse_holder
 from jobrun.sql.schema import job_runs
 from tests.chaos.cluster import VERSION, data_directory, new_cluster, run_command
 from tests.chaos.stage import Fault, Stage, admin, url_with

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from jobrun._core.browse import JobLoad, RunQuery
-from jobrun._core.formats import format_instant
-from jobrun._core.ids import first_id_at
-from jobrun._core.records import JOB_RUN_LIST_MAX
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.ids import first_id_at
+from jobrun._core.model.records import JOB_RUN_LIST_MAX
+from jobrun._core.operator.browse import JobLoad, RunQuery
 from jobrun.sql.store import _prefix_successor
 from tests.support import (
     SQL_BACKENDS,

@@ -24,8 +24,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.records import ClaimRequest
+from jobrun._core.model.formats import add_milliseconds, format_instant
+from jobrun._core.model.records import ClaimRequest
 from jobrun.testing import FakeClock
 from tests.support import row_of, start_id
 

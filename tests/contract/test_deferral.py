@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import StepRow
+from jobrun._core.model.records import StepRow
 from jobrun.testing import FakeClock, drive_until_idle
 from tests.support import JOB, drive, iso, row_of, set_columns, start_id
 from tests.support import MODULE_ID as MODULE

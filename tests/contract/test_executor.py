@@ -23,9 +23,9 @@ from sqlalchemy import event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.browse import RunQuery
-from jobrun._core.records import ClaimRequest, RunFilter, StepRow
-from jobrun._core.transitions import cancel_transition, release_transition, resume_transition
+from jobrun._core.model.records import ClaimRequest, RunFilter, StepRow
+from jobrun._core.operator.browse import RunQuery
+from jobrun._core.rules.transitions import cancel_transition, release_transition, resume_transition
 from jobrun.sql.executor import _sqlite_connection_of
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, drive, logged_store, row_of
@@ -61,7 +61,7 @@ async def test_the_hook_sees_every_statement_of_a_pass(
     operations = [operation for operation, _, _ in log.seen]
     commit = ["commit_pass"] if backend == "postgres" else ["commit_pass"] * 4
     # The driver's first claim on a store begins with the scan for runs stranded by a
-    # dead holder (jobrun._core.orphans; then at most once a second). On SQLite the
+    # dead holder (jobrun._core.leases.proof_of_death; then at most once a second). On SQLite the
     # claim reads its run, then writes the core's decision fenced on what it read, and
     # the pass reads the ledger; on Postgres the claim is one statement that also
     # knows the fresh run's ledger is empty, so the pass does not read it.

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import jobrun
-from jobrun._core.fair import FAIR_EVERY
-from jobrun._core.formats import format_instant
+from jobrun._core.model.formats import format_instant
+from jobrun._core.rules.fair_turns import FAIR_EVERY
 from jobrun.testing import FakeClock
 from tests.support import drive, start
 

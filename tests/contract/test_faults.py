@@ -25,8 +25,8 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.records import RunRow, StepRow
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import RunRow, StepRow
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, StatementLog, drive, logged_store, row_of
 

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.records import ClaimRequest
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import ClaimRequest
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, drive, start
 

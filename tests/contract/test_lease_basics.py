@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.records import ClaimRequest, StepRow
-from jobrun._core.transitions import PreviousHolder
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import ClaimRequest, StepRow
+from jobrun._core.rules.transitions import PreviousHolder
 from jobrun.testing import FakeClock
 from tests.support import claim_as
 
 
 def _claim_request(clock, token: str, lease_ms: int = 1000) -> ClaimRequest:
-    from jobrun._core.formats import add_milliseconds
+    from jobrun._core.model.formats import add_milliseconds
 
     now_at = format_instant(clock())
     return ClaimRequest(now_at, token, "zombie:1", {("m", "j"): add_milliseconds(now_at, lease_ms)})

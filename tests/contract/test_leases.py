@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
-from jobrun._core.records import ClaimRequest, RunRow, StepRow
-from jobrun._core.transitions import Claimed
+from jobrun._core.model.formats import add_milliseconds, format_instant, parse_instant
+from jobrun._core.model.records import ClaimRequest, RunRow, StepRow
+from jobrun._core.rules.transitions import Claimed
 from jobrun.testing import FakeClock
 from tests.support import claim_as, dead_driver, fixed_random, row_of, set_columns, snapshot
 
@@ -127,7 +127,7 @@ async def test_a_claim_writes_the_lease_and_the_outcome_clears_it(store, clock, 
     expiry = add_milliseconds(format_instant(claimed_at), 5000)
     assert leased.lease_owner, "a fencing token"
     assert "host-a" not in leased.lease_owner, "the token is not the driver's name"
-    # The name for operators, then this process's identity (see jobrun._core.holders).
+    # The name for operators, then this process's identity (see jobrun._core.leases.holders).
     assert leased.lease_driver is not None
     assert leased.lease_driver.startswith("host-a:42 [jobrun host=")
     assert leased.lease_began_at == format_instant(claimed_at)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.records import StepRow
+from jobrun._core.model.records import StepRow
 from jobrun.testing import FakeClock
 from tests.support import RecordingStore, drive, iso, registry_for, row_of, start_id
 

@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun._core.records import RunRow, StepRow
+from jobrun._core.model.records import RunRow, StepRow
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import iso
 

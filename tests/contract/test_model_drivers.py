@@ -53,7 +53,7 @@ from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun._core.formats import add_milliseconds, format_instant
+from jobrun._core.model.formats import add_milliseconds, format_instant
 from jobrun.sql.schema import job_runs, job_steps
 from jobrun.testing import FakeClock, MemoryJobRunStore
 

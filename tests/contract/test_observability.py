@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 
 import jobrun
-from jobrun._core import observe
-from jobrun._core.formats import add_milliseconds, format_instant
-from jobrun._core.observe import PassEnd, PassStart
-from jobrun._core.records import ClaimRequest, RunKey, StepRow
+from jobrun._core.engine import observe
+from jobrun._core.engine.observe import PassEnd, PassStart
+from jobrun._core.model.formats import add_milliseconds, format_instant
+from jobrun._core.model.records import ClaimRequest, RunKey, StepRow
 from jobrun.otel import TracingObserver
 from jobrun.prometheus import WorkerMetrics
 from jobrun.testing import FakeClock, MemoryJobRunStore

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.outcomes import MAX_ERROR_TEXT_BYTES, cap_error_text
-from jobrun._core.records import StepRow
+from jobrun._core.engine.outcomes import MAX_ERROR_TEXT_BYTES, cap_error_text
+from jobrun._core.model.records import StepRow
 from jobrun.testing import FakeClock
 from tests.support import (
     JOB,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from jobrun._core.holders import HolderIdentity
+from jobrun._core.leases.holders import HolderIdentity
 from jobrun.sql.presence import SERVER_TAG_BITS
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows
 

@@ -24,8 +24,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.records import RunPatch, RunRow, StepRow
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import RunPatch, RunRow, StepRow
 from jobrun.sql.schema import job_runs
 from tests.support import SQL_BACKENDS, RecordingStore, claim_as, row_of, snapshot, start
 

@@ -1,4 +1,4 @@
-"""Each rule's Python home (``jobrun._core.predicates``, ``browse.run_matches``,
+"""Each rule's Python home (``jobrun._core.model.predicates``, ``browse.run_matches``,
 ``transitions.claim_candidate``) and its SQL twin in ``jobrun.sql.statements``
 select the same rows: the same table of edge cases (every status, NULL and equal
 instants, leases expired, expiring now and unexpired) is written on memory,
@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, select, update
 
-from jobrun._core import predicates
-from jobrun._core.activity import ActivityQuery, count_activity
-from jobrun._core.browse import RunQuery, run_matches
-from jobrun._core.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
-from jobrun._core.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
-from jobrun._core.transitions import (
+from jobrun._core.leases.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
+from jobrun._core.model import predicates
+from jobrun._core.model.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
+from jobrun._core.operator.activity import ActivityQuery, count_activity
+from jobrun._core.operator.browse import RunQuery, run_matches
+from jobrun._core.rules.transitions import (
     claim_candidate,
     claim_transition,
     is_orphan,
@@ -382,7 +382,8 @@ async def test_postgres_reads_the_presence_key_as_python_does(store: Any, engine
 
 @pytest.mark.parametrize("at", INSTANTS)
 async def test_the_live_workers_are_those_the_rule_keeps(store: Any, at: str) -> None:
-    from jobrun._core.worker_registry import WorkerRow, worker_is_live
+    from jobrun._core.model.worker_rows import WorkerRow
+    from jobrun._core.operator.worker_registry import worker_is_live
 
     rows = [WorkerRow(f"w{index}", "n", "h", 1, "[]", BEFORE, BEFORE, expiry)
             for index, expiry in enumerate(INSTANTS)]  # fmt: skip

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
+from jobrun._core.model.records import ScheduleRow
 from jobrun._core.port import StoreLimits
-from jobrun._core.records import ScheduleRow
-from jobrun._core.schedules import MAX_CATCH_UP_SLOTS, ON_TIME_S
+from jobrun._core.rules.schedules import MAX_CATCH_UP_SLOTS, ON_TIME_S
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import SQL_BACKENDS, done_at_once, drive, hand_made_row
 

@@ -26,10 +26,10 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core import orphans
-from jobrun._core.formats import add_milliseconds, format_instant, parse_instant
-from jobrun._core.lease import Lease, LeaseKeeper
-from jobrun._core.records import ClaimRequest
+from jobrun._core.leases import proof_of_death as orphans
+from jobrun._core.leases.renewal import Lease, LeaseKeeper
+from jobrun._core.model.formats import add_milliseconds, format_instant, parse_instant
+from jobrun._core.model.records import ClaimRequest
 from jobrun._system import system_clock
 from jobrun.testing import FakeClock
 from tests.support import row_of, start_id

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.starts import starts_later_at
-from jobrun._core.waiting import waiting_of
+from jobrun._core.model.predicates import starts_later_at
+from jobrun._core.operator.waiting import waiting_of
 from tests.contract.test_start import count_rows
 from tests.support import JOB, MODULE_ID, start
 

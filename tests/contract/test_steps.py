@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.records import ClaimRequest, StepRow
-from jobrun._core.transitions import release_transition
+from jobrun._core.model.records import ClaimRequest, StepRow
+from jobrun._core.rules.transitions import release_transition
 from jobrun.testing import FakeClock
 from tests.support import (
     JOB,

@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.records import ClaimRequest
-from jobrun._core.versions import runs_beyond_code
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import ClaimRequest
+from jobrun._core.rules.versions import runs_beyond_code
 from jobrun.testing import FakeClock
 from tests.support import JOB, drive, row_of, set_columns, start_id
 from tests.support import MODULE_ID as MODULE

@@ -1,14 +1,15 @@
 """The workers' own rows (revision 0007): written by a heartbeat, refreshed by the next,
 deleted at a stop, and taken for gone by readers once their expiry has passed, on
-every backend (see ``jobrun._core.worker_registry``)."""
+every backend (see ``jobrun._core.operator.worker_registry``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobrun._core.formats import format_instant
-from jobrun._core.worker_registry import WorkerRow, beat_row, jobs_text
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.worker_rows import WorkerRow, jobs_text
+from jobrun._core.operator.worker_registry import beat_row
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

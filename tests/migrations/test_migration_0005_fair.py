@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.records import ClaimRequest
+from jobrun._core.model.records import ClaimRequest
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from tests.support import (

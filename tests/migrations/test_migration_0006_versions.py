@@ -11,7 +11,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.records import RunRow
+from jobrun._core.model.records import RunRow
 from jobrun.sql.compat import refusal
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE

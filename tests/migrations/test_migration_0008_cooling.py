@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.formats import format_instant
+from jobrun._core.model.formats import format_instant
 from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.testing import FakeClock

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from jobrun._core.holders import parse_holder
+from jobrun._core.leases.holders import parse_holder
 from jobrun._system import liveness_on_this_host, local_identity
 
 

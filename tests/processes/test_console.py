@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 import jobrun
-from jobrun._core.records import StepRow
+from jobrun._core.model.records import StepRow
 from jobrun.testing import MemoryJobRunStore
 from jobrun.ui import create_app
 from tests.support import hand_made_row, put_rows, row_of, set_columns

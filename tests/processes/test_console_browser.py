@@ -24,8 +24,9 @@ from playwright.async_api import Page, async_playwright, expect
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.worker_registry import WorkerRow, beat_row, jobs_text
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.worker_rows import WorkerRow, jobs_text
+from jobrun._core.operator.worker_registry import beat_row
 from jobrun.ui import create_app
 from tests.support import IN_CI, REPO
 

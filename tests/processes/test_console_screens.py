@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 import jobrun
-from jobrun._core.error_groups import error_signature, group_errors
-from jobrun._core.formats import format_instant
-from jobrun._core.holders import HolderIdentity
+from jobrun._core.leases.holders import HolderIdentity
+from jobrun._core.model.error_groups import error_signature, group_errors
+from jobrun._core.model.formats import format_instant
 from jobrun.ui import create_app
 from tests.support import hand_made_row, put_rows
 
@@ -164,7 +164,7 @@ async def test_activity_charts_runs_started_finished_and_failed(
 
 def jobrun_ulid(index: int) -> str:
     """A ULID of this millisecond (its random part ``index``)."""
-    from jobrun._core.ids import first_id_at
+    from jobrun._core.model.ids import first_id_at
 
     return first_id_at(_at(timedelta(0)))[:10] + f"{index:016d}"
 

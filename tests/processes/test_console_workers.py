@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from jobrun._core.formats import format_instant
-from jobrun._core.holders import HolderIdentity
-from jobrun._core.worker_registry import WorkerRow, beat_row, jobs_text
+from jobrun._core.leases.holders import HolderIdentity
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.worker_rows import WorkerRow, jobs_text
+from jobrun._core.operator.worker_registry import beat_row
 from jobrun.ui import create_app
 from tests.support import hand_made_row, put_rows
 

@@ -30,8 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun._worker_deaths
 import jobrun.worker
-from jobrun._core import orphans
-from jobrun._core.formats import format_instant
+from jobrun._core.leases import proof_of_death as orphans
+from jobrun._core.model.formats import format_instant
 from jobrun.testing import FakeClock
 from tests.processes.survivor import idle_survivor_takeover
 from tests.processes.test_worker import eventually

@@ -45,7 +45,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun._core.formats import parse_instant
+from jobrun._core.model.formats import parse_instant
 from jobrun.sql.schema import job_steps
 from tests.support import Fleet
 

@@ -21,9 +21,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.formats import format_instant, parse_instant
-from jobrun._core.records import RunRow
-from jobrun._core.retention import prune_by_retention
+from jobrun._core.model.formats import format_instant, parse_instant
+from jobrun._core.model.records import RunRow
+from jobrun._core.operator.retention import prune_by_retention
 from jobrun._entry import SYSTEM_SOURCES
 from jobrun.sql.schema import job_schedules
 from tests.processes import schedule_app

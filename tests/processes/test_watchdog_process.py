@@ -100,7 +100,7 @@ async def test_a_blocked_body_whose_presence_ends_is_killed_within_the_grace(
     import asyncpg
     from sqlalchemy import make_url
 
-    from jobrun._core.orphans import PRESENCE_GRACE_S
+    from jobrun._core.leases.proof_of_death import PRESENCE_GRACE_S
 
     child = await _start_in_body(database_url, lease_ms=600_000, blocked_s=20)
     try:

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import jobrun
 import jobrun.wakeups
 import jobrun.worker
-from jobrun._core.worker_registry import DEFAULT_HEARTBEAT_S
+from jobrun._core.operator.worker_registry import DEFAULT_HEARTBEAT_S
 from jobrun.sql.schema import job_runs
 from jobrun.testing import FakeClock
 from tests.processes import worker_app
@@ -269,7 +269,7 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     await worker.finish()
     claims = _claims(idle)
     # Besides the claims: the read of held leases that finds runs stranded by a
-    # dead driver (see jobrun._core.orphans), at most once a second.
+    # dead driver (see jobrun._core.leases.proof_of_death), at most once a second.
     scans = [sql for operation, sql, _ in idle if operation == "held_leases"]
     # And the worker's own row, written again every heartbeat (jobrun._worker_registration).
     beats = [sql for operation, sql, _ in idle if operation == "beat_worker"]

@@ -22,8 +22,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun._core.formats import format_instant
-from jobrun._core.worker_registry import WorkerRow
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.worker_rows import WorkerRow
 from jobrun.ui import create_app
 from tests.support import JOBRUN, REPO, spawn_worker
 

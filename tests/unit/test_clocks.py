@@ -9,8 +9,8 @@ from typing import Any, cast
 
 import pytest
 
-from jobrun._core.clock import as_clock
-from jobrun._core.dbclock import aligned_clock
+from jobrun._core.time.aligned import aligned_clock
+from jobrun._core.time.clock import as_clock
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.testing import FakeClock
 

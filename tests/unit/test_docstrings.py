@@ -29,7 +29,7 @@ PROTOCOLS = {
     "JobRunStore": "jobrun.JobRunStore",
     "OperatorStore": "jobrun.OperatorStore",
     "ScheduleStore": "jobrun.ScheduleStore",
-    "BrowsableStore": "jobrun._core.browse.BrowsableStore",
+    "BrowsableStore": "jobrun._core.operator.browse.BrowsableStore",
 }
 STORES = {"SqlJobRunStore", "MemoryJobRunStore"}
 

@@ -1,4 +1,4 @@
-"""The count that decides which claims go by age (``jobrun/_core/fair.py``), and that
+"""The count that decides which claims go by age (``jobrun/_core/rules/fair_turns.py``), and that
 a driver sends it: in one drive, and carried over from one drive to the next."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.drive import drive_due_jobs
-from jobrun._core.fair import FAIR_EVERY, ClaimTurns
-from jobrun._core.options import DriveOptions
-from jobrun._core.records import ClaimRequest
+from jobrun._core.engine.drive import drive_due_jobs
+from jobrun._core.engine.options import DriveOptions
+from jobrun._core.model.records import ClaimRequest
+from jobrun._core.rules.fair_turns import FAIR_EVERY, ClaimTurns
 from jobrun._entry import SYSTEM_SOURCES
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import drive, start

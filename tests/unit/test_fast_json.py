@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobrun._core import fast_json
-from jobrun._core.formats import OverCapError, encode_json, encode_json_within
+from jobrun._core.model import fast_json
+from jobrun._core.model.formats import OverCapError, encode_json, encode_json_within
 
 HAS_ORJSON = importlib.util.find_spec("orjson") is not None
 PATHS = [
@@ -147,7 +147,7 @@ def test_over_the_cap_the_message_is_the_piecewise_one(path: str) -> None:
         encode_json_within(over, 10)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast_json, "plain_text", lambda value, max_bytes: None)
-        patch.setattr("jobrun._core.formats.plain_text", lambda value, max_bytes: None)
+        patch.setattr("jobrun._core.model.formats.plain_text", lambda value, max_bytes: None)
         with pytest.raises(OverCapError) as slow:
             encode_json_within(over, 10)
     assert str(fast.value) == str(slow.value) == "at least 13 bytes of JSON, over the 10-byte cap"

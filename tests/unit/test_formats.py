@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobrun._core.formats import (
+from jobrun._core.model.formats import (
     JSON_SCALARS,
     MalformedColumnError,
     OverCapError,
@@ -26,7 +26,7 @@ from jobrun._core.formats import (
     format_instant,
     parse_instant,
 )
-from jobrun._core.ids import UlidMint
+from jobrun._core.model.ids import UlidMint
 from jobrun._system import mint_run_id
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)

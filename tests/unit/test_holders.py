@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jobrun import _system
-from jobrun._core.holders import HolderIdentity, Liveness, parse_holder
+from jobrun._core.leases.holders import HolderIdentity, Liveness, parse_holder
 from jobrun._system import liveness_on_this_host, local_identity
 from tests.support import proc_identity, unused_pid
 

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from jobrun._core.dbclock import CLOCK_TOLERANCE_S
-from jobrun._core.lease import Lease, LeaseKeeper
+from jobrun._core.leases.renewal import Lease, LeaseKeeper
+from jobrun._core.time.aligned import CLOCK_TOLERANCE_S
 from jobrun._system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
 from jobrun.testing import FakeClock

@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.limit_gate import LimitGate
-from jobrun._core.limits import (
+from jobrun._core.engine.limit_gate import LimitGate
+from jobrun._core.limits.buckets import (
     MILLI,
-    Pacer,
     bucket_state,
     rate_limit_of_deferral,
     refilled,
@@ -21,6 +20,7 @@ from jobrun._core.limits import (
     too_long_a_wait,
     wait_for_token_s,
 )
+from jobrun._core.limits.declarations import Pacer
 from jobrun.testing import FakeClock, MemoryJobRunStore
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.mapping import DEFAULT_CONCURRENCY, MapPlan, PlannedStep, plan_map, run_map
+from jobrun._core.engine.mapping import DEFAULT_CONCURRENCY, MapPlan, PlannedStep, plan_map, run_map
 
 
 def plan(items: Any, **changes: Any) -> MapPlan:

@@ -1,6 +1,6 @@
 """Each rule is spelled in one place: its Python home and its SQL twin, nowhere else.
 
-The homes are ``jobrun/_core/predicates.py`` (and ``browse.run_matches``,
+The homes are ``jobrun/_core/model/predicates.py`` (and ``browse.run_matches``,
 ``transitions``) with the twins of the same names in ``jobrun/sql/statements.py``
 (tests/contract/test_rule_parity.py checks that each pair agrees). This test
 scans ``jobrun/`` for the spellings that were once repeated across the stores,
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "jobrun"
-PREDICATES = "_core/predicates.py"
+PREDICATES = "_core/model/predicates.py"
 STATEMENTS = "sql/statements.py"
 
 # (rule, pattern, {file: functions allowed to spell it, or None for the whole file})
@@ -85,12 +85,12 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     (
         "the presence field of lease_driver",
         r"presence=\(|presence=\[",
-        {"_core/holders.py": None},
+        {"_core/leases/holders.py": None},
     ),
     (
         "a worker is live: its row's expiry is still ahead",
         r"\.expires_at\s*[<>]",
-        {"_core/worker_registry.py": {"worker_is_live"}, STATEMENTS: {"worker_is_live"}},
+        {"_core/operator/worker_registry.py": {"worker_is_live"}, STATEMENTS: {"worker_is_live"}},
     ),
 ]
 # The console and the command line read public JobRun records, not stored rows.

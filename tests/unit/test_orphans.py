@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from jobrun._core import orphans
-from jobrun._core.records import HeldLease
+from jobrun._core.leases import proof_of_death as orphans
+from jobrun._core.model.records import HeldLease
 from jobrun._system import THIS_HOST, local_identity
 from tests.support import dead_driver
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import jobrun
-from jobrun._core.progress import Poll, progress_of, span
+from jobrun._core.model.progress import Poll, progress_of, span
 from jobrun.testing import FakeClock
 
 

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jobrun
-from jobrun._core.formats import encode_json
-from jobrun._core.queue_safety import MAX_DEPTH, encode_queue_safe
+from jobrun._core.model.formats import encode_json
+from jobrun._core.model.queue_safety import MAX_DEPTH, encode_queue_safe
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 

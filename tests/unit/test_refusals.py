@@ -1,5 +1,5 @@
 """One way to refuse bad input (issue 22, item 5): every refusal is made in
-``jobrun/_core/refusals.py``, and the checks that recur are spelled there once.
+``jobrun/_core/model/refusals.py``, and the checks that recur are spelled there once.
 
 The guard tests scan ``jobrun/`` and fail when a refusal is spelled a second
 time: an error of the validation family built elsewhere, an "int but not a
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 import jobrun
-from jobrun._core import refusals
+from jobrun._core.model import refusals
 from jobrun.testing import MemoryJobRunStore
 
 PACKAGE = Path(jobrun.__file__).parent
-HOME = PACKAGE / "_core" / "refusals.py"
+HOME = PACKAGE / "_core" / "model" / "refusals.py"
 REFUSALS = {"JobValidationError", "ArgumentTypeError", "HandlerMistakeError"}
 # Raised on purpose, and not refusals of a caller's input:
 PLAIN_RAISES_ALLOWED = {
@@ -28,7 +28,7 @@ PLAIN_RAISES_ALLOWED = {
     ("sql/executor.py", "TypeError"): 3,
     # json's hooks: json.loads/dumps turn these into their own errors, which the
     # callers translate (a malformed stored column, a bad --payload).
-    ("_core/formats.py", "ValueError"): 3,
+    ("_core/model/formats.py", "ValueError"): 3,
     ("_cli/params.py", "ValueError"): 1,
 }
 
@@ -79,7 +79,7 @@ def test_refusals_are_built_only_in_the_refusals_module() -> None:
         and _name(node.func) in REFUSALS
         and not _allowed(where, tree, node.lineno)
     ]
-    assert found == [], "use jobrun._core.refusals (refuse, refuse_type, mistake)"
+    assert found == [], "use jobrun._core.model.refusals (refuse, refuse_type, mistake)"
 
 
 def test_the_int_but_not_a_bool_check_is_spelled_once() -> None:

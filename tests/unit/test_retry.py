@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobrun import JobValidationError, RetryPolicy
-from jobrun._core.retry import DEFAULT_RETRY
+from jobrun._core.rules.retry import DEFAULT_RETRY
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 JUST_UNDER_ONE = 1 - 2**-53  # the largest value random.random() can return

@@ -1,13 +1,13 @@
 """The core's transitions as pure functions: what a claim, a cancel, a resume and a
-release write, decided from a row with no store (``jobrun/_core/transitions.py``)."""
+release write, decided from a row with no store (``jobrun/_core/rules/transitions.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from jobrun._core.lease import Lease
-from jobrun._core.records import ClaimRequest, RunRow
-from jobrun._core.transitions import (
+from jobrun._core.leases.renewal import Lease
+from jobrun._core.model.records import ClaimRequest, RunRow
+from jobrun._core.rules.transitions import (
     Claimed,
     PreviousHolder,
     cancel_transition,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import jobrun
-from jobrun._core.versions import runs_beyond_code, upgraded_cursor
+from jobrun._core.rules.versions import runs_beyond_code, upgraded_cursor
 from tests.support import done_at_once
 
 

@@ -1,11 +1,11 @@
-"""The step watch (jobrun._core.wallsteps): expiries judged on the earliest basis
+"""The step watch (jobrun._core.time.wall_steps): expiries judged on the earliest basis
 seen, written on the latest, so no wall-clock step makes a live lease look expired."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from jobrun._core.wallsteps import STEP_MEMORY_S, StepWatch, lease_instants
+from jobrun._core.time.wall_steps import STEP_MEMORY_S, StepWatch, lease_instants
 from jobrun.testing import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

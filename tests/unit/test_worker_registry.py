@@ -1,4 +1,4 @@
-"""The pure part of the workers' rows (``jobrun._core.worker_registry``): the stored jobs
+"""The pure part of the workers' rows (``jobrun._core.operator.worker_registry``): the stored jobs
 text, the expiry a heartbeat writes, when a heartbeat sweeps, and which jobs are unserved."""
 
 from __future__ import annotations
@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
-from jobrun._core.formats import format_instant
-from jobrun._core.records import job_run_of
-from jobrun._core.worker_registry import (
+from jobrun._core.model.formats import format_instant
+from jobrun._core.model.run_views import job_run_of
+from jobrun._core.model.worker_rows import WorkerRow, jobs_of, jobs_text
+from jobrun._core.operator.worker_registry import (
     GONE_AFTER_BEATS,
-    WorkerRow,
     beat_row,
-    jobs_of,
-    jobs_text,
     served_jobs,
     sweep_due,
     unserved,
