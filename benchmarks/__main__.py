@@ -12,13 +12,13 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 def scenarios() -> dict[str, str]:
-    """Each scenario's name and the first line of its docstring (read, not imported:
+    """Each scenario's name and the first sentence of its docstring (read, not imported:
     a scenario may import what is not installed)."""
     found = {}
     for path in sorted(SCENARIOS.glob("*.py")):
         if not path.name.startswith("_"):
             docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
-            found[path.stem] = docstring.strip().splitlines()[0] if docstring else ""
+            found[path.stem] = " ".join(docstring.split("\n\n")[0].split())
     return found
 
 
