@@ -72,10 +72,10 @@ from jobrun.errors import (
 
 if typing.TYPE_CHECKING:  # what the lazy names below are, for type checkers, IDEs and griffe
     from jobrun.sql.executor import StatementHook
-    from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
-    from jobrun.sql.migrate import upgrade
-    from jobrun.sql.provisioning import UpgradeResult, upgrade_many
     from jobrun.sql.store import SqlJobRunStore
+    from jobrun.sql.upgrades.host_alembic import migrate_on_connection, skip_jobrun_tables
+    from jobrun.sql.upgrades.migrate import upgrade
+    from jobrun.sql.upgrades.provisioning import UpgradeResult, upgrade_many
     from jobrun.worker import run_worker
 
 # The SQL layer and the worker import SQLAlchemy and its dialects, which cost more
@@ -84,12 +84,12 @@ if typing.TYPE_CHECKING:  # what the lazy names below are, for type checkers, ID
 _LAZY: dict[str, str] = {
     "StatementHook": "jobrun.sql.executor",
     "SqlJobRunStore": "jobrun.sql.store",
-    "UpgradeResult": "jobrun.sql.provisioning",
-    "migrate_on_connection": "jobrun.sql.host_alembic",
+    "UpgradeResult": "jobrun.sql.upgrades.provisioning",
+    "migrate_on_connection": "jobrun.sql.upgrades.host_alembic",
     "run_worker": "jobrun.worker",
-    "skip_jobrun_tables": "jobrun.sql.host_alembic",
-    "upgrade": "jobrun.sql.migrate",
-    "upgrade_many": "jobrun.sql.provisioning",
+    "skip_jobrun_tables": "jobrun.sql.upgrades.host_alembic",
+    "upgrade": "jobrun.sql.upgrades.migrate",
+    "upgrade_many": "jobrun.sql.upgrades.provisioning",
 }
 
 

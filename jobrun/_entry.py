@@ -38,7 +38,7 @@ from jobrun._core import (
     runs,
     scheduled_runs,
 )
-from jobrun._core.operator import starts as starts_core
+from jobrun._core import starts as starts_core
 from jobrun._system import (
     SYSTEM_CLOCK,
     THIS_HOST,

@@ -20,7 +20,7 @@ from jobrun._core import Clock
 from jobrun._entry import job_run_health
 from jobrun._worker_database import ServedDatabase
 from jobrun.errors import StoreError
-from jobrun.sql.kept_connections import keep_at_most
+from jobrun.sql.postgres.kept_connections import keep_at_most
 
 log = logging.getLogger("jobrun.worker")
 

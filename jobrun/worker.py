@@ -75,8 +75,8 @@ from jobrun._worker_registration import DEFAULT_HEARTBEAT_S, Registration
 from jobrun._worker_start import first_read, keep_on_given
 from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
-from jobrun.sql.kept_connections import keep_at_most
 from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
+from jobrun.sql.postgres.kept_connections import keep_at_most
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch
 

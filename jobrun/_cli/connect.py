@@ -35,8 +35,8 @@ from jobrun.errors import (
     SchemaOutdatedError,
     StoreError,
 )
+from jobrun.sql.postgres.tenancy import checked_schema
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.sql.tenancy import checked_schema
 from jobrun.sql.urls import with_asyncio_driver
 
 T = TypeVar("T")

@@ -22,8 +22,8 @@ from jobrun._cli.connect import (
 )
 from jobrun._cli.many_databases import chosen_urls, many_urls_options, report, run_on_each
 from jobrun._cli.schema_check import SchemaState, check, revisions
-from jobrun.sql.migrate import alembic_ini, upgrade
-from jobrun.sql.provisioning import revision_of
+from jobrun.sql.upgrades.migrate import alembic_ini, upgrade
+from jobrun.sql.upgrades.provisioning import revision_of
 
 
 @cli.group()

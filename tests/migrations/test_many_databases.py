@@ -10,6 +10,7 @@ from click.testing import CliRunner, Result
 import jobrun
 import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
+from jobrun._cli.many_databases import urls_in
 from jobrun.sql.schema import SCHEMA_REVISION
 from tests.support import run_in_thread
 
@@ -95,3 +96,8 @@ def test_upgrade_many_as_a_function_mixes_dialects_and_reports_in_order(
 def test_upgrade_many_refuses_a_bad_concurrency() -> None:
     with pytest.raises(jobrun.JobValidationError, match="concurrency"):
         run_in_thread(lambda: jobrun.upgrade_many(["sqlite://"], concurrency=0))
+
+
+def test_a_urls_file_skips_blank_lines_and_comments() -> None:
+    lines = ["# tenants\n", "\n", "  sqlite:///a.db  \n", "#sqlite:///b.db\n", "postgresql://x/y"]
+    assert urls_in(lines) == ["sqlite:///a.db", "postgresql://x/y"]

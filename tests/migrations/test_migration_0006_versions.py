@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.model.records import RunRow
-from jobrun.sql.compat import refusal
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE
+from jobrun.sql.upgrades.compat import refusal
+from jobrun.sql.upgrades.migrate import downgrade
 from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
@@ -74,7 +74,7 @@ async def test_0006_keeps_every_run_at_version_1_and_records_the_oldest_code(
     await jobrun.upgrade(engine, "0006")
     assert await revision_of(engine) == "0006"
     # Read and driven as code of 0006 would (this code needs the workers' table of 0007).
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0006")
     assert await _runs(engine) == before
     assert await _scalars(engine, f"SELECT DISTINCT job_version FROM {RUNS}") == [None]
     assert await _scalars(engine, f"SELECT oldest_code_revision FROM {COMPAT_TABLE}") == ["0006"]
@@ -119,7 +119,7 @@ async def test_code_older_than_the_record_refuses_a_newer_database(
 ) -> None:
     await jobrun.upgrade(blank, "0006")
     # This code, as if it were of revision 0005 (before versioned jobs), on a 0006 database.
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0005")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0005")
     with pytest.raises(jobrun.CodeOutdatedError) as refused:
         await jobrun.job_runs(await _store_of(blank))
     assert str(refused.value) == (
@@ -144,7 +144,7 @@ async def test_a_future_revision_decides_by_its_record(
 ) -> None:
     await jobrun.upgrade(blank, "0007")
     # Revision 0007 (the workers' table) lets code of 0006 run: its record says 0006.
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0006")
     assert await jobrun.job_runs(await _store_of(blank)) == []
     # One that it may not: its record says 0007.
     async with blank.begin() as connection:
@@ -153,7 +153,7 @@ async def test_a_future_revision_decides_by_its_record(
         await jobrun.job_runs(await _store_of(blank))
     # Code of that revision runs; code of a later one too.
     for code in ("0007", "0008"):
-        monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", code)
+        monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", code)
         if code == "0008":
             with pytest.raises(jobrun.SchemaOutdatedError):
                 await jobrun.job_runs(await _store_of(blank))
@@ -169,7 +169,7 @@ async def test_a_database_from_before_the_record_lets_older_code_run(
     # test shows with real 0004 code); this code, pretending to be 0004, passes the
     # check too (a read of the ledger, which 0004 and 0006 spell alike).
     await jobrun.upgrade(blank, "0005")
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0004")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0004")
     assert await (await _store_of(blank)).steps("no such run") == {}
 
 

@@ -30,9 +30,9 @@ import jobrun._cli.commands  # registers the commands on the group
 from jobrun._cli.app import cli
 from jobrun._cli.params import parse_duration
 from jobrun._cli.watching import Poll, line, progress_of
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
 from jobrun.sql.schema import job_runs as runs_table
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import REPO, SQL_BACKENDS, run_in_thread
 
 T = TypeVar("T")

@@ -15,7 +15,6 @@ import pytest
 
 import jobrun
 from jobrun._core.leases.holders import HolderIdentity
-from jobrun._core.model.error_groups import error_signature, group_errors
 from jobrun._core.model.formats import format_instant
 from jobrun.ui import create_app
 from tests.support import hand_made_row, put_rows
@@ -238,18 +237,3 @@ async def test_errors_are_grouped_with_a_bulk_resume_each(
     wider = (await client.get("/db/0/errors?hours=48")).text
     assert re.findall(r'<td class="num">(\d+)</td>\s*<td><span', wider) == ["3", "2"]
     assert (await client.get("/db/0/errors?hours=0")).status_code == 400
-
-
-def test_error_signatures_take_the_particulars_out() -> None:
-    assert error_signature("KeyError: order 4411 not found") == ("KeyError", "order <n> not found")
-    assert error_signature(
-        "HTTPError: 503 for 01J9ZQ3V4W5X6Y7Z8A9B0C1D2E at /v1/items/9f86d081884c7d65"
-    ) == ("HTTPError", "<n> for <id> at /v<n>/items/<hex>")
-    assert error_signature("no type here 12") == ("?", "no type here <n>")
-    assert error_signature(None) == ("?", "")
-    rows = [
-        dataclasses.replace(hand_made_row(index), last_error=f"E: id {index}", ended_at="x")
-        for index in range(5)
-    ]
-    (group,) = group_errors(rows, keep_ids=2)
-    assert (group.count, group.run_ids) == (5, [rows[4].id, rows[3].id])

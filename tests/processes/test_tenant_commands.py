@@ -25,8 +25,8 @@ import jobrun._cli.schedules
 import jobrun._cli.ui_command
 import jobrun._cli.worker_command
 from jobrun._cli.app import cli
+from jobrun.sql.postgres.tenancy import in_schema
 from jobrun.sql.schema import SCHEMA_REVISION
-from jobrun.sql.tenancy import in_schema
 from jobrun.ui import create_app
 from tests.support import REPO, iso, run_in_thread, set_columns
 

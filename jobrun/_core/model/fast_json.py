@@ -11,7 +11,7 @@ when it is installed (the ``speed`` extra) and the value holds nothing orjson
 writes differently from json (a float: orjson writes ``1e-05`` as ``0.00001``;
 an int past 64 bits; a key that is not a str), else by json's own C encoder.
 Either way the text is the one json writes with jobrun's settings, byte for
-byte (``tests/unit/test_fast_json.py`` checks both paths against it): the
+byte (``tests/unit/model/test_fast_json.py`` checks both paths against it): the
 stored format does not depend on what is installed. Anything else, and every
 error or text over the cap, goes back to the piecewise path, so refusals and
 their messages are as they were.

@@ -10,7 +10,7 @@ a handler's use of the pass (found during a pass, failing the run at once) is a
 :class:`~jobrun.errors.HandlerMistakeError`, made by :func:`mistake`.
 
 The checks that recur (an int that is not a ``bool``, a positive count, a
-number of seconds, a str) are here too, once; ``tests/unit/test_refusals.py``
+number of seconds, a str) are here too, once; ``tests/unit/model/test_refusals.py``
 fails when a refusal or such a check is spelled anywhere else in ``jobrun/``.
 """
 
