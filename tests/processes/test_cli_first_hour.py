@@ -243,7 +243,7 @@ def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alemb
 ) -> None:
     # Alembic costs about what SQLAlchemy costs to import; only migrating needs it. SQLAlchemy
     # itself loads only for the commands that open a database, not for `import jobrun` or --help.
-    # (The timings themselves are in benchmarks/bench_import.py, not in a test.)
+    # (The timings themselves are in benchmarks/scenarios/imports.py, not in a test.)
     heavy = "sorted({name.split('.')[0] for name in sys.modules} & {'alembic', 'sqlalchemy'})"
     probe = (
         "import runpy, sys\n"
