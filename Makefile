@@ -65,7 +65,7 @@ mutation: venv
 # cluster) for the full set; CHAOS='--quick' for the bounded set, CHAOS="--only 'kill -9'".
 CHAOS ?=
 chaos: venv
-	$(BIN)/python benchmarks/chaos.py $(CHAOS)
+	$(BIN)/python -m tests.chaos $(CHAOS)
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache \

@@ -8,6 +8,22 @@ its result as it completes so that it never runs again.
 import importlib
 import typing
 
+from jobrun._api import (
+    cancel_job_run,
+    job_run_health,
+    pause_job,
+    pause_job_run,
+    pause_limit,
+    prune_job_runs,
+    resume_job_run,
+    run_due_jobs,
+    start_job_run,
+    start_job_runs,
+    start_scheduled_runs,
+    unpause_job,
+    unpause_job_run,
+    unpause_limit,
+)
 from jobrun._core import (
     KEEP_CURSOR,
     LOG_PASSES,
@@ -42,22 +58,6 @@ from jobrun._core import (
     observe_all,
     release_job_lease,
 )
-from jobrun._entry import (
-    cancel_job_run,
-    job_run_health,
-    pause_job,
-    pause_job_run,
-    pause_limit,
-    prune_job_runs,
-    resume_job_run,
-    run_due_jobs,
-    start_job_run,
-    start_job_runs,
-    start_scheduled_runs,
-    unpause_job,
-    unpause_job_run,
-    unpause_limit,
-)
 from jobrun._version import __version__ as __version__
 from jobrun.errors import (
     ArgumentTypeError,
@@ -81,10 +81,10 @@ from jobrun.errors import (
 
 if typing.TYPE_CHECKING:  # what the lazy names below are, for type checkers, IDEs and griffe
     from jobrun.sql.executor import StatementHook
-    from jobrun.sql.host_alembic import migrate_on_connection, skip_jobrun_tables
-    from jobrun.sql.migrate import upgrade
-    from jobrun.sql.provisioning import UpgradeResult, upgrade_many
     from jobrun.sql.store import SqlJobRunStore
+    from jobrun.sql.upgrades.host_alembic import migrate_on_connection, skip_jobrun_tables
+    from jobrun.sql.upgrades.migrate import upgrade
+    from jobrun.sql.upgrades.provisioning import UpgradeResult, upgrade_many
     from jobrun.worker import run_worker
 
 # The SQL layer and the worker import SQLAlchemy and its dialects, which cost more
@@ -93,12 +93,12 @@ if typing.TYPE_CHECKING:  # what the lazy names below are, for type checkers, ID
 _LAZY: dict[str, str] = {
     "StatementHook": "jobrun.sql.executor",
     "SqlJobRunStore": "jobrun.sql.store",
-    "UpgradeResult": "jobrun.sql.provisioning",
-    "migrate_on_connection": "jobrun.sql.host_alembic",
+    "UpgradeResult": "jobrun.sql.upgrades.provisioning",
+    "migrate_on_connection": "jobrun.sql.upgrades.host_alembic",
     "run_worker": "jobrun.worker",
-    "skip_jobrun_tables": "jobrun.sql.host_alembic",
-    "upgrade": "jobrun.sql.migrate",
-    "upgrade_many": "jobrun.sql.provisioning",
+    "skip_jobrun_tables": "jobrun.sql.upgrades.host_alembic",
+    "upgrade": "jobrun.sql.upgrades.migrate",
+    "upgrade_many": "jobrun.sql.upgrades.provisioning",
 }
 
 

@@ -3,7 +3,7 @@
 ``jobrun._core`` imports no ``time``, ``os``, ``socket`` or ``random``, directly
 or through another module (import-linter checks it), and does not import this
 module either: everything it needs from the machine is made here and handed to
-it by the public entry points (``jobrun._entry``), and each piece can be
+it by the public entry points (``jobrun._api``), and each piece can be
 replaced by an argument (``clock=``, ``random=``, ``driver_name=``) so tests can
 make it deterministic.
 """

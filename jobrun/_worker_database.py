@@ -13,8 +13,8 @@ from collections import deque
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core import Clock, HeldLease, PassStart, PassWatch
+from jobrun.sql.postgres.tenancy import notify_channel
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.sql.tenancy import notify_channel
 from jobrun.wakeups import sqlite_path
 
 FIRST_IDLE_DELAY_S = 0.05

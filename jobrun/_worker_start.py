@@ -16,11 +16,11 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobrun._api import job_run_health
 from jobrun._core import Clock
-from jobrun._entry import job_run_health
 from jobrun._worker_database import ServedDatabase
 from jobrun.errors import StoreError
-from jobrun.sql.kept_connections import keep_at_most
+from jobrun.sql.postgres.kept_connections import keep_at_most
 
 log = logging.getLogger("jobrun.worker")
 

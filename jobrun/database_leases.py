@@ -28,7 +28,7 @@ from typing import Any
 
 from jobrun._core import refuse
 from jobrun.sql.executor import Compiler
-from jobrun.sql.statements import release_database_statement, take_database_statement
+from jobrun.sql.statements.worker import release_database_statement, take_database_statement
 from jobrun.sql.store import SqlJobRunStore
 
 RETRY_S = 5.0

@@ -95,52 +95,33 @@ class WorkerMetrics:
 
     def _health_gauges(self) -> None:
         """The gauges a worker sets from :func:`jobrun.job_run_health`, by database."""
-        database = ("database",)
-        self.due = Gauge(
-            "jobrun_due_runs",
-            "Running runs whose due instant has passed (stranded ones included).",
-            database,
-            registry=self.registry,
+        self.due = self._gauge(
+            "jobrun_due_runs", "Running runs whose due instant has passed (stranded ones included)."
         )
-        self.oldest_due_age = Gauge(
+        self.oldest_due_age = self._gauge(
             "jobrun_oldest_due_age_seconds",
             "How long the longest-waiting due run has waited (0 when none).",
-            database,
-            registry=self.registry,
         )
-        self.running = Gauge(
-            "jobrun_running_runs", "Live (running) runs.", database, registry=self.registry
-        )
-        self.leased = Gauge(
+        self.running = self._gauge("jobrun_running_runs", "Live (running) runs.")
+        self.leased = self._gauge(
             "jobrun_leased_runs",
             "Running runs held by a lease that has not expired (orphaned ones included).",
-            database,
-            registry=self.registry,
         )
-        self.orphaned = Gauge(
+        self.orphaned = self._gauge(
             "jobrun_orphaned_runs",
             "Leased runs whose holder is provably dead (taken over at the next claim).",
-            database,
-            registry=self.registry,
         )
-        self.failed = Gauge(
-            "jobrun_failed_runs",
-            "Runs that ended failed (cancelled ones included).",
-            database,
-            registry=self.registry,
+        self.failed = self._gauge(
+            "jobrun_failed_runs", "Runs that ended failed (cancelled ones included)."
         )
-        self.cancelled = Gauge(
-            "jobrun_cancelled_runs",
-            "Failed runs an operator cancelled.",
-            database,
-            registry=self.registry,
+        self.cancelled = self._gauge("jobrun_cancelled_runs", "Failed runs an operator cancelled.")
+        self.paused = self._gauge(
+            "jobrun_paused_runs", "Running runs an operator paused (never claimed until unpaused)."
         )
-        self.paused = Gauge(
-            "jobrun_paused_runs",
-            "Running runs an operator paused (never claimed until unpaused).",
-            database,
-            registry=self.registry,
-        )
+
+    def _gauge(self, name: str, text: str) -> Gauge:
+        """A gauge of ``name`` with help ``text``, one value per database."""
+        return Gauge(name, text, ("database",), registry=self.registry)
 
     def pass_started(self, start: PassStart) -> PassWatch | None:
         """Count a takeover; the returned watch counts the pass and times it and its steps."""

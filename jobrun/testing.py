@@ -24,7 +24,7 @@ from __future__ import annotations
 from jobrun._testing.clock import FakeClock
 from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash, crash_after_step
 from jobrun._testing.idle import IdleReport, PassRecord, drive_until_idle
-from jobrun._testing.memory_store import MemoryJobRunStore
+from jobrun._testing.memory import MemoryJobRunStore
 from jobrun._testing.stores import sqlite_store
 
 __all__ = [

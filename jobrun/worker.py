@@ -41,6 +41,7 @@ from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from jobrun._api import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._core import (
     LOG_PASSES,
     ClaimTurns,
@@ -66,7 +67,6 @@ from jobrun._core import (
     retains,
 )
 from jobrun._core import proof_of_death as orphans
-from jobrun._entry import SYSTEM_SOURCES, job_run_health, start_scheduled_runs
 from jobrun._system import default_driver_name, resolve_clock
 from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
 from jobrun._worker_deaths import dead_holder_seen, jobs_of
@@ -75,8 +75,8 @@ from jobrun._worker_registration import DEFAULT_HEARTBEAT_S, Registration
 from jobrun._worker_start import first_read, keep_on_given
 from jobrun._worker_turns import DatabaseTurns, cannot_make
 from jobrun.errors import describe_exception
-from jobrun.sql.kept_connections import keep_at_most
 from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
+from jobrun.sql.postgres.kept_connections import keep_at_most
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch
 

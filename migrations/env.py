@@ -25,8 +25,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from jobrun.sql.migrate import _take_turns
 from jobrun.sql.schema import VERSION_TABLE, metadata
+from jobrun.sql.upgrades.migrate import _take_turns
 from jobrun.sql.urls import with_asyncio_driver
 
 config = context.config
@@ -87,7 +87,7 @@ async def _migrate_async(url: str, schema: str | None) -> None:
     engine = create_async_engine(url)
     try:
         if schema is not None:
-            from jobrun.sql.tenancy import checked_schema
+            from jobrun.sql.postgres.tenancy import checked_schema
 
             checked_schema(engine, schema)
         async with engine.begin() as connection:

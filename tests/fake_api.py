@@ -1,6 +1,6 @@
 """A small HTTP/1.1 server standing in for an external system that limits its callers.
 
-Used by the walk tests and ``benchmarks/bench_external_walk.py``. Every request
+Used by the walk tests and ``benchmarks/scenarios/external_walk.py``. Every request
 waits ``latency_ms`` (the API's own latency), then is served if the server's
 token bucket holds a token, else refused with ``429 Too Many Requests`` and a
 ``Retry-After`` header. The bucket refills at ``per_second`` and holds

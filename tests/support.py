@@ -38,8 +38,8 @@ from jobrun._core.leases.holders import HolderIdentity
 from jobrun._core.model.formats import add_milliseconds, format_instant
 from jobrun._core.model.records import ClaimRequest, RunRow, StepRow
 from jobrun._system import local_identity
-from jobrun.sql.migrate import current_revision
 from jobrun.sql.schema import job_runs as runs_table
+from jobrun.sql.upgrades.migrate import current_revision
 from jobrun.testing import FakeClock, MemoryJobRunStore
 
 REPO = Path(__file__).resolve().parents[1]

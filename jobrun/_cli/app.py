@@ -1,4 +1,5 @@
-"""The click group every command attaches to (commands live in sibling modules).
+"""The click group every command attaches to (commands live in ``jobrun/_cli/commands/``,
+one module per command group).
 
 The command modules import SQLAlchemy, rich and the store, which cost several
 times what the rest of jobrun does; the group loads the module of a command only
@@ -12,68 +13,70 @@ import sys
 
 import click
 
-_OPERATOR_MODULE = "jobrun._cli.commands"
+_COMMANDS = "jobrun._cli.commands"
+_ACTIONS = f"{_COMMANDS}.actions"
+_RUNS = f"{_COMMANDS}.runs"
 
 # Each command: the module that defines it, and the first paragraph of its help,
 # which `jobrun --help` lists without importing the module (a test keeps them equal).
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": (
-        _OPERATOR_MODULE,
+        _ACTIONS,
         "Fail a running run now. A pass in flight stops at its next step.",
     ),
     "db": (
-        "jobrun._cli.schema_commands",
+        f"{_COMMANDS}.db",
         "Create, migrate and check jobrun's tables (Alembic revisions shipped with jobrun).",
     ),
     "health": (
-        _OPERATOR_MODULE,
+        f"{_COMMANDS}.health",
         "Counts for a dashboard: running, due now, leased, failed, the oldest due wait, "
         "and the due runs of each job.",
     ),
     "pause": (
-        "jobrun._cli.pause_commands",
+        f"{_COMMANDS}.pauses",
         "Pause a run, a job or a limit key: no driver takes it until unpaused.",
     ),
     "prune": (
-        _OPERATOR_MODULE,
+        _ACTIONS,
         "Delete finished runs (and their ledgers) that ended before a cutoff.",
     ),
     "release": (
-        _OPERATOR_MODULE,
+        _ACTIONS,
         "Clear a run's lease so any driver may take it at once.",
     ),
     "resume": (
-        _OPERATOR_MODULE,
+        _ACTIONS,
         "Put a failed run back to running, from its last committed cursor.",
     ),
-    "runs": (_OPERATOR_MODULE, "List runs, newest first."),
+    "runs": (_RUNS, "List runs, newest first."),
     "schedules": (
-        "jobrun._cli.schedules",
+        f"{_COMMANDS}.schedules",
         "List the app's schedules: cron, catch-up, next slot, and the last slot's run.",
     ),
     "show": (
-        _OPERATOR_MODULE,
+        _RUNS,
         "Show one run in full: its record, its lease and its step ledger.",
     ),
     "start": (
-        "jobrun._cli.start_command",
+        f"{_COMMANDS}.start",
         "Start a run of MODULE/JOB, or join the live run of the same key.",
     ),
     "unpause": (
-        "jobrun._cli.pause_commands",
+        f"{_COMMANDS}.pauses",
         "Unpause a run, a job or a limit key: what it held is due at once.",
     ),
     "ui": (
-        "jobrun._cli.ui_command",
+        f"{_COMMANDS}.ui",
         "Serve the operator console: runs, one run live, health; act on runs.",
     ),
     "watch": (
-        _OPERATOR_MODULE,
+        _RUNS,
         "Follow a run live until it ends; exit 0 when it is done, 1 when it failed "
         "(or was cancelled).",
     ),
     "worker": (
-        "jobrun._cli.worker_command",
+        f"{_COMMANDS}.worker",
         "Drive the due runs of the given databases until SIGTERM or SIGINT.",
     ),
 }

@@ -27,6 +27,7 @@ from sqlalchemy import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from jobrun._core import JobRun, get_job_run
 from jobrun.errors import (
     CodeOutdatedError,
     JobConflictError,
@@ -35,8 +36,8 @@ from jobrun.errors import (
     SchemaOutdatedError,
     StoreError,
 )
+from jobrun.sql.postgres.tenancy import checked_schema
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.sql.tenancy import checked_schema
 from jobrun.sql.urls import with_asyncio_driver
 
 T = TypeVar("T")
@@ -271,3 +272,12 @@ def run_on_store(
             return await use(store)
 
     return run_action(act)
+
+
+async def existing_run(store: SqlJobRunStore, run_id: str) -> JobRun:
+    """The run ``run_id``; :class:`~jobrun.errors.JobRunNotFoundError` (one line, exit
+    1, through :func:`run_action`) when there is none."""
+    run = await get_job_run(store, run_id)
+    if run is None:
+        raise JobRunNotFoundError(run_id)
+    return run

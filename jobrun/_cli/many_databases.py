@@ -17,7 +17,7 @@ from typing import IO, TypeVar
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun.sql.provisioning import DEFAULT_CONCURRENCY, DatabaseOutcome, on_each_database
+from jobrun.sql.upgrades.provisioning import DEFAULT_CONCURRENCY, DatabaseOutcome, on_each_database
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., object])

@@ -1,12 +1,13 @@
-"""Argument types the commands share: durations and JSON values."""
+"""Arguments and options the commands share: durations, JSON values, ``--json``, RUN_ID."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
     JsonBase = click.ParamType[Any, Any]
 else:
     DurationBase = JsonBase = click.ParamType
+
+F = TypeVar("F", bound=Callable[..., object])
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table."
+)
+run_id_argument = click.argument("run_id", metavar="RUN_ID")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -81,3 +89,8 @@ class JsonValue(JsonBase):
         if isinstance(decoded, float) and not math.isfinite(decoded):
             self.fail("numbers must be finite", param, ctx)
         return decoded
+
+
+def duration_option(name: str, *, help: str, required: bool = False) -> Callable[[F], F]:
+    """``name`` as an option taking a DURATION (7d, 12h, 1d12h, ...); ``None`` when not given."""
+    return click.option(name, type=Duration(), required=required, metavar="DURATION", help=help)

@@ -19,9 +19,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._cli.privileges import missing_privileges
-from jobrun.sql.migrate import _alembic_turn, current_revision, head_revision
+from jobrun.sql.postgres.tenancy import checked_schema, version_options
 from jobrun.sql.schema import metadata
-from jobrun.sql.tenancy import checked_schema, version_options
+from jobrun.sql.upgrades.migrate import _alembic_turn, current_revision, head_revision
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 """What the core is handed from the machine: chosen once, above the core, and passed in.
 
 The core reads no real source itself: no clock, no entropy, no ``/proc``, no
-process id. The public entry points (``jobrun._entry``) build one
-:class:`Sources` from ``jobrun._system`` and hand it to every core function that
-needs one, the way an event loop library chooses its clock once; a test can
-hand in another.
+process id. ``jobrun._api`` builds one :class:`Sources` from ``jobrun._system``
+and hands it to every core function that needs one, the way an event loop
+library chooses its clock once; a test can hand in another. A public operation
+that needs one takes it first, positional only, before its public signature
+(``start_job_run(sources, /, store, *, ...)``); ``jobrun._api`` binds it to the
+real sources, so the signature and docstring are written once, here in the core.
 """
 
 from __future__ import annotations

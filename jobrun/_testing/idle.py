@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobrun._api import run_due_jobs
 from jobrun._core import (
     PARKED_AT,
     DriveError,
@@ -21,7 +22,6 @@ from jobrun._core import (
     is_paused,
     parse_instant,
 )
-from jobrun._entry import run_due_jobs
 from jobrun._testing.clock import FakeClock
 from jobrun._testing.crash import CrashAfter, CrashingStore, SimulatedCrash
 

@@ -18,8 +18,8 @@ async def sqlite_store(path: str | Path) -> AsyncIterator[SqlJobRunStore]:
     # Imported here: tests on the memory store import jobrun.testing without SQLAlchemy.
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from jobrun.sql.migrate import upgrade
     from jobrun.sql.store import SqlJobRunStore
+    from jobrun.sql.upgrades.migrate import upgrade
 
     engine = create_async_engine(f"sqlite+aiosqlite:///{Path(path)}")
     try:

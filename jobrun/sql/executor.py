@@ -38,7 +38,7 @@ counting, tracing and fault injection, called around every statement sent,
   trip and durable on return. A connection that saw an error or a cancellation
   is closed rather than kept, whatever state the server left it in; one the
   server closed while it was idle is replaced before use.
-  ``AsyncEngine.dispose()`` closes them (:mod:`jobrun.sql.kept_connections`).
+  ``AsyncEngine.dispose()`` closes them (:mod:`jobrun.sql.postgres.kept_connections`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from sqlalchemy.sql.expression import ClauseElement
 from sqlalchemy.util import await_only
 
 from jobrun._core import refuse
-from jobrun.sql.kept_connections import (
+from jobrun.sql.postgres.kept_connections import (
     PostgresConnections,
     one_per_engine,
     postgres_connections_of,
@@ -137,12 +137,25 @@ class Compiler:
 
 
 class _Executor:
-    """What both executors share: the hook around each statement."""
+    """What both executors share: the hook around each statement, and a statement
+    sent on its own."""
 
     errors: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 
     def __init__(self, hook: StatementHook | None) -> None:
         self._hook = hook
+
+    async def fetch(
+        self, operation: str, statement: Prepared, values: Mapping[str, Any]
+    ) -> list[Row]:
+        """One statement on its own, outside any transaction: committed (durable) when it
+        returns, in one round trip on Postgres; writes return their rows."""
+        return await self.fetch_in_order(operation, statement, statement.arguments(values))
+
+    async def fetch_in_order(
+        self, operation: str, statement: Prepared, arguments: list[Any]
+    ) -> list[Row]:
+        raise NotImplementedError
 
     async def _send(self, driver: Any, operation: str, sql: str, arguments: list[Any]) -> list[Row]:
         if self._hook is None:
@@ -298,12 +311,6 @@ class SqliteExecutor(_Executor):
         super().__init__(hook)
         self._connection = _sqlite_connection_of(engine)
 
-    async def fetch(
-        self, operation: str, statement: Prepared, values: Mapping[str, Any]
-    ) -> list[Row]:
-        """One statement on its own: committed when it returns (writes return their rows)."""
-        return await self.fetch_in_order(operation, statement, statement.arguments(values))
-
     async def fetch_in_order(
         self, operation: str, statement: Prepared, arguments: list[Any]
     ) -> list[Row]:
@@ -452,12 +459,6 @@ class PostgresExecutor(_Executor):
             await connections.discard(kept, abandoned=not isinstance(error, Exception))
             raise
         connections.release(kept)
-
-    async def fetch(
-        self, operation: str, statement: Prepared, values: Mapping[str, Any]
-    ) -> list[Row]:
-        """One statement outside any transaction: one round trip, durable on return."""
-        return await self.fetch_in_order(operation, statement, statement.arguments(values))
 
     async def fetch_in_order(
         self, operation: str, statement: Prepared, arguments: list[Any]

@@ -22,10 +22,11 @@ from typing import Any
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from jobrun._core import HeldLease
-from jobrun.sql.claims import pairs as job_pairs
 from jobrun.sql.executor import Compiler, Prepared
-from jobrun.sql.statements import held_leases_statement, next_due_statement
+from jobrun.sql.statements.runs import held_leases_statement
+from jobrun.sql.statements.worker import next_due_statement
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.store.base import pairs as job_pairs
 
 # A WAL reader waits for nobody; this only bounds a file being recovered.
 _SQLITE_TIMEOUT_S = 0.2

@@ -20,7 +20,7 @@ VERSION_TABLE = "jobrun_alembic_version"
 COMPAT_TABLE = "jobrun_schema_compat"
 """Revision 0006: one row, ``oldest_code_revision``, the oldest jobrun code revision
 that may still run against the database (written by the revisions, read by
-:mod:`jobrun.sql.compat`). Like the version table, outside :data:`metadata`."""
+:mod:`jobrun.sql.upgrades.compat`). Like the version table, outside :data:`metadata`."""
 
 metadata = MetaData()
 
@@ -170,7 +170,7 @@ Index(
     job_runs.c.job,
 )
 # Revision 0006: the instance prefix filter without a job reads a range of
-# instance (on a bytewise collation: see jobrun.sql.store).
+# instance (on a bytewise collation: see jobrun.sql.store.browse).
 Index("_substrat_job_runs_instance", job_runs.c.instance, job_runs.c.id)
 
 job_schedules = Table(

@@ -14,6 +14,13 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from jobrun._api import (
+    cancel_job_run,
+    pause_job_run,
+    resume_job_run,
+    start_job_run,
+    unpause_job_run,
+)
 from jobrun._core import (
     BrowsableStore,
     JobRunStatus,
@@ -23,13 +30,6 @@ from jobrun._core import (
     job_runs,
     refuse,
     release_job_lease,
-)
-from jobrun._entry import (
-    cancel_job_run,
-    pause_job_run,
-    resume_job_run,
-    start_job_run,
-    unpause_job_run,
 )
 from jobrun.errors import JobConflictError, JobRunNotFoundError, JobValidationError
 from jobrun.ui.audit import log_action

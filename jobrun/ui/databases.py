@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._core import BrowsableStore, refuse, refuse_type, type_name
 from jobrun.errors import JobRunError
-from jobrun.sql.migrate import current_revision, head_revision
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.sql.upgrades.migrate import current_revision, head_revision
 
 DatabaseSource: TypeAlias = BrowsableStore | AsyncEngine
 Databases: TypeAlias = Mapping[str, DatabaseSource] | Sequence[DatabaseSource]

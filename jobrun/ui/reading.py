@@ -247,20 +247,21 @@ _NOTICES = {
 
 
 async def run_page(request: Request) -> Response:
-    console = console_of(request)
-    await console.guard.require_view(request)
-    context = await _run_context(request)
-    status = 404 if context["run"] is None and context["error"] is None else 200
-    return await console.pages.render(request, "run.html", context, status)
+    return await _run_response(request, "run.html")
 
 
 async def run_live(request: Request) -> Response:
     """The changing part of the run page, fetched by the page's script while it runs."""
+    return await _run_response(request, "run_live.html")
+
+
+async def _run_response(request: Request, template: str) -> Response:
+    """One run through ``template``; 404 when there is no such run."""
     console = console_of(request)
     await console.guard.require_view(request)
     context = await _run_context(request)
     status = 404 if context["run"] is None and context["error"] is None else 200
-    return await console.pages.render(request, "run_live.html", context, status)
+    return await console.pages.render(request, template, context, status)
 
 
 async def _database_health(database: Database, now: datetime) -> dict[str, Any]:

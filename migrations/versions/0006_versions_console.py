@@ -37,7 +37,7 @@ def _downgrade_job_version() -> None:
 # --- The compatibility record: the oldest code revision that may run against this schema -------
 # One row, written by the revisions: this one creates it. Code from this revision
 # on reads it when the database is newer than the code and refuses to run when it
-# is older than the row says (jobrun.sql.compat). A later revision that old code
+# is older than the row says (jobrun.sql.upgrades.compat). A later revision that old code
 # can live with leaves the row alone; one it cannot updates the row (and puts the
 # previous value back on its way down).
 #

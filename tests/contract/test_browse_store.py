@@ -13,7 +13,7 @@ from jobrun._core.model.formats import format_instant
 from jobrun._core.model.ids import first_id_at
 from jobrun._core.model.records import JOB_RUN_LIST_MAX
 from jobrun._core.operator.browse import JobLoad, RunQuery
-from jobrun.sql.store import _prefix_successor
+from jobrun.sql.store.browse import _prefix_successor
 from tests.support import (
     SQL_BACKENDS,
     StatementLog,

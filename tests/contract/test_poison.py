@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 import jobrun
+from jobrun._api import SYSTEM_SOURCES
 from jobrun._core.engine.drive import drive_due_jobs
 from jobrun._core.engine.options import DriveOptions
 from jobrun._core.model.records import RunKey, StepRow
-from jobrun._entry import SYSTEM_SOURCES
 from jobrun.testing import FakeClock
 from tests.support import drive, fixed_random, row_of, start_id
 

@@ -3,7 +3,7 @@
 Advisory locks are not replicated: on a replica promoted to primary (a new
 timeline) every presence of the old primary looks free, while the old primary
 may still be running their holders. A presence key carries the tag of the
-server it was taken on (``jobrun.sql.presence``); a lease naming a key of
+server it was taken on (``jobrun.sql.postgres.presence``); a lease naming a key of
 another tag reads as "cannot say" (``presence_held`` None), so its run waits
 for the lease to expire. A promotion itself is staged in
 ``tests/processes/test_failover.py``; here the other server is a key under
@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import func, select
 
 from jobrun._core.leases.holders import HolderIdentity
-from jobrun.sql.presence import SERVER_TAG_BITS
+from jobrun.sql.postgres.presence import SERVER_TAG_BITS
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows
 
 RANDOM_BITS = 63 - SERVER_TAG_BITS

@@ -1,9 +1,10 @@
 """Each rule's Python home (``jobrun._core.model.predicates``, ``browse.run_matches``,
 ``transitions.claim_candidate``) and its SQL twin in ``jobrun.sql.statements``
-select the same rows: the same table of edge cases (every status, NULL and equal
-instants, leases expired, expiring now and unexpired) is written on memory,
-SQLite and Postgres, and every store read built on a rule is compared with the
-rule applied in Python; on the SQL stores each twin is also run bare.
+(``rules``, ``browse``, ``claims``) select the same rows: the same table of edge
+cases (every status, NULL and equal instants, leases expired, expiring now and
+unexpired) is written on memory, SQLite and Postgres, and every store read built
+on a rule is compared with the rule applied in Python; on the SQL stores each
+twin is also run bare.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from jobrun._core.rules.transitions import (
     is_orphan,
     resume_transition,
 )
-from jobrun.sql import statements
 from jobrun.sql.schema import job_runs, job_steps
+from jobrun.sql.statements import rules
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows
 
 BEFORE = "2026-01-01T11:00:00.000Z"
@@ -91,35 +92,35 @@ async def _sql_ids(engine: Any, condition: Any, values: dict[str, Any]) -> set[s
 
 NOW_AT = bindparam("now_at", type_=Text)
 ROW_RULES: list[tuple[str, Callable[[RunRow, str], bool], Any]] = [
-    ("is_due", predicates.is_due, statements.is_due(NOW_AT)),
-    ("is_leased", predicates.is_leased, statements.is_leased(NOW_AT)),
-    ("is_stranded", predicates.is_stranded, statements.is_stranded(NOW_AT)),
-    ("is_failed_since", predicates.is_failed_since, statements.is_failed_since(NOW_AT)),
-    ("has_ended_since", predicates.has_ended_since, statements.has_ended_since(NOW_AT)),
+    ("is_due", predicates.is_due, rules.is_due(NOW_AT)),
+    ("is_leased", predicates.is_leased, rules.is_leased(NOW_AT)),
+    ("is_stranded", predicates.is_stranded, rules.is_stranded(NOW_AT)),
+    ("is_failed_since", predicates.is_failed_since, rules.is_failed_since(NOW_AT)),
+    ("has_ended_since", predicates.has_ended_since, rules.has_ended_since(NOW_AT)),
 ]
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
 async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engine: Any) -> None:
     await put_rows(store, engine, ROWS)
-    assert await _sql_ids(engine, statements.is_live(), {}) == _ids(ROWS, predicates.is_live)
+    assert await _sql_ids(engine, rules.is_live(), {}) == _ids(ROWS, predicates.is_live)
     cancelled = _ids(ROWS, predicates.is_cancelled)
     assert cancelled
-    assert await _sql_ids(engine, statements.is_cancelled(), {}) == cancelled
+    assert await _sql_ids(engine, rules.is_cancelled(), {}) == cancelled
     paused = _ids(ROWS, predicates.is_paused)
     assert paused
-    assert await _sql_ids(engine, statements.is_paused(), {}) == paused
+    assert await _sql_ids(engine, rules.is_paused(), {}) == paused
     runs = job_runs.c
-    parked = statements.parked(runs.status, runs.paused_at, runs.lease_owner, runs.next_attempt_at)
+    parked = rules.parked(runs.status, runs.paused_at, runs.lease_owner, runs.next_attempt_at)
     for at, (name, rule, twin) in itertools.product(INSTANTS, ROW_RULES):
         wanted = {row.id for row in ROWS if rule(row, at)}
         assert await _sql_ids(engine, twin, {"now_at": at}) == wanted, (name, at)
     async with engine.connect() as connection:
-        found = await connection.execute(select(job_runs.c.id, statements.due_at()))
+        found = await connection.execute(select(job_runs.c.id, rules.due_at()))
         assert dict(found.all()) == {row.id: predicates.due_at(row) for row in ROWS}
-        found = await connection.execute(select(job_runs.c.id, statements.waiting_since()))
+        found = await connection.execute(select(job_runs.c.id, rules.waiting_since()))
         assert dict(found.all()) == {row.id: predicates.waiting_since(row) for row in ROWS}
-        found = await connection.execute(select(job_runs.c.id, statements.stored_version()))
+        found = await connection.execute(select(job_runs.c.id, rules.stored_version()))
         assert dict(found.all()) == {row.id: predicates.stored_version(row) for row in ROWS}
         found = await connection.execute(select(job_runs.c.id, parked))
         wanted_due = {row.id: predicates.parked(row).next_attempt_at for row in ROWS}
@@ -134,7 +135,7 @@ async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engin
                 f"versioned_job_{i}": job,
                 f"versioned_version_{i}": version,
             }
-        twin = statements.runnable_by(len(versioned))
+        twin = rules.runnable_by(len(versioned))
         wanted = {row.id for row in ROWS if predicates.runnable_by(row, versions)}
         assert await _sql_ids(engine, twin, values) == wanted, versions
 
@@ -161,7 +162,7 @@ async def test_prunable_and_its_sql_twin_agree(store: Any, engine: Any) -> None:
     await put_rows(store, engine, ROWS)
     for (statuses, only, excepted), at in itertools.product(PRUNES, INSTANTS):
         only_pairs = None if only is None else sorted(only)
-        condition = statements.is_prunable(
+        condition = rules.is_prunable(
             len(statuses), None if only_pairs is None else len(only_pairs), len(excepted)
         )
         values: dict[str, Any] = {"ended_before": at}
@@ -283,7 +284,7 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
         else:
             assert chosen == wanted, (at, by_age, versions)
         # What the store wrote is what the core's transition makes of the row it chose
-        # (Postgres writes it in SQL: statements._claimed_values).
+        # (Postgres writes it in SQL: jobrun.sql.statements.claims._claimed_values).
         wrote = claim_transition(chosen, request)
         assert (claimed.row, claimed.previous) == (wrote.row, wrote.previous), (at, dead, chosen)
         await _put_back(store, engine, chosen)

@@ -15,7 +15,7 @@ from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
+import jobrun._cli.commands.db  # registers the db commands on the group
 from jobrun._cli.app import cli
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE
 from tests.support import SQL_BACKENDS, revision_of, run_alembic

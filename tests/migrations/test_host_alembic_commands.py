@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
+import jobrun._cli.commands.db  # registers the db commands on the group
 from jobrun._cli.app import cli
 from jobrun.sql.schema import SCHEMA_REVISION, VERSION_TABLE
 from tests.migrations.test_alembic_outside import (

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
+import jobrun._cli.commands.db  # registers the db commands on the group
 from jobrun._cli.app import cli
 from jobrun._cli.many_databases import urls_in
 from jobrun.sql.schema import SCHEMA_REVISION

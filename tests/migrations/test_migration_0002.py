@@ -21,8 +21,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import DUE_AT, SCHEMA_REVISION, job_runs
+from jobrun.sql.upgrades.migrate import downgrade
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, query_plan, revision_of
 

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.model.records import ClaimRequest
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     SQL_BACKENDS,
     assert_walks_index_in_order,

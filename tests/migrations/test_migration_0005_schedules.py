@@ -12,8 +12,8 @@ from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import SQL_BACKENDS, done_at_once, revision_of
 
 SCHEDULES = "_substrat_job_schedules"

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-from jobrun.sql.migrate import downgrade
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0006,
     COLUMNS_0009,
@@ -82,7 +82,7 @@ async def test_0006_keeps_every_row_and_marks_the_runs_cancelled_before_it(
     await jobrun.upgrade(engine, "0006")
     assert await revision_of(engine) == "0006"
     # Read and driven as code of 0006 would (this code needs the workers' table of 0007).
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0006")
     assert await _rows(engine, columns) == before
     assert [marked for (marked,) in await _rows(engine, "cancelled")] == [
         int(expected) for *_, expected in CASES

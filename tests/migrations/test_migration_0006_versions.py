@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.model.records import RunRow
-from jobrun.sql.compat import refusal
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE
+from jobrun.sql.upgrades.compat import refusal
+from jobrun.sql.upgrades.migrate import downgrade
 from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
@@ -121,7 +121,7 @@ async def test_code_older_than_the_record_refuses_a_newer_database(
 ) -> None:
     await jobrun.upgrade(blank, "0006")
     # This code, as if it were of revision 0005 (before versioned jobs), on a 0006 database.
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0005")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0005")
     with pytest.raises(jobrun.CodeOutdatedError) as refused:
         await jobrun.job_runs(await _store_of(blank))
     assert str(refused.value) == (
@@ -147,7 +147,7 @@ async def test_a_future_revision_decides_by_its_record(
     await jobrun.upgrade(blank, "0007")
     # Revision 0007 (the workers' table) lets code of 0006 run: its record says 0006.
     # (A read of the ledger, which 0006 and this code spell alike, stands for its work.)
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0006")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0006")
     assert await (await _store_of(blank)).steps("no such run") == {}
     # One that it may not: its record says 0007.
     async with blank.begin() as connection:
@@ -156,7 +156,7 @@ async def test_a_future_revision_decides_by_its_record(
         await (await _store_of(blank)).steps("no such run")
     # Code of that revision runs; code of a later one too.
     for code in ("0007", "0008"):
-        monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", code)
+        monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", code)
         if code == "0008":
             with pytest.raises(jobrun.SchemaOutdatedError):
                 await (await _store_of(blank)).steps("no such run")
@@ -172,7 +172,7 @@ async def test_a_database_from_before_the_record_lets_older_code_run(
     # test shows with real 0004 code); this code, pretending to be 0004, passes the
     # check too (a read of the ledger, which 0004 and 0006 spell alike).
     await jobrun.upgrade(blank, "0005")
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0004")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0004")
     assert await (await _store_of(blank)).steps("no such run") == {}
 
 

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.model.worker_rows import WorkerRow, jobs_text
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0009,
     SQL_BACKENDS,

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.model.formats import format_instant
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import SCHEMA_REVISION
+from jobrun.sql.upgrades.migrate import downgrade
 from jobrun.testing import FakeClock
 from tests.support import SQL_BACKENDS, revision_of
 

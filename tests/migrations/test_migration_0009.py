@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 from jobrun._core.model.predicates import PARKED_AT
-from jobrun.sql.migrate import downgrade
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION
+from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0009,
     SQL_BACKENDS,
@@ -111,6 +111,6 @@ async def test_code_of_0008_may_run_against_0009(
 ) -> None:
     await jobrun.upgrade(at_0008)
     # The record says 0006: the store's check lets code of 0008 run (honouring no pause).
-    monkeypatch.setattr("jobrun.sql.store.SCHEMA_REVISION", "0008")
+    monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0008")
     runs = await jobrun.job_runs(jobrun.SqlJobRunStore(at_0008))
     assert len(runs) == 4

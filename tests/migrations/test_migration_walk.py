@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
 from jobrun._cli.schema_check import check
-from jobrun.sql.migrate import alembic_config, downgrade
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
+from jobrun.sql.upgrades.migrate import alembic_config, downgrade
 from tests.support import SQL_BACKENDS, revision_of
 
 JOBRUN_TABLES = sorted(metadata.tables)

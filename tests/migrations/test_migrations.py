@@ -32,13 +32,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 import jobrun
-from jobrun.sql.migrate import (
+from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
+from jobrun.sql.upgrades.migrate import (
     alembic_config,
     downgrade,
     head_revision,
     migrations_directory,
 )
-from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
 from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic
 
 JOBRUN_TABLES = {

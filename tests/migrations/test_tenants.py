@@ -14,10 +14,10 @@ from sqlalchemy import inspect, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
+import jobrun._cli.commands.db  # registers the db commands on the group
 from jobrun._cli.app import cli
+from jobrun.sql.postgres.tenancy import notify_channel
 from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION, VERSION_TABLE, metadata
-from jobrun.sql.tenancy import notify_channel
 from jobrun.testing import FakeClock
 from tests.support import drive, revision_of, run_in_thread
 
@@ -83,11 +83,13 @@ async def test_two_tenants_in_one_database_are_isolated_both_ways(blank_engine: 
     assert [run.id for run in await jobrun.job_runs(b)] == [run_b.id]
     async with blank_engine.connect() as connection:
         for tenant in ("tenant_a", "tenant_b"):
-            revision = await connection.run_sync(jobrun.sql.migrate.current_revision, tenant)
+            revision = await connection.run_sync(
+                jobrun.sql.upgrades.migrate.current_revision, tenant
+            )
             assert revision == SCHEMA_REVISION
     assert await revision_of(blank_engine) is None  # no version table on the search path
     # Down in one tenant leaves the other alone.
-    await jobrun.sql.migrate.downgrade(blank_engine, schema="tenant_a")
+    await jobrun.sql.upgrades.migrate.downgrade(blank_engine, schema="tenant_a")
     assert (await tables_by_schema(blank_engine))["tenant_a"] == {VERSION_TABLE}
     assert [run.id for run in await jobrun.job_runs(b)] == [run_b.id]
 

@@ -14,6 +14,7 @@ this test loads the package with griffe too, and checks:
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -34,9 +35,20 @@ PROTOCOLS = {
 STORES = {"SqlJobRunStore", "MemoryJobRunStore"}
 
 
+# The griffe extensions the reference site loads (mkdocs.yml); system_bound makes the
+# operations jobrun._api binds to the real sources read as the functions they are.
+SITE_EXTENSIONS = (
+    "docs/_extensions/rst_roles.py:RestRoles",
+    "docs/_extensions/system_bound.py:SystemBound",
+)
+
+
 @pytest.fixture(scope="module")
 def package() -> griffe.Module:
-    loaded = griffe.load("jobrun", search_paths=[str(REPO)], resolve_aliases=True)
+    extensions = griffe.load_extensions(*(str(REPO / name) for name in SITE_EXTENSIONS))
+    loaded = griffe.load(
+        "jobrun", search_paths=[str(REPO)], resolve_aliases=True, extensions=extensions
+    )
     assert isinstance(loaded, griffe.Module)
     return loaded
 
@@ -97,6 +109,26 @@ def test_the_store_methods_skipped_above_are_documented_on_the_protocols(
         if not name.startswith("_") and not documented(member)
     ]
     assert missing == []
+
+
+def test_the_site_loads_the_extensions_checked_here() -> None:
+    site = (REPO / "mkdocs.yml").read_text()
+    assert [name for name in SITE_EXTENSIONS if f"- {name}" not in site] == []
+
+
+def test_the_site_shows_each_public_function_with_its_run_time_parameters(
+    package: griffe.Module,
+) -> None:
+    """The operations bound to the real sources included: ``sources`` is not shown."""
+    for name in jobrun.__all__:
+        function = getattr(jobrun, name)
+        if not inspect.isfunction(function):
+            continue
+        shown = lookup(package, f"jobrun.{name}")
+        assert shown.is_function, name
+        assert [parameter.name for parameter in shown.parameters] == list(
+            inspect.signature(function).parameters
+        ), name
 
 
 def test_every_public_name_is_on_a_reference_page() -> None:

@@ -1,11 +1,13 @@
 """Each rule is spelled in one place: its Python home and its SQL twin, nowhere else.
 
 The homes are ``jobrun/_core/model/predicates.py`` (and ``browse.run_matches``,
-``transitions``) with the twins of the same names in ``jobrun/sql/statements.py``
-(tests/contract/test_rule_parity.py checks that each pair agrees). This test
-scans ``jobrun/`` for the spellings that were once repeated across the stores,
-the test kit and the claim, and fails when one appears outside its home
-(file, and function where the file holds more than the rule).
+``transitions``, ``worker_registry``) with the twins of the same names in
+``jobrun/sql/statements/`` (``rules.py``; the claim's in ``claims.py``, the
+workers' in ``operator.py``; tests/contract/test_rule_parity.py checks that each
+pair agrees). This test scans ``jobrun/`` for the spellings that were once
+repeated across the stores, the test kit and the claim, and fails when one
+appears outside its home (file, and function where the file holds more than the
+rule).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "jobrun"
 PREDICATES = "_core/model/predicates.py"
-STATEMENTS = "sql/statements.py"
+STATEMENTS = "sql/statements/rules.py"
+CLAIM_STATEMENTS = "sql/statements/claims.py"
+OPERATOR_STATEMENTS = "sql/statements/operator.py"
 
 # (rule, pattern, {file: functions allowed to spell it, or None for the whole file})
 RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
@@ -45,7 +49,11 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
         r"lease_owner\.is_not\(None\)",
         # change_statement: RunChange.leased (an operator's release), its own rule;
         # _claimed_values: claim_transition's twin (a lease on the run: a takeover).
-        {STATEMENTS: {"is_leased", "is_stranded", "change_statement", "_claimed_values"}},
+        {
+            STATEMENTS: {"is_leased", "is_stranded"},
+            OPERATOR_STATEMENTS: {"change_statement"},
+            CLAIM_STATEMENTS: {"_claimed_values"},
+        },
     ),
     (
         "live: status is running (stores, core, SQL)",
@@ -91,7 +99,10 @@ RULES: list[tuple[str, str, dict[str, set[str] | None]]] = [
     (
         "a worker is live: its row's expiry is still ahead",
         r"\.expires_at\s*[<>]",
-        {"_core/operator/worker_registry.py": {"worker_is_live"}, STATEMENTS: {"worker_is_live"}},
+        {
+            "_core/operator/worker_registry.py": {"worker_is_live"},
+            OPERATOR_STATEMENTS: {"worker_is_live"},
+        },
     ),
 ]
 # The console and the command line read public JobRun records, not stored rows.

@@ -56,6 +56,88 @@ REQUIRED_NAMES = {
 }
 
 
+# Every public function's signature as it was before jobrun/_api.py bound the core
+# functions to the real sources (issue 35): the refactor changed none of them.
+PUBLIC_SIGNATURES = {
+    "assert_queue_safe": "(value: 'Any', root: 'str') -> 'None'",
+    "cancel_job_run": (
+        "(store: 'OperatorStore', run_id: 'str', reason: 'str', *, "
+        "clock: 'ClockLike | None' = None) -> 'JobRun'"
+    ),
+    "get_job_run": "(store: 'JobRunStore', run_id: 'str') -> 'JobRun | None'",
+    "job_run_health": (
+        "(store: 'OperatorStore', *, by_job: 'bool' = False, "
+        "clock: 'ClockLike | None' = None) -> 'JobRunHealth'"
+    ),
+    "job_run_list_limit": "(limit: 'float | None') -> 'int'",
+    "job_runs": (
+        "(store: 'JobRunStore', *, module_id: 'str | None' = None, "
+        "job: 'str | None' = None, instance: 'str | None' = None, "
+        "status: 'str | None' = None, limit: 'float | None' = None) -> 'list[JobRun]'"
+    ),
+    "migrate_on_connection": (
+        "(connection: 'Connection', revision: 'str' = 'head', *, "
+        "schema: 'str | None' = None) -> 'None'"
+    ),
+    "observe_all": "(*observers: 'PassObserver') -> 'PassObserver'",
+    "prune_job_runs": (
+        "(store: 'OperatorStore', *, older_than: 'timedelta | datetime', "
+        "statuses: 'tuple[str, ...]' = ('done',), batch_size: 'int' = 500, "
+        "clock: 'ClockLike | None' = None, only_jobs: 'frozenset[tuple[str, "
+        "str]] | None' = None, except_jobs: 'frozenset[tuple[str, "
+        "str]]' = frozenset()) -> 'int'"
+    ),
+    "release_job_lease": "(store: 'OperatorStore', run_id: 'str') -> 'bool'",
+    "resume_job_run": (
+        "(store: 'OperatorStore', run_id: 'str', *, clock: 'ClockLike | None' = None) -> 'JobRun'"
+    ),
+    "run_due_jobs": (
+        "(store: 'JobRunStore', registry: 'JobRegistry', *, "
+        "options: 'DriveOptions | None' = None, stop: 'asyncio.Event | None' = None, "
+        "**keywords: 'Unpack[DriveKeywords]') -> 'JobDriveReport'"
+    ),
+    "run_worker": (
+        "(databases: 'Sequence[Database]', registry: 'JobRegistry', *, "
+        "options: 'DriveOptions | None' = None, interval_s: 'float' = 5.0, "
+        "concurrency: 'int' = 1, on_health: 'HealthCallback | None' = None, "
+        "stop: 'asyncio.Event | None' = None, prune_after: 'timedelta | None' = None, "
+        "prune_unregistered_after: 'timedelta | None' = None, "
+        "schema: 'str | None' = None, max_open_sqlite: 'int' = 64, "
+        "max_connections_per_database: 'int' = 2, max_databases: 'int | None' = None, "
+        "reloads: 'asyncio.Queue[Sequence[Database]] | None' = None, "
+        "heartbeat_s: 'float' = 10.0, **keywords: 'Unpack[DriveKeywords]') -> 'None'"
+    ),
+    "skip_jobrun_tables": (
+        "(obj: 'object', name: 'str | None', type_: 'str', reflected: 'bool', "
+        "compare_to: 'object') -> 'bool'"
+    ),
+    "start_job_run": (
+        "(store: 'JobRunStore', *, module_id: 'str', job: 'str', "
+        "instance: 'str' = 'default', payload: 'Any' = None, priority: 'int' = 0, "
+        "start_at: 'datetime | None' = None, delay_s: 'float | None' = None, "
+        "clock: 'ClockLike | None' = None, connection: 'Any' = None) -> 'JobRun'"
+    ),
+    "start_job_runs": (
+        "(store: 'JobRunStore', starts: 'Iterable[JobStart]', *, "
+        "clock: 'ClockLike | None' = None, connection: 'Any' = None) -> 'list[JobRun]'"
+    ),
+    "start_scheduled_runs": (
+        "(store: 'ScheduleStore', registry: 'JobRegistry', *, "
+        "now: 'datetime | None' = None, "
+        "clock: 'ClockLike | None' = None) -> 'list[JobRun]'"
+    ),
+    "upgrade": (
+        "(engine: 'AsyncEngine', revision: 'str' = 'head', *, "
+        "schema: 'str | None' = None) -> 'None'"
+    ),
+    "upgrade_many": (
+        "(urls: 'Iterable[str | URL]', *, concurrency: 'int' = 8, "
+        "schema: 'str | None' = None, "
+        "revision: 'str' = 'head') -> 'list[UpgradeResult]'"
+    ),
+}
+
+
 def isort_style_key(name: str) -> tuple[int, list[Any]]:
     """The order ruff's RUF022 keeps ``__all__`` in.
 
@@ -111,6 +193,40 @@ def test_every_public_attribute_is_in_all() -> None:
         if not name.startswith("_") and not inspect.ismodule(getattr(jobrun, name))
     }
     assert public == set(jobrun.__all__)
+
+
+def test_the_public_signatures_are_unchanged() -> None:
+    functions = {name: getattr(jobrun, name) for name in jobrun.__all__}
+    signatures = {
+        name: str(inspect.signature(function))
+        for name, function in functions.items()
+        if inspect.isfunction(function)
+    }
+    assert signatures == PUBLIC_SIGNATURES
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cancel_job_run",
+        "job_run_health",
+        "prune_job_runs",
+        "resume_job_run",
+        "start_job_run",
+        "start_job_runs",
+        "start_scheduled_runs",
+    ],
+)
+def test_an_operation_bound_to_the_real_sources_reads_as_its_own_function(name: str) -> None:
+    function = getattr(jobrun, name)
+    assert inspect.iscoroutinefunction(function)
+    assert (function.__module__, function.__name__, function.__qualname__) == (
+        "jobrun._api",
+        name,
+        name,
+    )
+    assert function.__doc__
+    assert "sources" not in function.__annotations__
 
 
 def test_a_lazy_name_is_the_object_its_module_defines() -> None:

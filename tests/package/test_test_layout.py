@@ -56,6 +56,6 @@ def test_the_mirror_reads_the_core_s_wings_and_the_package_s_rooms() -> None:
     assert mirrored(PACKAGE / "_core/leases/renewal.py") == UNIT / "leases/test_renewal.py"
     assert mirrored(PACKAGE / "_core/port.py") == UNIT / "test_port.py"
     assert mirrored(PACKAGE / "errors.py") == UNIT / "test_errors.py"
-    assert mirrored(PACKAGE / "sql/store.py") == UNIT / "sql/test_store.py"
+    assert mirrored(PACKAGE / "sql/postgres/presence.py") == UNIT / "sql/postgres/test_presence.py"
     assert mirrored(PACKAGE / "ui/__init__.py") == UNIT / "test_ui.py"
     assert mirrored(PACKAGE / "_core/__init__.py") == UNIT / "test__core.py"

@@ -1,8 +1,7 @@
 """Two ``jobrun worker`` processes with library defaults over one database; the one
 holding the only run is killed with kill -9 while the other is idle (issue 31 item 1).
 
-Not a test module: ``test_idle_survivor.py`` asserts on it and
-``benchmarks/bench_idle_survivor.py`` measures with it. The workers run
+Not a test module: ``test_idle_survivor.py`` asserts on it. The workers run
 ``survivor_app.py``, whose step bodies append ``<pid> <time> <run>`` to a log file,
 so the survivor's first body is read from that file, not from what the worker says.
 """

@@ -15,6 +15,8 @@ SQLite-lock cases broke the promise (overlapping bodies in every run; see
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from tests.chaos.faults import (
 )
 from tests.chaos.idle_survivor import IdleSurvivor
 from tests.chaos.stage import Fault, assert_a_clean_scenario
+from tests.support import REPO
 
 POSTGRES_URL = os.environ.get("JOBRUN_TEST_POSTGRES_URL", "")
 POSTGRES = pytest.mark.postgres
@@ -63,3 +66,23 @@ async def test_no_two_bodies_of_a_run_overlap_and_no_run_is_lost(
     fault: Fault, backend: str, tmp_path: Path
 ) -> None:
     await assert_a_clean_scenario(fault, backend, POSTGRES_URL, tmp_path)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(120)
+def test_the_runner_writes_the_table(tmp_path: Path) -> None:
+    """``python -m tests.chaos`` (``make chaos``): one scenario, its row in the table
+    the promises page shows, and the JSON records beside it."""
+    out = tmp_path / "chaos-results"
+    command = [sys.executable, "-m", "tests.chaos", "--only", "kill -9 holder mid-step sqlite"]
+    command += ["--out", str(out)]
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    header, blank, columns, _rule, row, *more = out.with_suffix(".md").read_text().splitlines()
+    assert header.startswith("Chaos run of ")
+    assert (blank, more) == ("", [])
+    assert columns.startswith("| scenario | backend | overlaps |")
+    assert row.startswith("| kill -9 holder mid-step | sqlite | 0 | ")
+    assert out.with_suffix(".json").exists()

@@ -24,11 +24,13 @@ from rich.console import Console
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
-import jobrun._cli.worker_command  # registers the worker command
+import jobrun._cli.commands.actions  # registers the commands on the group
+import jobrun._cli.commands.health
+import jobrun._cli.commands.runs
+import jobrun._cli.commands.worker
 from jobrun._cli.app import LAZY_COMMANDS, cli
 from jobrun._cli.render import runs_table
-from tests.processes.test_cli import invoke, start, with_store
+from tests.processes.cli_support import CLI_APP, invoke, start, with_store
 from tests.support import REPO, SQL_BACKENDS, log_worker_statements
 
 
@@ -107,9 +109,7 @@ def test_non_utf8_arguments_to_the_program_get_one_line(sqlite_url: str) -> None
 def test_the_worker_reads_the_url_from_the_environment(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     env = {"JOBRUN_DATABASE_URL": f"sqlite+aiosqlite:///{missing}"}
-    line = one_line_failure(
-        invoke("worker", "--app", "tests.processes.test_cli:registry", env=env), 1
-    )
+    line = one_line_failure(invoke("worker", "--app", CLI_APP, env=env), 1)
     # It got past "Missing option '--url'": the URL came from the environment.
     assert line == (
         f"Error: no SQLite database at {missing}: create it with "
@@ -188,7 +188,7 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
         {"module_id": "shop", "job": "forgotten", "due": 1, "live_workers": 0},
         {"module_id": "shop", "job": "walk", "due": 2, "live_workers": 0},
     ]
-    marked = invoke("health", "--url", database_url, "--app", "tests.processes.test_cli:registry")
+    marked = invoke("health", "--url", database_url, "--app", CLI_APP)
     assert marked.exit_code == 0, marked.output
     assert "due shop/forgotten  1  (not registered by --app: nothing will run these)" in (
         marked.output
@@ -196,9 +196,7 @@ def test_health_shows_due_runs_per_job_and_marks_the_unregistered(database_url: 
     [walk_line] = [line for line in marked.output.splitlines() if "due shop/walk" in line]
     # Registered by --app, but no live worker runs it either (none is running).
     assert " ".join(walk_line.split()) == "due shop/walk 2 (no live worker runs this job)"
-    as_json = invoke(
-        "health", "--url", database_url, "--app", "tests.processes.test_cli:registry", "--json"
-    )
+    as_json = invoke("health", "--url", database_url, "--app", CLI_APP, "--json")
     assert [job["registered"] for job in json.loads(as_json.stdout)["due_by_job"]] == [
         False,
         True,
@@ -245,7 +243,7 @@ def test_neither_import_jobrun_nor_a_command_that_does_not_migrate_imports_alemb
 ) -> None:
     # Alembic costs about what SQLAlchemy costs to import; only migrating needs it. SQLAlchemy
     # itself loads only for the commands that open a database, not for `import jobrun` or --help.
-    # (The timings themselves are in benchmarks/bench_import.py, not in a test.)
+    # (The timings themselves are in benchmarks/scenarios/imports.py, not in a test.)
     heavy = "sorted({name.split('.')[0] for name in sys.modules} & {'alembic', 'sqlalchemy'})"
     probe = (
         "import runpy, sys\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes.test_cli import fails, ok
+from tests.processes.cli_support import APP, fails, ok
 from tests.support import SQL_BACKENDS
 
 
@@ -112,3 +112,34 @@ def test_from_file_takes_no_single_start_arguments(database_url: str, tmp_path: 
     refused = fails(2, "start", "--url", database_url, "shop", "walk", "--from-file", str(source))
     assert "--from-file takes the starts from FILE" in refused.output
     assert "give MODULE and JOB" in fails(2, "start", "--url", database_url).output
+
+
+def test_start_says_started_then_joined(database_url: str) -> None:
+    first = ok("start", "--url", database_url, "shop", "walk", "--payload", '{"shop": 42}')
+    verb, run_id = first.stdout.split()
+    assert verb == "started"
+    again = ok("start", "--url", database_url, "shop", "walk", "--payload", '{"shop": 7}')
+    assert again.stdout.split() == ["joined", run_id]
+    other = ok("start", "--url", database_url, "shop", "walk", "--instance", "b")
+    assert other.stdout.split()[0] == "started"
+    assert other.stdout.split()[1] != run_id
+    shown = json.loads(ok("show", "--url", database_url, run_id, "--json").stdout)
+    assert shown["run"]["payload"] == {"shop": 42}  # the live run's payload won
+
+
+def test_start_with_app_refuses_a_job_the_registry_lacks(database_url: str) -> None:
+    refused = fails(2, "start", "--url", database_url, "demo", "pagse", "--app", APP)
+    assert "registers no job demo/pagse; did you mean demo/pages?" in refused.stderr
+    far = fails(2, "start", "--url", database_url, "shop", "zzz", "--app", APP)
+    assert "registers no job shop/zzz (it registers" in far.stderr
+    # Nothing was written: the runs list is empty.
+    assert json.loads(ok("runs", "--url", database_url, "--json").stdout) == []
+    started = ok("start", "--url", database_url, "demo", "pages", "--app", APP)
+    assert started.stdout.split()[0] == "started"
+    assert "warning" not in started.stderr
+
+
+def test_start_without_app_warns_that_the_name_is_unchecked(database_url: str) -> None:
+    started = ok("start", "--url", database_url, "shop", "heartbeet")
+    assert started.stdout.split()[0] == "started"
+    assert "shop/heartbeet is not checked against any registry" in started.stderr

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.testclient import TestClient
 
 import jobrun
-from jobrun.sql.migrate import head_revision
+from jobrun.sql.upgrades.migrate import head_revision
 from tests.fake_api import FakeApi, object_size, serve
 from tests.support import REPO, SQL_BACKENDS, revision_of
 

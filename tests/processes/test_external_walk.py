@@ -13,7 +13,7 @@ file, or Postgres) and so one rate-limit bucket declared at the API's rate:
   (at most the killed driver's concurrency), and none was written twice, since a
   replayed mark carries the same idempotency key.
 
-Speed is not asserted here (machines are noisy): ``benchmarks/bench_external_walk.py``
+Speed is not asserted here (machines are noisy): ``benchmarks/scenarios/external_walk.py``
 measures the sustained rate and the speed-up of ``p.map`` at full size.
 """
 

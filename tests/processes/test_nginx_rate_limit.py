@@ -9,7 +9,7 @@ collection) with tokens granted to it, and then wakes with all of them due.
 
 The rate here is low (20 a second: a token every 50 ms), so that a loaded test
 machine's stalls stay within what jobrun keeps back of the burst; how close to
-the rate the walk comes is a benchmark's business (``benchmarks/bench_nginx_walk.py``).
+the rate the walk comes is a benchmark's business (``benchmarks/scenarios/nginx_walk.py``).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
+from jobrun._api import SYSTEM_SOURCES
 from jobrun._core.model.formats import format_instant, parse_instant
 from jobrun._core.model.records import RunRow
 from jobrun._core.operator.retention import prune_by_retention
-from jobrun._entry import SYSTEM_SOURCES
 from jobrun.sql.schema import job_schedules
 from tests.processes import schedule_app
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows, spawn_worker

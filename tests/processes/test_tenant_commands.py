@@ -20,13 +20,15 @@ from click.testing import CliRunner
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-import jobrun._cli.commands  # registers the commands on the group
-import jobrun._cli.schedules
-import jobrun._cli.ui_command
-import jobrun._cli.worker_command
+import jobrun._cli.commands.actions  # registers the commands on the group
+import jobrun._cli.commands.health
+import jobrun._cli.commands.runs
+import jobrun._cli.commands.schedules
+import jobrun._cli.commands.ui
+import jobrun._cli.commands.worker
 from jobrun._cli.app import cli
+from jobrun.sql.postgres.tenancy import in_schema
 from jobrun.sql.schema import SCHEMA_REVISION
-from jobrun.sql.tenancy import in_schema
 from jobrun.ui import create_app
 from tests.support import REPO, iso, run_in_thread, set_columns
 

@@ -601,8 +601,8 @@ async def test_after_a_full_disk_the_worker_resumes_well_within_the_lease(
 
 
 def test_the_command_refuses_a_bad_app_and_an_unknown_database(tmp_path: Path):
-    from jobrun._cli import worker_command as _registers  # noqa: F401
     from jobrun._cli.app import cli
+    from jobrun._cli.commands import worker as _registers  # noqa: F401
 
     runner = CliRunner()
     url = f"sqlite+aiosqlite:///{tmp_path / 'nothing.db'}"

@@ -45,14 +45,19 @@ async def _record(store: OperatorStore, run_id: str) -> JobRun:
 
 
 async def cancel_job_run(
+    sources: Sources,
+    /,
     store: OperatorStore,
     run_id: str,
     reason: str,
     *,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> JobRun:
-    """:func:`jobrun.cancel_job_run`, handed its sources (the system clock)."""
+    """Fail a running run now, with ``reason`` on the record.
+
+    A pass in flight notices at its next step (its write is refused) and stops.
+    The ledger is kept, so :func:`resume_job_run` does not repeat finished steps.
+    """
     if not isinstance(reason, str) or not reason.strip():
         raise refuse(
             "reason", "empty or not a str", message="a cancellation needs a reason for the record"
@@ -70,9 +75,16 @@ async def cancel_job_run(
 
 
 async def resume_job_run(
-    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None, sources: Sources
+    sources: Sources, /, store: OperatorStore, run_id: str, *, clock: ClockLike | None = None
 ) -> JobRun:
-    """:func:`jobrun.resume_job_run`, handed its sources (the system clock)."""
+    """Put a failed run back to running, from its last committed cursor.
+
+    Its last pass's completed steps are kept (not repeated); attempts start
+    again from zero. Refused while another run of the same key is live.
+    Counters that are malformed (written by something other than ``p.count``)
+    are repaired: every entry that is a finite number is kept, the rest dropped
+    (counters that are not a JSON object at all start again from ``{}``).
+    """
     row = await store.get(_check_id(run_id))
     counters = None if row is None else repaired_counters(row.counters)
     at = format_instant(sources.clock_for(clock).now())
@@ -103,13 +115,24 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
 
 
 async def job_run_health(
+    sources: Sources,
+    /,
     store: OperatorStore,
     *,
     by_job: bool = False,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> JobRunHealth:
-    """:func:`jobrun.job_run_health`, handed its sources (the system clock, this host)."""
+    """Counts for a dashboard: running, due now, leased, failed, the oldest due age,
+    and the leased runs whose holder is provably dead (``orphaned``).
+
+    A stranded run (its lease expired) is due, not leased: it waits for a driver
+    like any other due run. An orphaned run is still leased until its lease
+    expires, though a driver takes it over at once. With ``by_job`` (one more
+    read) ``due_by_job`` says which jobs the due runs belong to: a job that no
+    driver registers shows up there and never drains; and (one more)
+    ``versions_by_job`` counts each job's running runs by stored version: runs of
+    a version newer than every worker's code (after a rollback) are never claimed.
+    """
     now = (await aligned_clock(store, clock, sources.clock)).now()
     now_at = format_instant(now)
     counts = await store.health(now_at)
@@ -140,6 +163,8 @@ async def job_run_health(
 
 
 async def prune_job_runs(
+    sources: Sources,
+    /,
     store: OperatorStore,
     *,
     older_than: timedelta | datetime,
@@ -148,9 +173,15 @@ async def prune_job_runs(
     clock: ClockLike | None = None,
     only_jobs: frozenset[tuple[str, str]] | None = None,
     except_jobs: frozenset[tuple[str, str]] = frozenset(),
-    sources: Sources,
 ) -> int:
-    """:func:`jobrun.prune_job_runs`, handed its sources (the system clock)."""
+    """Delete finished runs that ended before a cutoff, with their ledgers.
+
+    ``older_than`` is an age (``timedelta``) or an aware cutoff instant.
+    Running runs are never deleted. Works in batches of ``batch_size`` runs, one
+    short transaction each. ``only_jobs`` limits it to runs of those
+    ``(module_id, job)`` pairs; runs of ``except_jobs`` are kept. Returns how
+    many runs were deleted.
+    """
     wanted = tuple(statuses)
     unknown = [status for status in wanted if status not in PRUNABLE]
     if not wanted or unknown:

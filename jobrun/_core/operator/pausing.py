@@ -60,14 +60,27 @@ async def _row(store: OperatorStore, run_id: str) -> RunRow:
 
 
 async def pause_job_run(
+    sources: Sources,
+    /,
     store: OperatorStore,
     run_id: str,
     *,
     reason: str | None = None,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> JobRun:
-    """:func:`jobrun.pause_job_run`, handed its sources (the system clock)."""
+    """Pause a running run until :func:`unpause_job_run`; returns its record.
+
+    A paused run stays live (a start of its key joins it) but no driver claims
+    it. A pass in flight stops at its next step boundary: its next step write
+    tells it (at most one more step body starts, and none in a pass that writes
+    no more steps, which then ends as it would), it starts no new step, commits
+    nothing, is charged nothing (no attempt, no backoff, no error), keeps the
+    steps that finished and gives its lease back, which also frees its limit
+    slots. Not a cancel: the run keeps its cursor and ledger and goes on from
+    there when unpaused. Pausing a paused run changes nothing (the first pause's
+    time and reason stay); pausing a run that has ended raises
+    :class:`JobRunNotLiveError`.
+    """
     _check_id(run_id)
     reason = _checked_reason(reason)
     for _ in range(_TRIES):
@@ -83,9 +96,12 @@ async def pause_job_run(
 
 
 async def unpause_job_run(
-    store: OperatorStore, run_id: str, *, clock: ClockLike | None = None, sources: Sources
+    sources: Sources, /, store: OperatorStore, run_id: str, *, clock: ClockLike | None = None
 ) -> JobRun:
-    """:func:`jobrun.unpause_job_run`, handed its sources (the system clock)."""
+    """Unpause a paused run: due at once, and workers pick it up as they would a new
+    run. Unpausing a running run that is not paused changes nothing; a run that has
+    ended raises :class:`JobRunNotLiveError`. A run of a paused job stays unpaused
+    (the job's next starts are still paused)."""
     _check_id(run_id)
     for _ in range(_TRIES):
         at = format_instant(sources.clock_for(clock).now())
@@ -104,15 +120,21 @@ def _checked_job(module_id: object, job: object) -> tuple[str, str]:
 
 
 async def pause_job(
+    sources: Sources,
+    /,
     store: OperatorStore,
     *,
     module_id: str,
     job: str,
     reason: str | None = None,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> int:
-    """:func:`jobrun.pause_job`, handed its sources (the system clock)."""
+    """Pause a job, as a queue is paused: every live run of ``(module_id, job)`` is
+    paused (as :func:`pause_job_run` would), and so is every run of it started
+    until :func:`unpause_job`, each from its start (a start still joins a live
+    run of its key). One transaction; returns how many runs it paused now. The
+    pause is recorded in the database (health and the console list it); pausing
+    a paused job keeps its record and pauses what is not paused yet."""
     module_id, job = _checked_job(module_id, job)
     reason = _checked_reason(reason)
     at = format_instant(sources.clock_for(clock).now())
@@ -120,14 +142,17 @@ async def pause_job(
 
 
 async def unpause_job(
+    sources: Sources,
+    /,
     store: OperatorStore,
     *,
     module_id: str,
     job: str,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> int:
-    """:func:`jobrun.unpause_job`, handed its sources (the system clock)."""
+    """Unpause a job: its pause record goes, and every paused run of it (whether it
+    was paused with the job or on its own) is unpaused, due at once. One
+    transaction; returns how many runs it unpaused."""
     module_id, job = _checked_job(module_id, job)
     at = format_instant(sources.clock_for(clock).now())
     return await store.unpause_job(module_id, job, at)
@@ -141,21 +166,30 @@ def _checked_key(key: object) -> str:
 
 
 async def pause_limit(
+    sources: Sources,
+    /,
     store: OperatorStore,
     key: str,
     *,
     reason: str | None = None,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> bool:
-    """:func:`jobrun.pause_limit`, handed its sources (the system clock)."""
+    """Pause a limit key (a rate limit's, or a concurrency key) on ``store``, the
+    database that keeps its bucket and slots: a step that names it (``p.step(...,
+    rate_limit=key)`` or ``concurrency_limit=key``) does not run; its pass ends
+    deferred, nothing charged, and the run waits until :func:`unpause_limit`,
+    whatever its pass budget (as for a limit cooling down beyond it). Steps
+    already running go on. Returns whether the key was not paused before (pausing
+    a paused key keeps the first pause)."""
     key = _checked_key(key)
     reason = _checked_reason(reason)
     at = format_instant(sources.clock_for(clock).now())
     return await store.pause_limit(key, at, reason)
 
 
-async def unpause_limit(store: OperatorStore, key: str) -> int:
-    """:func:`jobrun.unpause_limit`."""
+async def unpause_limit(sources: Sources, /, store: OperatorStore, key: str) -> int:
+    """Unpause a limit key: the runs its pause deferred are due at once; returns how
+    many. Unpausing a key that is not paused changes nothing (returns 0)."""
+    del sources  # bound like the other operations; an unpause reads no clock
     key = _checked_key(key)
     return await store.unpause_limit(key, limit_paused_reason(key))

@@ -95,6 +95,7 @@ async def prune_by_retention(
     deleted = 0
     for older_than, only_jobs, except_jobs in plan:
         deleted += await prune_job_runs(
+            sources,
             store,
             older_than=older_than,
             statuses=FINISHED,
@@ -102,6 +103,5 @@ async def prune_by_retention(
             clock=clock,
             only_jobs=only_jobs,
             except_jobs=except_jobs,
-            sources=sources,
         )
     return deleted

@@ -49,6 +49,8 @@ def new_run_row(
 
 
 async def start_job_run(
+    sources: Sources,
+    /,
     store: JobRunStore,
     *,
     module_id: str,
@@ -59,10 +61,37 @@ async def start_job_run(
     start_at: datetime | None = None,
     delay_s: float | None = None,
     clock: ClockLike | None = None,
-    connection: object | None = None,
-    sources: Sources,
+    connection: Any = None,
 ) -> JobRun:
-    """:func:`jobrun.start_job_run`, handed its sources (the id minter, the system clock)."""
+    """Start a run, or join the live run of the same key (its payload and priority win).
+
+    The key is ``(module_id, job, instance)``; ``instance`` (default
+    ``"default"``) tells apart runs of one job that may be live side by side,
+    such as one per customer. Returns the run's record: ``status`` is
+    ``"running"``, its ``id`` is the one to keep, and ``joined`` says whether the
+    start joined a run of the key that was already live (``True``) or made a new
+    one (``False``). Nothing runs here: a driver (:func:`run_due_jobs`,
+    :func:`run_worker`) picks the run up, at once, since a new run is due
+    immediately, unless it starts later.
+
+    ``start_at`` (a timezone-aware datetime) or ``delay_s`` (seconds from now),
+    not both, makes the run start later: it is live at once (a start of its key
+    joins it) but no driver claims it before then. Joining a run never moves its
+    start.
+
+    ``connection`` (a SQL store only): the caller's SQLAlchemy ``AsyncConnection``
+    of the store's database, inside its open transaction (``async with
+    engine.begin() as connection``, or ``await session.connection()`` of an ORM
+    ``AsyncSession``). The run is written in that transaction: it exists, and
+    workers are woken, only if the transaction commits. A second transaction
+    starting the same key meanwhile waits for the first to end (commit: it joins
+    that run; roll back: it makes its own).
+
+    Everything is checked before anything is written: the key parts, the
+    priority, the start instant, and the payload's queue-safety and size. The job
+    need not be registered here; a run of a job no driver knows waits until one
+    does. Among due runs, a higher ``priority`` is claimed first (default 0).
+    """
     require_name(module_id, "module_id")
     require_name(job, "job")
     require_name(instance, "instance", allow_empty=True)

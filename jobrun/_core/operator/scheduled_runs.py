@@ -27,14 +27,26 @@ ScheduleKey = tuple[str, str, str]
 
 
 async def start_scheduled_runs(
+    sources: Sources,
+    /,
     store: ScheduleStore,
     registry: JobRegistry,
     *,
     now: datetime | None = None,
     clock: ClockLike | None = None,
-    sources: Sources,
 ) -> list[JobRun]:
-    """:func:`jobrun.start_scheduled_runs`, handed its sources (the id minter, the system clock)."""
+    """Start the run of every due slot of ``registry``'s schedules; returns those runs.
+
+    Call it from the host's own loop (``jobrun worker`` and :func:`jobrun.run_worker`
+    call it at each slot). Any number of callers on any number of hosts may call
+    it at once: each slot is started by one of them, once, and never again,
+    whether or not its run has ended since. A schedule seen for the first time,
+    or whose cron changed, starts with its next slot (no slot of an older cron is
+    replayed). The stored state of schedules that ``registry`` no longer declares
+    for the jobs it registers is deleted (other jobs' schedules are left alone).
+    Costs one read when nothing is due, and one short transaction per slot
+    started. ``now`` (default: the clock's) is the instant slots are due by.
+    """
     schedules = registry.schedules()
     if not schedules and not len(registry):
         return []

@@ -183,14 +183,25 @@ def _checked_all(starts: Iterable[JobStart], max_payload_bytes: int) -> list[Che
 
 
 async def start_job_runs(
+    sources: Sources,
+    /,
     store: JobRunStore,
     starts: Iterable[JobStart],
     *,
     clock: ClockLike | None = None,
-    connection: object | None = None,
-    sources: Sources,
+    connection: Any = None,
 ) -> list[JobRun]:
-    """:func:`jobrun.start_job_runs`, handed its sources."""
+    """Start many runs at once: :func:`start_job_run` for each :class:`JobStart`, in a
+    fixed number of statements (one when every key is new), atomically.
+
+    Returns one record per start, in order, each as :func:`start_job_run` would
+    (``joined`` says whether its key was live). A key given twice in ``starts``
+    makes one run (the first start's payload, priority and ``start_at`` win) and
+    both positions get its record. Every start is checked before anything is
+    written: a refusal names the first bad one by its index (``starts[3].payload
+    ...``) and nothing is started. Workers are woken once per batch.
+    ``connection`` is as for :func:`start_job_run`.
+    """
     checked = _checked_all(starts, store.limits.max_payload_bytes)
     if not checked:
         return []

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import jobrun
+from jobrun._api import SYSTEM_SOURCES
 from jobrun._core.operator.retention import RETENTION_BATCH, check_prune_after, prune_by_retention
-from jobrun._entry import SYSTEM_SOURCES
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import done_at_once
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 import jobrun
+from jobrun._api import SYSTEM_SOURCES
 from jobrun._core.engine.drive import drive_due_jobs
 from jobrun._core.engine.options import DriveOptions
 from jobrun._core.model.records import ClaimRequest
 from jobrun._core.rules.fair_turns import FAIR_EVERY, ClaimTurns
-from jobrun._entry import SYSTEM_SOURCES
 from jobrun.testing import FakeClock, MemoryJobRunStore
 from tests.support import drive, start
 

@@ -1,0 +1,1 @@
+"""The child processes and apps scenarios start (drivers, workers, other systems, PgBouncer)."""

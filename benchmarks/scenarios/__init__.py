@@ -1,0 +1,1 @@
+"""One module per benchmark or on-demand check; ``python -m benchmarks NAME`` runs one."""

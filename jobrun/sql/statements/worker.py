@@ -1,0 +1,36 @@
+"""What the worker sends beside the port: when a database's next run is due, and the
+lock that says a worker serves a database.
+
+Read by :mod:`jobrun.sql.next_due` (an idle worker's timer) and
+:mod:`jobrun.database_leases` (one worker per database on Postgres).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Text, bindparam, func, literal_column, not_, select
+
+from jobrun._core import PARKED_AT
+from jobrun.sql.statements.rules import due_at, is_live, is_paused
+
+
+def next_due_statement() -> Any:
+    """The earliest due instant of the live runs (a lease's expiry among them: while
+    a run is leased, its due instant is the lease's end): when an idle worker looks
+    again (see ``jobrun.wakeups``)."""
+    # Paused runs never come due: those waiting at PARKED_AT are out of the range,
+    # a paused one still leased (or stranded) is filtered on its row.
+    parked_at = literal_column(f"'{PARKED_AT}'", Text)
+    return select(func.min(due_at())).where(is_live(), due_at() != parked_at, not_(is_paused()))
+
+
+def take_database_statement() -> Any:
+    """Postgres: try the session advisory lock that says "a worker serves this database"
+    (the two-key form, so it is never read as a presence key: those are one bigint)."""
+    return select(func.pg_try_advisory_lock(bindparam("lease_class"), bindparam("lease_key")))
+
+
+def release_database_statement() -> Any:
+    """Postgres: let go of the lock of :func:`take_database_statement`."""
+    return select(func.pg_advisory_unlock(bindparam("lease_class"), bindparam("lease_key")))
