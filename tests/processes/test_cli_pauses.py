@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import jobrun
-from tests.processes.test_cli import backend, fails, ok, start, with_store
+from tests.processes.cli_support import fails, ok, start, with_store
+from tests.processes.test_cli import backend
 
 _backend = backend
 
