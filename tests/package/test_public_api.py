@@ -80,6 +80,19 @@ PUBLIC_SIGNATURES = {
         "schema: 'str | None' = None) -> 'None'"
     ),
     "observe_all": "(*observers: 'PassObserver') -> 'PassObserver'",
+    # Pause and unpause (issue 34), added after the issue 35 refactor.
+    "pause_job": (
+        "(store: 'OperatorStore', *, module_id: 'str', job: 'str', "
+        "reason: 'str | None' = None, clock: 'ClockLike | None' = None) -> 'int'"
+    ),
+    "pause_job_run": (
+        "(store: 'OperatorStore', run_id: 'str', *, reason: 'str | None' = None, "
+        "clock: 'ClockLike | None' = None) -> 'JobRun'"
+    ),
+    "pause_limit": (
+        "(store: 'OperatorStore', key: 'str', *, reason: 'str | None' = None, "
+        "clock: 'ClockLike | None' = None) -> 'bool'"
+    ),
     "prune_job_runs": (
         "(store: 'OperatorStore', *, older_than: 'timedelta | datetime', "
         "statuses: 'tuple[str, ...]' = ('done',), batch_size: 'int' = 500, "
@@ -126,6 +139,14 @@ PUBLIC_SIGNATURES = {
         "now: 'datetime | None' = None, "
         "clock: 'ClockLike | None' = None) -> 'list[JobRun]'"
     ),
+    "unpause_job": (
+        "(store: 'OperatorStore', *, module_id: 'str', job: 'str', "
+        "clock: 'ClockLike | None' = None) -> 'int'"
+    ),
+    "unpause_job_run": (
+        "(store: 'OperatorStore', run_id: 'str', *, clock: 'ClockLike | None' = None) -> 'JobRun'"
+    ),
+    "unpause_limit": "(store: 'OperatorStore', key: 'str') -> 'int'",
     "upgrade": (
         "(engine: 'AsyncEngine', revision: 'str' = 'head', *, "
         "schema: 'str | None' = None) -> 'None'"
@@ -210,11 +231,17 @@ def test_the_public_signatures_are_unchanged() -> None:
     [
         "cancel_job_run",
         "job_run_health",
+        "pause_job",
+        "pause_job_run",
+        "pause_limit",
         "prune_job_runs",
         "resume_job_run",
         "start_job_run",
         "start_job_runs",
         "start_scheduled_runs",
+        "unpause_job",
+        "unpause_job_run",
+        "unpause_limit",
     ],
 )
 def test_an_operation_bound_to_the_real_sources_reads_as_its_own_function(name: str) -> None:
