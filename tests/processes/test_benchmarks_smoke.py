@@ -224,6 +224,10 @@ def test_drain(tmp_path: Path) -> None:
         assert results[f"{name}/4 over 1"]["median"] > 0
     # The systems not installed are left out, and nothing else is measured.
     assert {key.split("/")[0] for key in results if "/" in key} == set(systems)
+    # A database of its own per sample, each dropped.
+    names = results["meta"]["postgres_databases"]
+    assert len(names) == 2 * len(systems)
+    assert asyncio.run(_exists(names)) == []
 
 
 def test_fair_claims(tmp_path: Path) -> None:
