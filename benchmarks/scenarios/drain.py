@@ -126,7 +126,7 @@ async def _procrastinate_enqueue(url: str, count: int) -> None:
 
 def _peer_worker(name: str) -> Callable[[str, Any], list[str]]:
     def command(url: str, args: Any) -> list[str]:
-        module = "benchmarks.processes.drain_apps"
+        module = "benchmarks.processes.drain_peer"
         return [sys.executable, "-m", module, name, harness.plain_url(url)]
 
     return command
