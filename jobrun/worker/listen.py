@@ -1,6 +1,6 @@
-"""The worker's LISTEN for new runs on Postgres (a mixin of ``jobrun.worker._Worker``).
+"""The worker's LISTEN for new runs on Postgres (a mixin of ``jobrun.worker.serving._Worker``).
 
-On the store's presence connection (see :mod:`jobrun.sql.presence`): a
+On the store's presence connection (see :mod:`jobrun.sql.postgres.presence`): a
 ``NOTIFY jobrun_started`` for a job this worker registers wakes the database's
 drivers at once, and while the LISTEN stands the idle database is not polled.
 """
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jobrun._core import JobRegistry
-from jobrun._worker_database import ServedDatabase
+from jobrun.worker.database import ServedDatabase
 
 log = logging.getLogger("jobrun.worker")
 
@@ -65,7 +65,7 @@ class Listening:
                 log.debug("woken by NOTIFY on %s", database.label)
                 database.wake_all()
 
-        # The store's presence connection (see ``jobrun.sql.presence``): a connection
+        # The store's presence connection (see ``jobrun.sql.postgres.presence``): a connection
         # of its own, never one of the host's pool, which a small pool could not spare.
         raw = await database.store.presence_connection()
         assert raw is not None

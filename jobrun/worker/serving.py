@@ -9,7 +9,7 @@ after a delay that doubles from 50 ms up to ``interval_s``, while the others
 wait to be woken: an idle database costs one claim query per interval. A
 driver that starts a pass wakes one idle sibling, so work spreads out as it
 appears. On Postgres the store's presence connection (its own, not one of the pool's;
-see ``jobrun.sql.presence``) also waits on ``LISTEN jobrun_started``
+see ``jobrun.sql.postgres.presence``) also waits on ``LISTEN jobrun_started``
 (``start_job_run`` notifies it) and wakes the database's drivers at once.
 
 Per database, one more task starts the runs of due schedule slots (see
@@ -67,18 +67,18 @@ from jobrun._core import (
     retains,
 )
 from jobrun._core import proof_of_death as orphans
-from jobrun._system import default_driver_name, resolve_clock
-from jobrun._worker_database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
-from jobrun._worker_deaths import dead_holder_seen, jobs_of
-from jobrun._worker_listen import Listening
-from jobrun._worker_registration import DEFAULT_HEARTBEAT_S, Registration
-from jobrun._worker_start import first_read, keep_on_given
-from jobrun._worker_turns import DatabaseTurns, cannot_make
+from jobrun._host import default_driver_name, resolve_clock
 from jobrun.errors import describe_exception
 from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
 from jobrun.sql.postgres.kept_connections import keep_at_most
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch
+from jobrun.worker.database import FIRST_IDLE_DELAY_S, ServedDatabase, WakeSiblings
+from jobrun.worker.deaths import dead_holder_seen, jobs_of
+from jobrun.worker.listen import Listening
+from jobrun.worker.registration import DEFAULT_HEARTBEAT_S, Registration
+from jobrun.worker.start import first_read, keep_on_given
+from jobrun.worker.turns import DatabaseTurns, cannot_make
+from jobrun.worker.wakeups import DEFAULT_MAX_OPEN_SQLITE, SWEEP_S, OpenStores, WriteWatch
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -364,7 +364,7 @@ class _Worker(DatabaseTurns, Listening):
         """``None``: a holder of a live run is proven dead, drive now; else how long
         to wait (until the due instant ``due_at_s``, the sweep at ``sweep_at_s``, both
         monotonic, or the next look) and whether that is the next look's wait. See
-        jobrun._worker_deaths."""
+        jobrun.worker.deaths."""
         jobs, owed = jobs_of(self.registry), False
         if due_at_s is not None:
             # Live runs, none due: one may be leased by a holder that died (a leased

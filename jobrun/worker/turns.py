@@ -1,10 +1,10 @@
 """The worker's set of databases: read again (SIGHUP), and split between workers.
 
-A mixin of ``jobrun.worker._Worker``, kept apart so that each module stays short:
+A mixin of ``jobrun.worker.serving._Worker``, kept apart so that each module stays short:
 each new set put on the worker's ``reloads`` queue is served (new databases
 start, dropped ones stop after their passes), and with ``max_databases`` each
 database is served only in turns, while this worker holds its serving lease
-(see :mod:`jobrun.database_leases`).
+(see :mod:`jobrun.worker.database_leases`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._worker_database import ServedDatabase
-from jobrun.database_leases import CHECK_S as SERVING_CHECK_S
-from jobrun.database_leases import RETRY_S as SERVING_RETRY_S
-from jobrun.database_leases import PostgresServingLease, ServingLease, serving_lease
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.worker.database import ServedDatabase
+from jobrun.worker.database_leases import CHECK_S as SERVING_CHECK_S
+from jobrun.worker.database_leases import RETRY_S as SERVING_RETRY_S
+from jobrun.worker.database_leases import PostgresServingLease, ServingLease, serving_lease
 
 log = logging.getLogger("jobrun.worker")
 
@@ -55,7 +55,7 @@ class DatabaseTurns:
 
     async def _serve_in_turns(self, database: ServedDatabase) -> None:
         """With ``max_databases``: serve the database while this worker holds its
-        serving lease (see ``jobrun.database_leases``); try again every ``RETRY_S``."""
+        serving lease (see ``jobrun.worker.database_leases``); try again every ``RETRY_S``."""
         lease = serving_lease(database.store, database.path)
         while not database.gone.is_set():
             if await self._take_room(database, lease):
