@@ -1,10 +1,16 @@
 """The worker: :func:`run_worker` drives the due runs of one or more databases until stopped.
 
-One package, one room per concern (docs/design.md, "Layers"):
+One package, one room per concern (docs/design.md, "Layers"); the worker is
+composed of parts, each handed the checked :class:`WorkerSettings` and owning
+its own state:
 
-* :mod:`~jobrun.worker.serving`: :func:`run_worker` and the loop of each served
-  database (its drivers, schedules, retention, health);
+* :mod:`~jobrun.worker.serving`: :func:`run_worker`, and the worker that starts
+  each database's tasks and ends them;
+* :mod:`~jobrun.worker.settings`: the settings and the shared defaults;
+* :mod:`~jobrun.worker.driving`: the drivers of each database and their idle waits;
+* :mod:`~jobrun.worker.upkeep`: schedules, retention, health, warnings of strays;
 * :mod:`~jobrun.worker.database`: one served database's idle waits and wake-ups;
+* :mod:`~jobrun.worker.rounds`: the loop each part repeats per database;
 * :mod:`~jobrun.worker.wakeups`: what wakes an idle database, and the bound on
   open SQLite databases;
 * :mod:`~jobrun.worker.listen`: the LISTEN for new runs on Postgres;
@@ -16,7 +22,8 @@ One package, one room per concern (docs/design.md, "Layers"):
 """
 
 from jobrun.worker.registration import DEFAULT_HEARTBEAT_S
-from jobrun.worker.serving import (
+from jobrun.worker.serving import Database, run_worker
+from jobrun.worker.settings import (
     CONNECT_TIMEOUT_S,
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
@@ -24,9 +31,8 @@ from jobrun.worker.serving import (
     MAX_SCHEDULE_SLEEP_S,
     PRUNE_INTERVAL_S,
     UNREGISTERED_CHECK_S,
-    Database,
     HealthCallback,
-    run_worker,
+    WorkerSettings,
 )
 from jobrun.worker.wakeups import DEFAULT_MAX_OPEN_SQLITE
 
@@ -42,5 +48,6 @@ __all__ = [
     "UNREGISTERED_CHECK_S",
     "Database",
     "HealthCallback",
+    "WorkerSettings",
     "run_worker",
 ]

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
 import jobrun.worker.deaths
-import jobrun.worker.serving
+import jobrun.worker.driving
 from jobrun._core.leases import proof_of_death as orphans
 from jobrun._core.model.formats import format_instant
 from jobrun.testing import FakeClock
@@ -225,9 +225,9 @@ async def test_while_nothing_is_written_an_idle_sqlite_worker_looks_without_read
         counted("leases", jobrun.worker.deaths.sqlite_held_leases),
     )
     monkeypatch.setattr(
-        jobrun.worker.serving,
+        jobrun.worker.driving,
         "sqlite_next_due_at",
-        counted("due", jobrun.worker.serving.sqlite_next_due_at),
+        counted("due", jobrun.worker.driving.sqlite_next_due_at),
     )
     engine = create_async_engine(sqlite_url)
     clock = FakeClock(datetime.now(UTC))
