@@ -99,6 +99,13 @@ class Databases:
         target = make_url(self.server_url).set(drivername=driver, database=name)
         return target.render_as_string(hide_password=False)
 
+    async def drop_postgres(self, url: str) -> None:
+        """Drop one of the run's Postgres databases now (a scenario that makes many; it
+        stays listed, and the drop at the end passes over it)."""
+        name = make_url(url).database
+        if name in self.postgres_names:
+            await server_execute(self.server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     async def url(self, backend: str) -> str:
         """A new, empty database of ``backend`` (``sqlite`` or ``postgres``): its jobrun URL."""
         if backend == "sqlite":

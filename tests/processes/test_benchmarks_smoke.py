@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -204,6 +205,29 @@ def test_starts(tmp_path: Path) -> None:
     results = run_quick("starts", tmp_path)
     for variant in ("single", "batch"):
         assert results[f"sqlite/{variant}"]["median"] > 0
+
+
+@pytest.mark.postgres
+def test_drain(tmp_path: Path) -> None:
+    """jobrun's worker processes drain a batch (PgQueuer and Procrastinate beside it where
+    the `bench` extra is installed), each variant on a database of its own."""
+    results = run_quick("drain", tmp_path, sqlite_only=False, timeout_s=SLOW_S)
+    assert results["jobs"] == 200
+    systems = ["jobrun"] + [
+        name for name in ("pgqueuer", "procrastinate") if importlib.util.find_spec(name)
+    ]
+    for name in systems:
+        for workers in (1, 4):
+            found = results[f"{name}/{workers}"]
+            assert found["runs_per_s"]["median"] > 0
+            assert found["enqueue_per_s"]["median"] > 0
+        assert results[f"{name}/4 over 1"]["median"] > 0
+    # The systems not installed are left out, and nothing else is measured.
+    assert {key.split("/")[0] for key in results if "/" in key} == set(systems)
+    # A database of its own per sample, each dropped.
+    names = results["meta"]["postgres_databases"]
+    assert len(names) == 2 * len(systems)
+    assert asyncio.run(_exists(names)) == []
 
 
 def test_fair_claims(tmp_path: Path) -> None:
