@@ -23,7 +23,13 @@ from jobrun.errors import StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
 from jobrun.sql.postgres.start_wakeups import StartWakeUps
 from jobrun.sql.postgres.tenancy import notify_channel
-from jobrun.sql.statements.runs import PATCH_COLUMNS, RUN_COLUMNS, RunStatements
+from jobrun.sql.statements.runs import (
+    PATCH_COLUMNS,
+    RUN_COLUMNS,
+    START_MANY_OWN,
+    START_MANY_SHARED,
+    RunStatements,
+)
 from jobrun.sql.store.base import Fetch, SqlStoreBase, fence_values, kept_changing, prefixed_values
 
 _START_RETRIES = 10
@@ -42,9 +48,6 @@ def notify_payload_of(module_id: str, job: str) -> str:
     return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
 
 
-_RUN_VALUES = attrgetter(*RUN_COLUMNS)
-
-
 def _as_started(row: RunRow, answer: Sequence[Any]) -> RunRow:
     """The row a start inserted, paused as its statement answered (its last two
     columns: a run of a paused job starts paused)."""
@@ -56,9 +59,21 @@ def _key_of(row: RunRow) -> tuple[str, str, str]:
     return (row.module_id, row.job, row.instance)
 
 
-def _rows_json(rows: Sequence[RunRow]) -> str:
-    """Rows as one JSON array of arrays (``RUN_COLUMNS`` order): ``start_many``'s ``rows``."""
-    return json.dumps(builtins.list(map(_RUN_VALUES, rows)), ensure_ascii=False)
+_OWN_VALUES = attrgetter(*START_MANY_OWN)
+_SHARED_VALUES = attrgetter(*START_MANY_SHARED)
+
+
+def start_many_values(rows: Sequence[RunRow], schema: str | None) -> dict[str, Any]:
+    """``start_many``'s values: each row's own columns in one JSON array of arrays
+    (``rows``), the columns the batch shares bound once (``shared_*``)."""
+    shared = _SHARED_VALUES(rows[0])
+    if any(_SHARED_VALUES(row) != shared for row in rows):
+        # The port's rule: fresh rows of one start instant (start_job_runs makes them so).
+        raise ValueError("start_many's rows differ beyond their key, id, payload, priority, due")
+    values = dict(zip([f"shared_{name}" for name in START_MANY_SHARED], shared, strict=True))
+    values["rows"] = json.dumps(builtins.list(map(_OWN_VALUES, rows)), ensure_ascii=False)
+    values["notify_channel"] = notify_channel(schema)
+    return values
 
 
 def start_values(row: RunRow, schema: str | None) -> dict[str, Any]:
@@ -163,7 +178,7 @@ class SqlRuns(SqlStoreBase):
         # (Postgres: no deadlock between their inserts).
         todo = sorted(rows, key=_key_of)
         for _ in range(_START_RETRIES):
-            values = {"rows": _rows_json(todo), "notify_channel": notify_channel(self._schema)}
+            values = start_many_values(todo, self._schema)
             answers = await fetch(self._statements.start_many, values)
             inserted = {answer[0]: answer for answer in answers}
             rest = [row for row in todo if row.id not in inserted]
