@@ -158,9 +158,20 @@ def _element(given: Any, index: int, column: Any) -> Any:
     return cast(value, Integer) if isinstance(column.type, Integer) else value
 
 
-START_MANY_OWN = ("id", "module_id", "job", "instance", "payload", "priority", "next_attempt_at")
+START_MANY_OWN = (
+    "id",
+    "module_id",
+    "job",
+    "instance",
+    "payload",
+    "priority",
+    "started_at",
+    "updated_at",
+    "next_attempt_at",
+)
 """The columns in which the rows of a batch of starts differ, each row's array of
-``start_many``'s ``rows`` in this order; every other column is one value for the
+``start_many``'s ``rows`` in this order (the start instants too: concurrent
+callers' single starts go out as one batch); every other column is one value for the
 whole batch, bound once as ``shared_<column>`` (:data:`START_MANY_SHARED`)."""
 
 START_MANY_SHARED = tuple(name for name in RUN_COLUMNS if name not in START_MANY_OWN)
@@ -280,7 +291,6 @@ class RunStatements:
         self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
         self.start = compile_(start_insert(is_postgres))
         self.live = compile_(live_run_of())
-        self.start_quiet = compile_(start_insert(is_postgres, notify=False))
         self.notify_many = compile_(notify_many())
         self.start_many = compile_(start_many_insert(is_postgres))
         self.live_many = compile_(live_runs_of_keys(is_postgres))

@@ -21,8 +21,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from jobrun._core import WRITTEN_PAUSED, RunPatch, RunRow, StepRow, paused_start
 from jobrun.errors import StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
-from jobrun.sql.postgres.start_wakeups import StartWakeUps
 from jobrun.sql.postgres.tenancy import notify_channel
+from jobrun.sql.start_batches import StartBatches
 from jobrun.sql.statements.runs import (
     PATCH_COLUMNS,
     RUN_COLUMNS,
@@ -109,45 +109,30 @@ class SqlRuns(SqlStoreBase):
     """Starts, a run by id, and the pass's writes: the failed pass's patch, the
     commit that drops the ledger with it, the ledger's read and its step writes."""
 
-    _start_wakeups: StartWakeUps
+    _start_batches: StartBatches
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        values = start_values(row, self._schema)
+        # With the starts of concurrent callers, in one statement (start_batches.py).
+        return await self._start_batches.start(row)
+
+    async def _start_batch(self, rows: Sequence[RunRow]) -> builtins.list[tuple[RunRow, bool]]:
+        """The single starts' batch: ``start_many``'s statements, in groups of rows that
+        share their constant columns (concurrent callers' rows differ only in the
+        columns each row carries, so always one group unless rows were made elsewhere)."""
+        groups: dict[tuple[Any, ...], builtins.list[RunRow]] = {}
+        for row in rows:
+            groups.setdefault(_SHARED_VALUES(row), []).append(row)
         fetch = partial(self._executor.fetch, "start_or_join")
+        found: dict[str, tuple[RunRow, bool]] = {}
         async with self._operation("start_or_join"):
-            # The partial unique index decides: at most one live row per key,
-            # whatever number of hosts race here.
-            if self._is_postgres:
-                started = await self._start_waking(fetch, row, values)
-            else:
-                started = await start_in(fetch, self._statements, row, values)
-        if started is None:
-            raise kept_changing("start_or_join")
-        return started
-
-    async def _start_waking(
-        self, fetch: Fetch, row: RunRow, values: Mapping[str, Any]
-    ) -> tuple[RunRow, bool] | None:
-        """Postgres: :func:`start_in`, waking listening workers with at most one NOTIFY
-        in flight per store (``jobrun.sql.postgres.start_wakeups``): the NOTIFY rides in the
-        insert when none is, else the wake-up goes out after the commit, shared."""
-        wakeups = self._start_wakeups
-
-        async def send(payloads: builtins.list[str]) -> object:
-            channel = notify_channel(self._schema)
-            notify = {"notify_channel": channel, "payloads": json.dumps(payloads)}
-            return await fetch(self._statements.notify_many, notify)
-
-        if wakeups.take():
-            try:
-                return await start_in(fetch, self._statements, row, values)
-            finally:
-                await wakeups.release(send)
-        quiet = self._statements.start_quiet
-        started = await start_in(fetch, self._statements, row, values, quiet)
-        if started is not None and started[1]:
-            await wakeups.after_commit(values["notify_payload"], send)
-        return started
+            for group in groups.values():
+                # The partial unique index decides: at most one live row per key,
+                # whatever number of hosts race here.
+                started = await self._start_many_in(fetch, group)
+                if started is None:
+                    raise kept_changing("start_or_join")
+                found.update(zip([row.id for row in group], started, strict=True))
+        return [found[row.id] for row in rows]
 
     async def start_many(
         self, rows: Sequence[RunRow], *, connection: object | None = None
