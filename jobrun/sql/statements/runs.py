@@ -115,10 +115,9 @@ RECORD_STEP_ORDER_SQLITE = RECORD_STEP_ORDER * 2
 when it is paused): the list is passed twice over."""
 
 
-def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
+def start_insert(is_postgres: bool) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
-    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
-    unless ``notify`` is false (``jobrun.sql.postgres.start_wakeups`` sends it later)."""
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
     from jobrun.sql.statements.pauses import started_paused
 
     given = {name: bindparam(f"row_{name}", type_=job_runs.c[name].type) for name in RUN_COLUMNS}
@@ -129,7 +128,7 @@ def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
         .returning(job_runs.c.id, job_runs.c.paused_at, job_runs.c.pause_reason)
     )
-    if not (is_postgres and notify):
+    if not is_postgres:
         return insert
     # Wake listening workers now rather than at their next poll.
     added = insert.cte("added")
@@ -222,7 +221,7 @@ def start_many_insert(is_postgres: bool) -> Any:
 
 def notify_many() -> Any:
     """Postgres: one NOTIFY ``notify_channel`` per payload of the JSON array ``payloads``,
-    in one statement (``jobrun.sql.postgres.start_wakeups``)."""
+    in one statement (the wake-up after a pause changes, ``jobrun.sql.store.pauses``)."""
     given = func.json_array_elements_text(cast(bindparam("payloads", type_=Text), JSON))
     payloads = given.table_valued("value").alias("payloads")
     channel = bindparam("notify_channel", type_=Text)

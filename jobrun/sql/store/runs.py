@@ -1,10 +1,10 @@
 """The runs facet of the SQL store: starts and the pass's own reads and writes
 (``JobRunStore``; statements in :mod:`jobrun.sql.statements.runs`).
 
-A start is one statement (Postgres: with its NOTIFY, at most one in flight per
-store, see :mod:`jobrun.sql.postgres.start_wakeups`); a batch of starts a fixed
-number whatever its size; a new step one statement, durable on return; a pass
-commit one transaction (one statement on Postgres).
+Single starts from concurrent callers go out together as one batch (see
+:mod:`jobrun.sql.start_batches`); a batch of starts is a fixed number of statements
+whatever its size (Postgres: with its NOTIFY per job); a new step one statement,
+durable on return; a pass commit one transaction (one statement on Postgres).
 """
 
 from __future__ import annotations
