@@ -67,9 +67,9 @@ def start_many_values(rows: Sequence[RunRow], schema: str | None) -> dict[str, A
     """``start_many``'s values: each row's own columns in one JSON array of arrays
     (``rows``), the columns the batch shares bound once (``shared_*``)."""
     shared = _SHARED_VALUES(rows[0])
-    if any(_SHARED_VALUES(row) != shared for row in rows):
-        # The port's rule: fresh rows of one start instant (start_job_runs makes them so).
-        raise ValueError("start_many's rows differ beyond their key, id, payload, priority, due")
+    # The store's own rule, kept by its callers: start_job_runs makes fresh rows, and
+    # single starts' batches are grouped by these values (SqlRuns._start_batch).
+    assert all(_SHARED_VALUES(row) == shared for row in rows), "rows differ in shared columns"
     values = dict(zip([f"shared_{name}" for name in START_MANY_SHARED], shared, strict=True))
     values["rows"] = json.dumps(builtins.list(map(_OWN_VALUES, rows)), ensure_ascii=False)
     values["notify_channel"] = notify_channel(schema)
