@@ -6,8 +6,8 @@ id; import-linter checks it). The core functions that need the machine take a
 public signature and docstring after it. The public function is the core
 function bound here to :data:`SYSTEM_SOURCES` (the system clock, the process's
 id minter, its identity and view of other processes, the watchdog, its default
-driver name and the system's random numbers, all from ``jobrun._system`` and
-``jobrun._watchdog``), so each signature is written once; the worker hands the
+driver name and the system's random numbers, all from ``jobrun._host.system`` and
+``jobrun._host.watchdog``), so each signature is written once; the worker hands the
 same sources to the core it drives.
 """
 
@@ -34,14 +34,14 @@ from jobrun._core import (
     scheduled_runs,
     starts,
 )
-from jobrun._system import (
+from jobrun._host import (
     SYSTEM_CLOCK,
     THIS_HOST,
     default_driver_name,
     mint_run_id,
+    real_time_guard,
     system_random,
 )
-from jobrun._watchdog import real_time_guard
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -32,12 +32,12 @@ from sqlalchemy import insert, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-import jobrun.worker as worker_module
+import jobrun.worker.serving as worker_module
 from jobrun._core.engine.observe import PassEnd, PassStart
 from jobrun._core.leases.holders import HolderIdentity
 from jobrun._core.model.formats import add_milliseconds, format_instant
 from jobrun._core.model.records import ClaimRequest, RunRow, StepRow
-from jobrun._system import local_identity
+from jobrun._host.system import local_identity
 from jobrun.sql.schema import job_runs as runs_table
 from jobrun.sql.upgrades.migrate import current_revision
 from jobrun.testing import FakeClock, MemoryJobRunStore

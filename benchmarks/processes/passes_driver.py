@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import jobrun
 from benchmarks.harness import plain_url, trivial_steps
 from jobrun._core.model.formats import format_instant
-from jobrun._system import system_clock
+from jobrun._host.system import system_clock
 
 MODULE_ID, JOB = "bench", "passes"
 WARMUP_S = 1.0

@@ -55,7 +55,7 @@ from benchmarks import harness
 from benchmarks.harness.server_usage import process_cpu_s
 from jobrun._core.model.formats import add_milliseconds, format_instant
 from jobrun._core.model.records import ClaimRequest
-from jobrun._system import local_identity
+from jobrun._host.system import local_identity
 
 
 async def sqlite_urls(directory: Path, count: int) -> list[str]:
@@ -109,7 +109,7 @@ async def hold_by_peer(urls: list[str], count: int, log: Path) -> subprocess.Pop
     """With ``--held-by-peer N``: in the first N databases of each kind, a run leased
     for ten minutes by a live process of ours standing for a peer worker (``sleep``),
     so that the worker looks at each of them for its holder's death twice a second
-    (jobrun._worker_deaths): the idle CPU then measures those looks."""
+    (jobrun.worker.deaths): the idle CPU then measures those looks."""
     if count <= 0:
         return None
     peer, driver = peer_process()

@@ -1,7 +1,7 @@
 """What the core is handed from the machine: chosen once, above the core, and passed in.
 
 The core reads no real source itself: no clock, no entropy, no ``/proc``, no
-process id. ``jobrun._api`` builds one :class:`Sources` from ``jobrun._system``
+process id. ``jobrun._api`` builds one :class:`Sources` from ``jobrun._host.system``
 and hands it to every core function that needs one, the way an event loop
 library chooses its clock once; a test can hand in another. A public operation
 that needs one takes it first, positional only, before its public signature

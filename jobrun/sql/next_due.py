@@ -1,7 +1,7 @@
 """When a database's next run comes due, and who holds its leases, read without a
 pool connection.
 
-An idle worker sleeps until then (or until woken): see :mod:`jobrun.wakeups`;
+An idle worker sleeps until then (or until woken): see :mod:`jobrun.worker.wakeups`;
 while another process holds a lease there it also looks, as often as
 ``jobrun._core.leases.proof_of_death.IDLE_LOOK_S``, whether the holder died
 (:func:`sqlite_held_leases`; Postgres: ``SqlJobRunStore.held_leases_on_presence``).

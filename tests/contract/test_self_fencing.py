@@ -30,7 +30,7 @@ from jobrun._core.leases import proof_of_death as orphans
 from jobrun._core.leases.renewal import Lease, LeaseKeeper
 from jobrun._core.model.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.model.records import ClaimRequest
-from jobrun._system import system_clock
+from jobrun._host.system import system_clock
 from jobrun.testing import FakeClock
 from tests.support import row_of, start_id
 

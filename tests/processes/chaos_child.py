@@ -195,7 +195,7 @@ def claim_from_elsewhere(machine: str) -> None:
     """Claim and judge as if on another machine (see the module's docstring)."""
     from dataclasses import replace
 
-    from jobrun import _system
+    from jobrun._host import system as _system
 
     elsewhere = replace(_system.local_identity(), host=machine, boot=f"boot-of-{machine}")
     _system.local_identity = lambda: elsewhere  # type: ignore[assignment]

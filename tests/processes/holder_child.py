@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from jobrun._core.leases.holders import parse_holder
-from jobrun._system import liveness_on_this_host, local_identity
+from jobrun._host.system import liveness_on_this_host, local_identity
 
 
 def hold() -> None:

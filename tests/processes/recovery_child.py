@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from jobrun import _system
+from jobrun._host import system as _system
 
 MODULE, JOB = "recover", "walk"
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 
 import jobrun
-from jobrun import _system
+from jobrun._host import system as _system
 
 MODULE, JOB = "survivor", "walk"
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from jobrun._core.leases.holders import Liveness, parse_holder
-from jobrun._system import liveness_on_this_host, local_identity
+from jobrun._host.system import liveness_on_this_host, local_identity
 from tests.support import REPO, proc_identity
 
 CHILD = Path(__file__).parent / "holder_child.py"

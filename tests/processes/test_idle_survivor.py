@@ -28,8 +28,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-import jobrun._worker_deaths
-import jobrun.worker
+import jobrun.worker.deaths
+import jobrun.worker.driving
 from jobrun._core.leases import proof_of_death as orphans
 from jobrun._core.model.formats import format_instant
 from jobrun.testing import FakeClock
@@ -220,12 +220,14 @@ async def test_while_nothing_is_written_an_idle_sqlite_worker_looks_without_read
         return reading
 
     monkeypatch.setattr(
-        jobrun._worker_deaths,
+        jobrun.worker.deaths,
         "sqlite_held_leases",
-        counted("leases", jobrun._worker_deaths.sqlite_held_leases),
+        counted("leases", jobrun.worker.deaths.sqlite_held_leases),
     )
     monkeypatch.setattr(
-        jobrun.worker, "sqlite_next_due_at", counted("due", jobrun.worker.sqlite_next_due_at)
+        jobrun.worker.driving,
+        "sqlite_next_due_at",
+        counted("due", jobrun.worker.driving.sqlite_next_due_at),
     )
     engine = create_async_engine(sqlite_url)
     clock = FakeClock(datetime.now(UTC))

@@ -34,11 +34,11 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
-from jobrun import _system
 from jobrun._core.leases.holders import HolderIdentity
 from jobrun._core.model.formats import add_milliseconds, format_instant
 from jobrun._core.model.records import ClaimRequest
-from jobrun._system import local_identity, system_clock
+from jobrun._host import system as _system
+from jobrun._host.system import local_identity, system_clock
 from jobrun.testing import FakeClock
 from tests.support import Fleet, row_of
 

@@ -27,8 +27,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
-import jobrun.wakeups
-import jobrun.worker
+import jobrun.worker.driving
+import jobrun.worker.serving
+import jobrun.worker.wakeups
 from jobrun._core.operator.worker_registry import DEFAULT_HEARTBEAT_S
 from jobrun.sql.schema import job_runs
 from jobrun.testing import FakeClock
@@ -250,8 +251,8 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ):
     # Where nothing can wake it (no inotify, no LISTEN), an idle database is polled.
-    monkeypatch.setattr(jobrun.wakeups, "open_watch", lambda: None)
-    monkeypatch.setattr(jobrun.worker, "_listens", lambda engine: False)
+    monkeypatch.setattr(jobrun.worker.wakeups, "open_watch", lambda: None)
+    monkeypatch.setattr(jobrun.worker.serving, "listens", lambda engine: False)
     interval = 0.25
     log = log_worker_statements(monkeypatch)
     # Four drivers: only one of them polls while the database is idle.
@@ -271,7 +272,7 @@ async def test_an_idle_database_costs_one_claim_per_interval(
     # Besides the claims: the read of held leases that finds runs stranded by a
     # dead driver (see jobrun._core.leases.proof_of_death), at most once a second.
     scans = [sql for operation, sql, _ in idle if operation == "held_leases"]
-    # And the worker's own row, written again every heartbeat (jobrun._worker_registration).
+    # And the worker's own row, written again every heartbeat (jobrun.worker.registration).
     beats = [sql for operation, sql, _ in idle if operation == "beat_worker"]
     assert len(claims) + len(scans) + len(beats) == len(idle), idle
     assert len(beats) <= 2 * (elapsed_s / DEFAULT_HEARTBEAT_S + 1), (len(beats), elapsed_s)
@@ -323,8 +324,8 @@ async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: 
     log.after = after
     # The first look at an idle database is a read of its next due instant (SQLite:
     # of the file; Postgres: once the LISTEN stands, on the presence session).
-    sqlite_probe = jobrun.worker.sqlite_next_due_at
-    postgres_probe = jobrun.worker.postgres_next_due_at
+    sqlite_probe = jobrun.worker.driving.sqlite_next_due_at
+    postgres_probe = jobrun.worker.driving.postgres_next_due_at
 
     def probed(path: Path) -> str | None:
         looked.set()
@@ -335,8 +336,8 @@ async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: 
         looked.set()
         return found
 
-    monkeypatch.setattr(jobrun.worker, "sqlite_next_due_at", probed)
-    monkeypatch.setattr(jobrun.worker, "postgres_next_due_at", probed_postgres)
+    monkeypatch.setattr(jobrun.worker.driving, "sqlite_next_due_at", probed)
+    monkeypatch.setattr(jobrun.worker.driving, "postgres_next_due_at", probed_postgres)
     worker = Worker([engine], interval_s=30, clock=clock)
     # Its first look has found nothing: the run started next is news to it.
     await asyncio.wait_for(looked.wait(), 60)

@@ -52,10 +52,10 @@ from jobrun.errors import (
     SchemaOutdatedError,
     StoreError,
 )
-from jobrun.wakeups import DEFAULT_MAX_OPEN_SQLITE
 from jobrun.worker import (
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_CONNECTIONS_PER_DATABASE,
+    DEFAULT_MAX_OPEN_SQLITE,
     HealthCallback,
     run_worker,
 )

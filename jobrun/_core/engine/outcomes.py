@@ -23,6 +23,7 @@ and sent again before the driver's next claim on the store.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -168,14 +169,18 @@ async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
     """
     patch = unleased(row)
     try:
-        await asyncio.shield(_bounded(store.patch(row.id, patch, lease.token), lease))
+        write = functools.partial(store.patch, row.id, patch, lease.token)
+        await asyncio.shield(_bounded(write, lease))
     except Exception:
         store.owed_releases.owe(row.id, patch, lease.token)
 
 
-async def _bounded(write: Awaitable[bool], lease: Lease) -> bool:
+async def _bounded(write: Callable[[], Awaitable[bool]], lease: Lease) -> bool:
+    # The write's coroutine is made inside the shielded task: a task cancelled
+    # before its first step (a loop shutting down) then leaves no coroutine that
+    # was never awaited behind.
     async with asyncio.timeout(max(lease.renew_interval_s(), CALL_FLOOR_S)):
-        return await write
+        return await write()
 
 
 async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:

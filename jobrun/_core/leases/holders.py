@@ -35,7 +35,7 @@ parsed.
 
 Nothing here reads ``/proc`` itself: this process's identity and the look at
 another process come from a :class:`Host` handed in (the real one,
-``jobrun._system.THIS_HOST``, learns the identity once per process).
+``jobrun._host.system.THIS_HOST``, learns the identity once per process).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ PRESENCE_PATTERN = r" \[jobrun (?:[^\[\]]* )?presence=([0-9]+)(?: [^\[\]]*)?\]\Z
 """The presence key in a stored ``lease_driver`` (its one group), wherever the field
 stands in the bracket. The one definition: :func:`parse_holder` reads it with
 Python's ``re``, and the SQL store hands the same text to Postgres's ``substring``
-(``jobrun.sql.presence``), whose regular expressions read it alike."""
+(``jobrun.sql.postgres.presence``), whose regular expressions read it alike."""
 _PRESENCE = re.compile(PRESENCE_PATTERN)
 
 

@@ -17,7 +17,7 @@ class UlidMint:
     Within one millisecond (or when the wall clock steps back) the random part
     is incremented rather than redrawn, so ``ORDER BY id`` is mint order within
     a process, which the due read and the newest-first read rely on. The time
-    and the randomness are handed in (``jobrun._system`` hands in the real ones).
+    and the randomness are handed in (``jobrun._host.system`` hands in the real ones).
     """
 
     def __init__(

@@ -6,7 +6,7 @@ of millions of finished runs is never counted in full.
 
 The words (due, leased, stranded) are those of :mod:`jobrun._core.model.predicates`;
 :func:`run_matches` is the console filter's one definition, and
-``jobrun.sql.statements.run_matches`` its SQL twin. Stranded goes by the lease
+``jobrun.sql.statements.browse.run_matches`` its SQL twin. Stranded goes by the lease
 alone: whether a holder is provably dead (an orphan, ``jobrun._core.leases.proof_of_death``) is
 the claim's question, which takes such a run over before its lease expires.
 """

@@ -62,7 +62,7 @@ def sweep_due(beats: int) -> bool:
 
 def worker_is_live(row: WorkerRow, now_at: str) -> bool:
     """The worker wrote its row recently enough: its expiry is still ahead of ``now_at``.
-    (SQL twin: ``jobrun.sql.statements.worker_is_live``.)"""
+    (SQL twin: ``jobrun.sql.statements.operator.worker_is_live``.)"""
     return row.expires_at > now_at
 
 

@@ -75,7 +75,7 @@ def drivers_of(rows: Iterable[RunRow], keep_ids: int = 20) -> list[Driver]:
 
 @dataclass(frozen=True, slots=True)
 class PresenceSeen:
-    """A driver process's presence as Postgres shows it (see ``jobrun.sql.presence``):
+    """A driver process's presence as Postgres shows it (see ``jobrun.sql.postgres.presence``):
     its key, the host and pid its session named, its client address, since when."""
 
     key: int

@@ -3,7 +3,7 @@
 The core never reads the time or sleeps on its own: the lease keeper's renewal
 waits, the pass time budget and the worker's idle waits all go through a
 :class:`Clock`, so a test clock (``jobrun.testing.FakeClock``) can drive them.
-The real one is ``jobrun._system.SYSTEM_CLOCK``.
+The real one is ``jobrun._host.system.SYSTEM_CLOCK``.
 
 Older code passed a bare callable returning an aware ``datetime`` as the clock;
 :func:`as_clock` still takes one (it only fakes the wall instant; sleeping and

@@ -11,7 +11,7 @@ constructor and the properties every drive shares.
 from __future__ import annotations
 
 from jobrun._core import ClaimTurns, Clock, OrphanScans, OwedReleases, StoreLimits, deprecated_scans
-from jobrun._system import SYSTEM_CLOCK
+from jobrun._host import SYSTEM_CLOCK
 from jobrun._testing.memory.browse import MemoryBrowse
 from jobrun._testing.memory.claims import MemoryClaims
 from jobrun._testing.memory.leases import MemoryLeases

@@ -2,7 +2,7 @@
 lock that says a worker serves a database.
 
 Read by :mod:`jobrun.sql.next_due` (an idle worker's timer) and
-:mod:`jobrun.database_leases` (one worker per database on Postgres).
+:mod:`jobrun.worker.database_leases` (one worker per database on Postgres).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from jobrun.sql.statements.rules import due_at, is_live, is_paused
 def next_due_statement() -> Any:
     """The earliest due instant of the live runs (a lease's expiry among them: while
     a run is leased, its due instant is the lease's end): when an idle worker looks
-    again (see ``jobrun.wakeups``)."""
+    again (see ``jobrun.worker.wakeups``)."""
     # Paused runs never come due: those waiting at PARKED_AT are out of the range,
     # a paused one still leased (or stranded) is filtered on its row.
     parked_at = literal_column(f"'{PARKED_AT}'", Text)

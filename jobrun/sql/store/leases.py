@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from jobrun._core import HeldLease, not_watching, parse_instant
-from jobrun._system import system_clock
+from jobrun._host import system_clock
 from jobrun.sql.postgres.presence import Presence
 from jobrun.sql.statements.clock import clock_statement
 from jobrun.sql.statements.runs import held_leases_statement

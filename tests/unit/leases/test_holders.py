@@ -4,7 +4,7 @@ that judges a holder only where its pid and start time mean what they say.
 Fabricated identities, one per branch of ``liveness_seen_from`` (asked through
 ``liveness_on_this_host``, this host's answers); the same rules on real namespaces
 are in ``tests/processes/test_holder_namespaces.py``, and how this process learns
-its own identity in ``test__system.py``.
+its own identity in ``_host/test_system.py``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from jobrun import _system
 from jobrun._core.leases.holders import HolderIdentity, Liveness, parse_holder
-from jobrun._system import liveness_on_this_host
+from jobrun._host import system as _system
+from jobrun._host.system import liveness_on_this_host
 from tests.support import proc_identity, unused_pid
 
 

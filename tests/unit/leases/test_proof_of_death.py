@@ -9,7 +9,7 @@ import pytest
 
 from jobrun._core.leases import proof_of_death as orphans
 from jobrun._core.model.records import HeldLease
-from jobrun._system import THIS_HOST, local_identity
+from jobrun._host.system import THIS_HOST, local_identity
 from tests.support import dead_driver
 
 
@@ -123,7 +123,7 @@ def test_the_old_name_of_the_scans_warns_and_answers_the_same() -> None:
         assert store.stranded_scans is store.orphan_scans
 
 
-# --- an idle worker's looks (jobrun._worker_deaths): when to look again -------------------------
+# --- an idle worker's looks (jobrun.worker.deaths): when to look again -------------------------
 
 
 async def test_an_idle_look_is_taken_at_most_once_an_interval_and_stands_as_the_claims_scan() -> (

@@ -11,7 +11,7 @@ import pytest
 
 from jobrun._core.leases.renewal import Lease, LeaseKeeper
 from jobrun._core.time.aligned import CLOCK_TOLERANCE_S
-from jobrun._system import SYSTEM_CLOCK
+from jobrun._host.system import SYSTEM_CLOCK
 from jobrun.errors import LeaseLostError
 from jobrun.testing import FakeClock
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobrun._core.model.ids import UlidMint
-from jobrun._system import mint_run_id
+from jobrun._host.system import mint_run_id
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"

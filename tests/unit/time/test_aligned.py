@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from jobrun._core.time.aligned import aligned_clock
-from jobrun._system import SYSTEM_CLOCK
+from jobrun._host.system import SYSTEM_CLOCK
 from jobrun.testing import FakeClock
 
 

@@ -1,5 +1,6 @@
 """The open-store bound of a many-databases worker: at most that many engines open, each
-closed and opened again as the databases take turns (inotify's wake-ups: ``test__inotify.py``)."""
+closed and opened again as the databases take turns (inotify's wake-ups:
+``_host/test_inotify.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from jobrun.wakeups import OpenStores
+from jobrun.worker.wakeups import OpenStores
 
 
 async def test_at_most_limit_engines_stay_open(sqlite_template: Path, tmp_path: Path) -> None:

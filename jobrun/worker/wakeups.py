@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from jobrun._inotify import DirectoryWatch, database_of, open_watch
+from jobrun._host import DirectoryWatch, database_of, open_watch
 
 log = logging.getLogger("jobrun.worker")
 

@@ -18,8 +18,8 @@ import logging
 
 from jobrun._core import Clock, HeldLease, Host, JobRegistry, format_instant, lease_instants
 from jobrun._core import proof_of_death as orphans
-from jobrun._worker_database import ServedDatabase
 from jobrun.sql.next_due import sqlite_held_leases
+from jobrun.worker.database import ServedDatabase
 
 log = logging.getLogger("jobrun.worker")
 

@@ -1,6 +1,6 @@
-"""The worker's LISTEN for new runs on Postgres (a mixin of ``jobrun.worker._Worker``).
+"""The worker's LISTEN for new runs on Postgres (a part of ``jobrun.worker.serving._Worker``).
 
-On the store's presence connection (see :mod:`jobrun.sql.presence`): a
+On the store's presence connection (see :mod:`jobrun.sql.postgres.presence`): a
 ``NOTIFY jobrun_started`` for a job this worker registers wakes the database's
 drivers at once, and while the LISTEN stands the idle database is not polled.
 """
@@ -12,29 +12,37 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from jobrun._core import JobRegistry
-from jobrun._worker_database import ServedDatabase
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from jobrun._core import Clock, JobRegistry
+from jobrun.worker.database import ServedDatabase
+from jobrun.worker.rounds import repeat
 
 log = logging.getLogger("jobrun.worker")
 
 
-class Listening:
-    """LISTEN per Postgres database, reconnected when lost."""
+def listens(engine: AsyncEngine) -> bool:
+    """Whether the worker LISTENs on ``engine``'s database (Postgres through asyncpg)."""
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "asyncpg"
 
-    registry: JobRegistry
-    interval_s: float
-    wakeups: collections.Counter[str]
 
-    async def _repeat(
+class Listener:
+    """LISTEN per Postgres database, reconnected when lost; counts its wake-ups."""
+
+    def __init__(
         self,
-        database: ServedDatabase,
-        round_: Callable[[], Awaitable[float | None]],
-        failed: Callable[[Exception], float],
+        registry: JobRegistry,
+        interval_s: float,
+        clock: Clock,
+        wakeups: collections.Counter[str],
     ) -> None:
-        raise NotImplementedError
+        self.registry = registry
+        self.interval_s = interval_s
+        self.clock = clock
+        self.wakeups = wakeups
 
     def _wanted(self, payload: str) -> bool:
         try:
@@ -43,7 +51,7 @@ class Listening:
             return True
         return (module_id, job) in self.registry
 
-    async def _listen(self, database: ServedDatabase) -> None:
+    async def listen(self, database: ServedDatabase) -> None:
         """LISTEN for new runs on a connection of its own; reconnect when it is lost."""
 
         async def listen() -> float:
@@ -51,7 +59,8 @@ class Listening:
             return self.interval_s
 
         try:
-            await self._repeat(database, listen, listen_failed(database, self.interval_s))
+            failed = listen_failed(database, self.interval_s)
+            await repeat(self.clock, database, listen, failed)
         finally:
             database.listening = database.awaiting_listen = False
 
@@ -65,7 +74,7 @@ class Listening:
                 log.debug("woken by NOTIFY on %s", database.label)
                 database.wake_all()
 
-        # The store's presence connection (see ``jobrun.sql.presence``): a connection
+        # The store's presence connection (see ``jobrun.sql.postgres.presence``): a connection
         # of its own, never one of the host's pool, which a small pool could not spare.
         raw = await database.store.presence_connection()
         assert raw is not None

@@ -18,9 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobrun._api import job_run_health
 from jobrun._core import Clock
-from jobrun._worker_database import ServedDatabase
 from jobrun.errors import StoreError
 from jobrun.sql.postgres.kept_connections import keep_at_most
+from jobrun.worker.database import ServedDatabase
 
 log = logging.getLogger("jobrun.worker")
 

@@ -1,7 +1,7 @@
 """One database as the worker serves it: its drivers' idle waits and wake-ups.
 
 Split from :mod:`jobrun.worker` (which drives them); see there and
-:mod:`jobrun.wakeups` for what wakes an idle database.
+:mod:`jobrun.worker.wakeups` for what wakes an idle database.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobrun._core import Clock, HeldLease, PassStart, PassWatch
 from jobrun.sql.postgres.tenancy import notify_channel
 from jobrun.sql.store import SqlJobRunStore
-from jobrun.wakeups import sqlite_path
+from jobrun.worker.wakeups import sqlite_path
 
 FIRST_IDLE_DELAY_S = 0.05
 

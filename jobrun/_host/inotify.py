@@ -3,7 +3,7 @@ were written, read without blocking from the event loop.
 
 The worker watches the directories holding its SQLite databases: a write to
 ``name.db`` or its ``-wal`` / ``-journal`` file, by any process, is a reason to
-look at that database now (see :mod:`jobrun.wakeups`). Where inotify is not
+look at that database now (see :mod:`jobrun.worker.wakeups`). Where inotify is not
 available (another OS, a libc without it, the per-user watch limit reached)
 :func:`open_watch` returns ``None`` and the caller falls back to its timers.
 """

@@ -1,5 +1,5 @@
-"""The real host as the core sees it (``jobrun/_system.py``): this process's identity, read from
-its own ``/proc`` or left unknown where that ``/proc`` is not its own."""
+"""The real host as the core sees it (``jobrun/_host/system.py``): this process's identity,
+read from its own ``/proc`` or left unknown where that ``/proc`` is not its own."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from jobrun import _system
 from jobrun._core.leases.holders import Liveness
-from jobrun._system import liveness_on_this_host, local_identity
+from jobrun._host import system as _system
+from jobrun._host.system import liveness_on_this_host, local_identity
 from tests.support import proc_identity
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from jobrun._system import SYSTEM_CLOCK
-from jobrun._watchdog import CHECK_INTERVAL_S, Watchdog, real_time_guard
+from jobrun._host.system import SYSTEM_CLOCK
+from jobrun._host.watchdog import CHECK_INTERVAL_S, Watchdog, real_time_guard
 from jobrun.testing import FakeClock
 
 

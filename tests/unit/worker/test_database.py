@@ -8,9 +8,9 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from jobrun._system import resolve_clock
-from jobrun._worker_database import ServedDatabase
+from jobrun._host.system import resolve_clock
 from jobrun.sql.store import SqlJobRunStore
+from jobrun.worker.database import ServedDatabase
 
 
 async def test_a_driver_that_goes_idle_after_the_stop_does_not_wait(tmp_path: Path) -> None:

@@ -28,9 +28,9 @@ from jobrun._core import (
     jobs_text,
     sweep_due,
 )
-from jobrun._system import current_pid, host_name
-from jobrun._worker_database import ServedDatabase
+from jobrun._host import current_pid, host_name
 from jobrun.errors import describe_exception
+from jobrun.worker.database import ServedDatabase
 
 log = logging.getLogger("jobrun.worker")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobrun._inotify import database_of, open_watch
+from jobrun._host.inotify import database_of, open_watch
 from jobrun.sql.next_due import sqlite_next_due_at
 
 
