@@ -164,6 +164,8 @@ async def test_concurrent_starts_on_one_key_make_one_run(store, engine, clock):
     winner = runs[0].payload
     assert winner in [{"caller": n} for n in range(20)]
     assert all(run.payload == winner for run in runs)
+    # One caller made it, whether in one batch or several: every other one joined.
+    assert sorted(run.joined for run in runs) == [False] + [True] * 19
     assert len(await jobrun.job_runs(store)) == 1
     assert len(await jobrun.job_runs(store, status="running")) == 1
     if engine is not None:

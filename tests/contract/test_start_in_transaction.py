@@ -204,8 +204,8 @@ async def test_a_batch_wakes_once_per_job(store, notified):
 
 
 async def test_concurrent_single_starts_each_wake_their_job(store, notified):
-    """Single starts share NOTIFYs under concurrency (one in flight at a time), and
-    every job started still gets its wake-up."""
+    """Concurrent single starts go out in batches, one NOTIFY per job in each batch's
+    statement: every job started gets its wake-up, and only one."""
     jobs = [f"job-{n}" for n in range(16)]
     await asyncio.gather(*(jobrun.start_job_run(store, module_id="a", job=job) for job in jobs))
     for job in jobs:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 from typing import Any
 
@@ -98,6 +99,67 @@ def _walk(value: Any, most_nodes: int) -> bool | None:
             elif kind is float:
                 alike = False
             elif kind in _CONTAINERS:
+                stack.append((child, depth + 1))
+            else:
+                return None
+    return alike
+
+
+def queue_safe_text(value: Any, max_bytes: int) -> str | None:
+    """``value``'s JSON when a single walk proves it queue-safe (``queue_safety.py``:
+    exact types, str keys, finite floats) and plain, within ``max_bytes``; ``None``
+    for anything else, which the caller checks and writes the long way (the same
+    text when it is safe, the refusal in its words when not). One walk where a
+    start took two: the check's and the writer's."""
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return None
+    alike = _safe_walk(value, max_bytes)
+    if alike is None:
+        return None
+    try:
+        if alike and _orjson is not None:
+            text: str = _orjson.dumps(value).decode("utf-8")
+        else:
+            text = _ONE_SHOT.encode(value)
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return text if size <= max_bytes else None
+
+
+def _safe_walk(value: Any, most_nodes: int) -> bool | None:
+    """:func:`_walk` for queue-safe values only: ``None`` at a tuple, a key that is not
+    a str, a float that is not finite, or anything else the check would refuse."""
+    alike = True
+    nodes = 1
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        container, depth = stack.pop()
+        if depth >= MAX_DEPTH:
+            return None
+        nodes += len(container)
+        if nodes > most_nodes:
+            # Also where a cycle ends: it would count nodes for ever.
+            return None
+        if type(container) is dict:
+            for key in container:
+                if type(key) is not str:
+                    return None
+            children: Any = container.values()
+        else:
+            children = container
+        for child in children:
+            kind = type(child)
+            if kind is str or kind is bool or child is None:
+                continue
+            if kind is int:
+                alike = alike and child in _INT_RANGE
+            elif kind is float:
+                if not math.isfinite(child):
+                    return None
+                alike = False
+            elif kind is dict or kind is list:
                 stack.append((child, depth + 1))
             else:
                 return None

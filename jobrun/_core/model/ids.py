@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -59,15 +58,17 @@ def first_id_at(instant_text: str) -> str:
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode("ascii"))
+# Every two-digit pair, by its 10-bit value: a 130-bit id is 13 look-ups.
+_PAIRS = tuple(high + low for high in _CROCKFORD for low in _CROCKFORD)
+_PAIR_SHIFTS = tuple(range(120, -1, -10))
 
 
 def _ulid_text(number: int) -> str:
-    """``_base32(number, 26)`` for a 130-bit number, in C: the standard base32 of its
-    bits (shifted to fill 17 bytes) with Crockford's alphabet swapped in. Minting is
-    paid once per start, thousands of times per batch."""
-    encoded = base64.b32encode((number << 6).to_bytes(17, "big"))[:26]
-    return encoded.translate(_TO_CROCKFORD).decode("ascii")
+    """``_base32(number, 26)`` for a 130-bit number, two digits per look-up: minting is
+    paid once per start, thousands of times per batch (base64's b32encode, in pure
+    Python on 3.11, took eight times as long)."""
+    pairs = _PAIRS
+    return "".join([pairs[(number >> shift) & 1023] for shift in _PAIR_SHIFTS])
 
 
 def _base32(number: int, width: int) -> str:

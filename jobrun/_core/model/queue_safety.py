@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from jobrun._core.model.fast_json import queue_safe_text
 from jobrun._core.model.formats import OverCapError, encode_json_within
 from jobrun._core.model.refusals import refuse
 from jobrun.errors import JobValidationError
@@ -145,6 +146,10 @@ def assert_queue_safe(value: Any, root: str) -> None:
 
 def encode_queue_safe(value: Any, root: str, max_bytes: int) -> str:
     """Check ``value``, encode it, and refuse it when the JSON is over ``max_bytes``."""
+    # Most payloads are plain and small: checked and written in one walk.
+    text = queue_safe_text(value, max_bytes)
+    if text is not None:
+        return text
     try:
         problem = queue_safety_problem(value, root, max_bytes)
         text = None if problem is not None else encode_json_within(value, max_bytes)

@@ -9,16 +9,23 @@ each other key, in a fixed number of statements whatever the batch's size.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from jobrun._core.model.fast_json import loads_own
 from jobrun._core.model.formats import format_instant, parse_instant
 from jobrun._core.model.names import require_name
 from jobrun._core.model.queue_safety import encode_queue_safe
-from jobrun._core.model.records import DEFAULT_INSTANCE, JobRun, RunRow, priority_value
+from jobrun._core.model.records import (
+    DEFAULT_INSTANCE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    JobRun,
+    RunRow,
+    priority_value,
+)
 from jobrun._core.model.refusals import (
     checked_aware,
     checked_delay,
@@ -65,12 +72,22 @@ class CheckedStart:
     start_at: datetime | None
 
 
-def check_start(start: JobStart, max_payload_bytes: int) -> CheckedStart:
-    """Check one start's parts, in the order :func:`jobrun.start_job_run` checks them."""
-    require_name(start.module_id, "module_id")
-    require_name(start.job, "job")
+def check_start(
+    start: JobStart, max_payload_bytes: int, known_jobs: set[tuple[str, str]] | None = None
+) -> CheckedStart:
+    """Check one start's parts, in the order :func:`jobrun.start_job_run` checks them.
+    ``known_jobs``: the (module id, job) pairs already checked, skipped (a batch's
+    starts are mostly of a few jobs), and added to when good."""
+    job_of = (start.module_id, start.job)
+    if known_jobs is None or job_of not in known_jobs:
+        require_name(start.module_id, "module_id")
+        require_name(start.job, "job")
+        if known_jobs is not None:
+            known_jobs.add(job_of)
     require_name(start.instance, "instance", allow_empty=True)
-    priority = priority_value(start.priority)
+    priority = start.priority
+    if type(priority) is not int or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        priority = priority_value(priority)  # refused, in its words (or an int subclass)
     start_at = None if start.start_at is None else checked_aware(start.start_at, "start_at")
     payload_text = encode_queue_safe(start.payload, "payload", max_payload_bytes)
     return CheckedStart(
@@ -142,9 +159,9 @@ def _fresh_records(rows: list[RunRow]) -> list[JobRun]:
                 instance=row.instance,
                 status=first.status,
                 # The text is what encode_queue_safe just made (no NaN, no
-                # Infinity), so the default decoder reads it as decode_json would,
+                # Infinity), so jobrun's own reader reads it as decode_json would,
                 # without building a decoder per call; each record its own object.
-                payload=json.loads(row.payload),
+                payload=loads_own(row.payload),
                 cursor=None,
                 counters={},
                 attempts=0,
@@ -171,12 +188,13 @@ def _checked_all(starts: Iterable[JobStart], max_payload_bytes: int) -> list[Che
     if isinstance(starts, str | bytes | dict) or not isinstance(starts, Iterable):
         raise refuse_type("starts", f"must be a list of JobStart, got {type_name(starts)}")
     checked = []
+    known_jobs: set[tuple[str, str]] = set()
     for index, start in enumerate(starts):
         path = f"starts[{index}]"
         if not isinstance(start, JobStart):
             raise refuse_type(path, f"must be a JobStart, got {type_name(start)}")
         try:
-            checked.append(check_start(start, max_payload_bytes))
+            checked.append(check_start(start, max_payload_bytes, known_jobs))
         except JobValidationError as error:
             raise in_item(error, path) from None
     return checked

@@ -6,8 +6,6 @@
   between operations, so a step costs no pool checkout.
 * :mod:`~jobrun.sql.postgres.tenancy`: tenants in Postgres schemas, and the
   wake-up channel each schema's starts NOTIFY on.
-* :mod:`~jobrun.sql.postgres.start_wakeups`: one NOTIFY in flight per store, so
-  single starts never serialise their commits.
 * :mod:`~jobrun.sql.postgres.database_clock`: which leases are judged on the
   database's clock.
 

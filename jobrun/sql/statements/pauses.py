@@ -165,3 +165,25 @@ def started_paused(values: dict[str, Any]) -> dict[str, Any]:
             values["status"], paused_at, values["lease_owner"], values["next_attempt_at"]
         ),
     }
+
+
+def job_pause_of(module_id: Any, job: Any) -> tuple[Any, Any]:
+    """The pause record of job ``module_id``, ``job`` (expressions) to outer-join a
+    batch of starts to: the table's alias, and the join's condition."""
+    pauses = job_pauses.alias("job_pause")
+    return pauses, and_(pauses.c.module_id == module_id, pauses.c.job == job)
+
+
+def started_paused_by(values: dict[str, Any], pause: tuple[Any, Any]) -> dict[str, Any]:
+    """:func:`started_paused`, with the job's pause record read by the outer join
+    :func:`job_pause_of` made (one look-up per run, not one per column)."""
+    record = pause[0].c
+    job_paused = record.module_id.is_not(None)
+    paused_at = case((job_paused, values["started_at"]), else_=values["paused_at"])
+    return {
+        "paused_at": paused_at,
+        "pause_reason": func.coalesce(values["pause_reason"], record.reason),
+        "next_attempt_at": parked(
+            values["status"], paused_at, values["lease_owner"], values["next_attempt_at"]
+        ),
+    }

@@ -115,10 +115,9 @@ RECORD_STEP_ORDER_SQLITE = RECORD_STEP_ORDER * 2
 when it is paused): the list is passed twice over."""
 
 
-def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
+def start_insert(is_postgres: bool) -> Any:
     """Insert ``row_*`` unless its key is live; on Postgres also NOTIFY ``notify_channel``
-    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)
-    unless ``notify`` is false (``jobrun.sql.postgres.start_wakeups`` sends it later)."""
+    (the NOTIFY rides in the insert's statement, sent only when a row was inserted)."""
     from jobrun.sql.statements.pauses import started_paused
 
     given = {name: bindparam(f"row_{name}", type_=job_runs.c[name].type) for name in RUN_COLUMNS}
@@ -129,7 +128,7 @@ def start_insert(is_postgres: bool, *, notify: bool = True) -> Any:
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
         .returning(job_runs.c.id, job_runs.c.paused_at, job_runs.c.pause_reason)
     )
-    if not (is_postgres and notify):
+    if not is_postgres:
         return insert
     # Wake listening workers now rather than at their next poll.
     added = insert.cte("added")
@@ -158,30 +157,56 @@ def _element(given: Any, index: int, column: Any) -> Any:
     return cast(value, Integer) if isinstance(column.type, Integer) else value
 
 
+START_MANY_OWN = (
+    "id",
+    "module_id",
+    "job",
+    "instance",
+    "payload",
+    "priority",
+    "started_at",
+    "updated_at",
+    "next_attempt_at",
+)
+"""The columns in which the rows of a batch of starts differ, each row's array of
+``start_many``'s ``rows`` in this order (the start instants too: concurrent
+callers' single starts go out as one batch); every other column is one value for the
+whole batch, bound once as ``shared_<column>`` (:data:`START_MANY_SHARED`)."""
+
+START_MANY_SHARED = tuple(name for name in RUN_COLUMNS if name not in START_MANY_OWN)
+
+
 def start_many_insert(is_postgres: bool) -> Any:
-    """Insert each run of the JSON array ``rows`` (each an array of ``RUN_COLUMNS``
-    values) whose key is not live; returns the inserted ids. On Postgres one NOTIFY
-    per job among them rides in the statement: one wake-up per batch, not per run."""
-    from jobrun.sql.statements.pauses import started_paused
+    """Insert each run of the JSON array ``rows`` (each an array of its
+    :data:`START_MANY_OWN` values; the rest bound once, ``shared_*``) whose key is not
+    live; returns the inserted ids. On Postgres one NOTIFY per job among them rides
+    in the statement: one wake-up per batch, not per run."""
+    from jobrun.sql.statements.pauses import job_pause_of, started_paused_by
 
     given = _given_rows("rows", is_postgres)
-    elements = {
-        name: _element(given, index, job_runs.c[name]) for index, name in enumerate(RUN_COLUMNS)
+    own = {
+        name: _element(given, index, job_runs.c[name]) for index, name in enumerate(START_MANY_OWN)
     }
-    elements |= started_paused(elements)
+    shared = {
+        name: bindparam(f"shared_{name}", type_=job_runs.c[name].type) for name in START_MANY_SHARED
+    }
+    elements = {name: own[name] if name in own else shared[name] for name in RUN_COLUMNS}
+    # The job's pause record, looked up once per row by an outer join.
+    pause = job_pause_of(elements["module_id"], elements["job"])
+    elements |= started_paused_by(elements, pause)
     # SQLite: an INSERT ... SELECT with an upsert clause needs a WHERE, or its
     # parser reads ON CONFLICT as a join's ON.
-    chosen = select(*elements.values()).select_from(given).where(true())
+    chosen = select(*elements.values()).select_from(given.outerjoin(*pause)).where(true())
     insert = (
         dialect_insert(is_postgres, job_runs)
         .from_select(list(elements), chosen)
         .on_conflict_do_nothing(index_elements=list(_KEY), index_where=LIVE_ONLY)
     )
     # Each run's pause comes back with its id (a run of a paused job starts paused).
-    pause = (job_runs.c.paused_at, job_runs.c.pause_reason)
+    returned = (job_runs.c.paused_at, job_runs.c.pause_reason)
     if not is_postgres:
-        return insert.returning(job_runs.c.id, *pause)
-    added = insert.returning(job_runs.c.id, job_runs.c.module_id, job_runs.c.job, *pause)
+        return insert.returning(job_runs.c.id, *returned)
+    added = insert.returning(job_runs.c.id, job_runs.c.module_id, job_runs.c.job, *returned)
     added = added.cte("added")
     job_text = cast(func.json_build_array(added.c.module_id, added.c.job), Text).label("job")
     jobs = select(job_text).distinct().subquery("added_jobs")
@@ -196,7 +221,7 @@ def start_many_insert(is_postgres: bool) -> Any:
 
 def notify_many() -> Any:
     """Postgres: one NOTIFY ``notify_channel`` per payload of the JSON array ``payloads``,
-    in one statement (``jobrun.sql.postgres.start_wakeups``)."""
+    in one statement (the wake-up after a pause changes, ``jobrun.sql.store.pauses``)."""
     given = func.json_array_elements_text(cast(bindparam("payloads", type_=Text), JSON))
     payloads = given.table_valued("value").alias("payloads")
     channel = bindparam("notify_channel", type_=Text)
@@ -265,7 +290,6 @@ class RunStatements:
         self.extend_lease_on_database_clock = compile_(_extend_lease(is_postgres))
         self.start = compile_(start_insert(is_postgres))
         self.live = compile_(live_run_of())
-        self.start_quiet = compile_(start_insert(is_postgres, notify=False))
         self.notify_many = compile_(notify_many())
         self.start_many = compile_(start_many_insert(is_postgres))
         self.live_many = compile_(live_runs_of_keys(is_postgres))

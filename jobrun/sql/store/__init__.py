@@ -41,9 +41,9 @@ from jobrun._core import (
 from jobrun.sql.executor import StatementHook, executor_for
 from jobrun.sql.postgres.database_clock import DatabaseClockLeases
 from jobrun.sql.postgres.presence import Presence
-from jobrun.sql.postgres.start_wakeups import StartWakeUps
 from jobrun.sql.postgres.tenancy import checked_schema, in_schema
 from jobrun.sql.sqlite_setup import configure_sqlite
+from jobrun.sql.start_batches import StartBatches
 from jobrun.sql.store.base import compiled_for
 from jobrun.sql.store.browse import SqlBrowse
 from jobrun.sql.store.claims import SqlClaims, limit_lock_key
@@ -115,7 +115,7 @@ class SqlJobRunStore(
         self._schema_checked = False
         # Kept by the store because it is what every drive of this database shares.
         self._owed_releases = OwedReleases()
-        self._start_wakeups = StartWakeUps()
+        self._start_batches = StartBatches(self._start_batch)
         self._claim_turns = ClaimTurns()
         self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.

@@ -1,10 +1,10 @@
 """The runs facet of the SQL store: starts and the pass's own reads and writes
 (``JobRunStore``; statements in :mod:`jobrun.sql.statements.runs`).
 
-A start is one statement (Postgres: with its NOTIFY, at most one in flight per
-store, see :mod:`jobrun.sql.postgres.start_wakeups`); a batch of starts a fixed
-number whatever its size; a new step one statement, durable on return; a pass
-commit one transaction (one statement on Postgres).
+Single starts from concurrent callers go out together as one batch (see
+:mod:`jobrun.sql.start_batches`); a batch of starts is a fixed number of statements
+whatever its size (Postgres: with its NOTIFY per job); a new step one statement,
+durable on return; a pass commit one transaction (one statement on Postgres).
 """
 
 from __future__ import annotations
@@ -21,9 +21,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from jobrun._core import WRITTEN_PAUSED, RunPatch, RunRow, StepRow, paused_start
 from jobrun.errors import StoreError
 from jobrun.sql.caller_connection import caller_fetch, checked_caller_connection
-from jobrun.sql.postgres.start_wakeups import StartWakeUps
 from jobrun.sql.postgres.tenancy import notify_channel
-from jobrun.sql.statements.runs import PATCH_COLUMNS, RUN_COLUMNS, RunStatements
+from jobrun.sql.start_batches import StartBatches
+from jobrun.sql.statements.runs import (
+    PATCH_COLUMNS,
+    RUN_COLUMNS,
+    START_MANY_OWN,
+    START_MANY_SHARED,
+    RunStatements,
+)
 from jobrun.sql.store.base import Fetch, SqlStoreBase, fence_values, kept_changing, prefixed_values
 
 _START_RETRIES = 10
@@ -42,9 +48,6 @@ def notify_payload_of(module_id: str, job: str) -> str:
     return text if len(text.encode("utf-8")) <= _NOTIFY_MAX_BYTES else ""
 
 
-_RUN_VALUES = attrgetter(*RUN_COLUMNS)
-
-
 def _as_started(row: RunRow, answer: Sequence[Any]) -> RunRow:
     """The row a start inserted, paused as its statement answered (its last two
     columns: a run of a paused job starts paused)."""
@@ -56,9 +59,21 @@ def _key_of(row: RunRow) -> tuple[str, str, str]:
     return (row.module_id, row.job, row.instance)
 
 
-def _rows_json(rows: Sequence[RunRow]) -> str:
-    """Rows as one JSON array of arrays (``RUN_COLUMNS`` order): ``start_many``'s ``rows``."""
-    return json.dumps(builtins.list(map(_RUN_VALUES, rows)), ensure_ascii=False)
+_OWN_VALUES = attrgetter(*START_MANY_OWN)
+_SHARED_VALUES = attrgetter(*START_MANY_SHARED)
+
+
+def start_many_values(rows: Sequence[RunRow], schema: str | None) -> dict[str, Any]:
+    """``start_many``'s values: each row's own columns in one JSON array of arrays
+    (``rows``), the columns the batch shares bound once (``shared_*``)."""
+    shared = _SHARED_VALUES(rows[0])
+    # The store's own rule, kept by its callers: start_job_runs makes fresh rows, and
+    # single starts' batches are grouped by these values (SqlRuns._start_batch).
+    assert all(_SHARED_VALUES(row) == shared for row in rows), "rows differ in shared columns"
+    values = dict(zip([f"shared_{name}" for name in START_MANY_SHARED], shared, strict=True))
+    values["rows"] = json.dumps(builtins.list(map(_OWN_VALUES, rows)), ensure_ascii=False)
+    values["notify_channel"] = notify_channel(schema)
+    return values
 
 
 def start_values(row: RunRow, schema: str | None) -> dict[str, Any]:
@@ -94,45 +109,30 @@ class SqlRuns(SqlStoreBase):
     """Starts, a run by id, and the pass's writes: the failed pass's patch, the
     commit that drops the ledger with it, the ledger's read and its step writes."""
 
-    _start_wakeups: StartWakeUps
+    _start_batches: StartBatches
 
     async def start_or_join(self, row: RunRow) -> tuple[RunRow, bool]:
-        values = start_values(row, self._schema)
+        # With the starts of concurrent callers, in one statement (start_batches.py).
+        return await self._start_batches.start(row)
+
+    async def _start_batch(self, rows: Sequence[RunRow]) -> builtins.list[tuple[RunRow, bool]]:
+        """The single starts' batch: ``start_many``'s statements, in groups of rows that
+        share their constant columns (concurrent callers' rows differ only in the
+        columns each row carries, so always one group unless rows were made elsewhere)."""
+        groups: dict[tuple[Any, ...], builtins.list[RunRow]] = {}
+        for row in rows:
+            groups.setdefault(_SHARED_VALUES(row), []).append(row)
         fetch = partial(self._executor.fetch, "start_or_join")
+        found: dict[str, tuple[RunRow, bool]] = {}
         async with self._operation("start_or_join"):
-            # The partial unique index decides: at most one live row per key,
-            # whatever number of hosts race here.
-            if self._is_postgres:
-                started = await self._start_waking(fetch, row, values)
-            else:
-                started = await start_in(fetch, self._statements, row, values)
-        if started is None:
-            raise kept_changing("start_or_join")
-        return started
-
-    async def _start_waking(
-        self, fetch: Fetch, row: RunRow, values: Mapping[str, Any]
-    ) -> tuple[RunRow, bool] | None:
-        """Postgres: :func:`start_in`, waking listening workers with at most one NOTIFY
-        in flight per store (``jobrun.sql.postgres.start_wakeups``): the NOTIFY rides in the
-        insert when none is, else the wake-up goes out after the commit, shared."""
-        wakeups = self._start_wakeups
-
-        async def send(payloads: builtins.list[str]) -> object:
-            channel = notify_channel(self._schema)
-            notify = {"notify_channel": channel, "payloads": json.dumps(payloads)}
-            return await fetch(self._statements.notify_many, notify)
-
-        if wakeups.take():
-            try:
-                return await start_in(fetch, self._statements, row, values)
-            finally:
-                await wakeups.release(send)
-        quiet = self._statements.start_quiet
-        started = await start_in(fetch, self._statements, row, values, quiet)
-        if started is not None and started[1]:
-            await wakeups.after_commit(values["notify_payload"], send)
-        return started
+            for group in groups.values():
+                # The partial unique index decides: at most one live row per key,
+                # whatever number of hosts race here.
+                started = await self._start_many_in(fetch, group)
+                if started is None:
+                    raise kept_changing("start_or_join")
+                found.update(zip([row.id for row in group], started, strict=True))
+        return [found[row.id] for row in rows]
 
     async def start_many(
         self, rows: Sequence[RunRow], *, connection: object | None = None
@@ -163,7 +163,7 @@ class SqlRuns(SqlStoreBase):
         # (Postgres: no deadlock between their inserts).
         todo = sorted(rows, key=_key_of)
         for _ in range(_START_RETRIES):
-            values = {"rows": _rows_json(todo), "notify_channel": notify_channel(self._schema)}
+            values = start_many_values(todo, self._schema)
             answers = await fetch(self._statements.start_many, values)
             inserted = {answer[0]: answer for answer in answers}
             rest = [row for row in todo if row.id not in inserted]
