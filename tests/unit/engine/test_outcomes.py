@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from jobrun._core.engine.outcomes import hand_back
 from jobrun._core.leases.owed_releases import OwedReleases
 from jobrun._core.leases.renewal import Lease
-from jobrun._core.model.records import RunPatch, RunRow
+from jobrun._core.model.records import RunPatch
+from tests.support import hand_made_row
 
 
 class _Store:
@@ -26,26 +28,6 @@ class _Store:
         return True
 
 
-def _row() -> RunRow:
-    return RunRow(
-        id="r1",
-        module_id="m",
-        job="j",
-        instance="i",
-        payload="{}",
-        status="running",
-        cursor=None,
-        counters="{}",
-        attempts=0,
-        last_error=None,
-        started_at="2026-01-01T00:00:00.000Z",
-        updated_at="2026-01-01T00:00:00.000Z",
-        next_attempt_at="2026-01-01T00:01:00.000Z",
-        ended_at=None,
-        lease_owner="T",
-    )
-
-
 def test_a_hand_back_cut_off_by_the_loop_ending_leaves_no_write_never_awaited() -> None:
     # A loop shutting down cancels every task left, the shielded write's task
     # too, possibly before its first step. Its store call must not exist yet, or
@@ -55,7 +37,9 @@ def test_a_hand_back_cut_off_by_the_loop_ending_leaves_no_write_never_awaited() 
 
     async def main() -> None:
         lease = Lease("T", "me:1", 60_000)
-        handing = asyncio.ensure_future(hand_back(store, _row(), lease))  # type: ignore[arg-type]
+        handing = asyncio.ensure_future(
+            hand_back(store, replace(hand_made_row(1), lease_owner="T"), lease)
+        )  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the hand-back starts and shields its write: not stepped yet
         others = asyncio.all_tasks() - {asyncio.current_task()}
         assert handing in others
