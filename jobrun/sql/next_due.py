@@ -28,8 +28,11 @@ from jobrun.sql.statements.worker import next_due_statement
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.store.base import pairs as job_pairs
 
-# A WAL reader waits for nobody; this only bounds a file being recovered.
-_SQLITE_TIMEOUT_S = 0.2
+# No wait at all: the read runs on the event loop's thread, and a file that is busy
+# (its WAL being recovered, or checkpointed by a connection closing) made every
+# database of the worker wait up to this long; busy, the read fails and the caller
+# drives the database instead, through its store (whose waits are off the loop).
+_SQLITE_TIMEOUT_S = 0.0
 
 
 @functools.cache
