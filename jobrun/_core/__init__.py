@@ -10,7 +10,7 @@ above it):
 - ``model``: the records of a run and their stored encodings;
 - ``time``: clocks, the database-aligned clock, wall-clock steps;
 - ``limits``: rate and concurrency limits, the token bucket;
-- ``leases``: renewal, fencing, holders and the proof of death;
+- ``leases``: claims and takeovers, renewal, fencing, holders and the proof of death;
 - ``rules``: transitions, retry, fair turns, versions, schedules;
 - ``port`` (the store's contract) and ``sources`` (what is handed in);
 - ``engine``: registry, passes, steps, outcomes, the drive;
@@ -36,6 +36,15 @@ from jobrun._core.engine.options import DriveKeywords, DriveOptions, drive_optio
 from jobrun._core.engine.passes import KEEP_CURSOR, JobPass, PassResult
 from jobrun._core.engine.registry import JobRegistry
 from jobrun._core.leases import proof_of_death
+from jobrun._core.leases.claims import (
+    CLAIM_FIELDS,
+    Claimed,
+    PreviousHolder,
+    claim_candidate,
+    claim_transition,
+    is_orphan,
+    takeover_note_parts,
+)
 from jobrun._core.leases.holders import (
     PRESENCE_PATTERN,
     HolderIdentity,
@@ -179,17 +188,7 @@ from jobrun._core.rules.pausing import (
     unpause_transition,
 )
 from jobrun._core.rules.retry import RetryPolicy
-from jobrun._core.rules.transitions import (
-    CLAIM_FIELDS,
-    Claimed,
-    PreviousHolder,
-    RunChange,
-    claim_candidate,
-    claim_transition,
-    is_orphan,
-    patched,
-    takeover_note_parts,
-)
+from jobrun._core.rules.transitions import RunChange, patched
 from jobrun._core.rules.versions import runs_beyond_code
 from jobrun._core.sources import Sources
 from jobrun._core.time.clock import Clock, ClockLike, Deadline, as_clock

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.leases.claims import Claimed
 from jobrun._core.leases.owed_releases import OwedReleases
 from jobrun._core.leases.proof_of_death import OrphanScans
 from jobrun._core.limits.buckets import LimitUsage
@@ -30,7 +31,7 @@ from jobrun._core.model.records import (
 from jobrun._core.model.refusals import checked_positive_int
 from jobrun._core.model.worker_rows import WorkerRow
 from jobrun._core.rules.fair_turns import ClaimTurns
-from jobrun._core.rules.transitions import Claimed, RunChange
+from jobrun._core.rules.transitions import RunChange
 
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
 
@@ -125,7 +126,7 @@ class JobRunStore(Protocol):
 
         Due means ``running`` with ``COALESCE(next_attempt_at, started_at) <=
         now_at``; order is ``priority`` (highest first), then that instant, then
-        id (:func:`jobrun._core.rules.transitions.claim_candidate` spells the rules).
+        id (:func:`jobrun._core.leases.claims.claim_candidate` spells the rules).
         A job in ``max_concurrent`` is passed over while that many of its runs
         hold a lease that has not expired; the count and the lease are one
         atomic decision, so concurrent claimers on any number of hosts never
@@ -134,7 +135,7 @@ class JobRunStore(Protocol):
         not, outside the limits.
 
         The store decides nothing about the run's new state: it writes what
-        :func:`jobrun._core.rules.transitions.claim_transition` makes of the row it
+        :func:`jobrun._core.leases.claims.claim_transition` makes of the row it
         chose, fenced on the values that decision read, so concurrent claimers
         never get the same run. Returns that decision: the row as written and
         the holder taken over, if any.
