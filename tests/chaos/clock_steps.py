@@ -3,9 +3,12 @@
 Every driver runs with libfaketime preloaded, its wall clock offset by the
 contents of a file of its own (re-read at each reading, so the offset can change
 under a running process) while its monotonic clock stays real, as an NTP step or
-a resumed VM leaves it. The fault waits for a body, then steps the wall clock of
-the whole host (every driver; SQLite's drivers all live on one host), of one
-client that does not hold the run, or of the holder itself.
+a resumed VM leaves it. The fault waits until every driver has read its clock
+for a lease decision (a step is seen against an earlier reading: a process
+started after the step has none, the limit docs/design.md states under "Clock
+steps"), then for a body, then steps the wall clock of the whole host (every
+driver; SQLite's drivers all live on one host), of one client that does not
+hold the run, or of the holder itself.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ class ClockStep(Fault):
             }
 
     async def inject(self, stage: Stage) -> None:
+        # Every driver is running when its clock steps: each has read its clock for a
+        # lease decision before (one started after a step cannot tell; see the module).
+        for child in stage.children:
+            await asyncio.to_thread(child.wait_for, "judging", 60)
         victim, event = await stage.victim_body()
         holder = stage.children.index(victim)
         for index, offset in self._files.items():

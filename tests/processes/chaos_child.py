@@ -201,7 +201,31 @@ def claim_from_elsewhere(machine: str) -> None:
     _system.local_identity = lambda: elsewhere  # type: ignore[assignment]
 
 
+def announce_first_judgement() -> None:
+    """Print ``judging`` when this process first reads its clock for a lease decision.
+
+    A wall-clock step is detected against what the process saw before it (see
+    ``jobrun._core.time.wall_steps``): a fault that steps running drivers waits for
+    each driver's first reading, since a process that starts after a step has no
+    earlier reading to compare with (a limit docs/design.md states)."""
+    from jobrun._core.time import wall_steps
+
+    instants = wall_steps.StepWatch.instants
+    announced = False
+
+    def announcing(watch: wall_steps.StepWatch, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        nonlocal announced
+        seen = instants(watch, *args, **kwargs)
+        if not announced:
+            announced = True
+            emit("judging")
+        return seen
+
+    wall_steps.StepWatch.instants = announcing  # type: ignore[method-assign]
+
+
 async def main(args: argparse.Namespace) -> None:
+    announce_first_judgement()
     machine = os.environ.get("JOBRUN_CHAOS_MACHINE")
     if machine:
         claim_from_elsewhere(machine)

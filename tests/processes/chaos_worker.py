@@ -39,7 +39,14 @@ def exec_worker(argv: list[str]) -> None:
 if __name__ == "__main__":
     exec_worker(sys.argv[1:])
 else:
-    from tests.processes.chaos_child import emit, make_registry, parse
+    from tests.processes.chaos_child import (
+        announce_first_judgement,
+        emit,
+        make_registry,
+        parse,
+    )
+
+    announce_first_judgement()
 
     if "faketime" in os.environ.get("LD_PRELOAD", ""):
         # libfaketime with the monotonic clock left alone turns Python 3.11's
