@@ -59,7 +59,6 @@ from jobrun._core.leases.proof_of_death import (
     PRESENCE_CHECK_TIMEOUT_S,
     PRESENCE_GRACE_S,
     OrphanScans,
-    deprecated_scans,
 )
 from jobrun._core.limits.buckets import (
     MILLI,
@@ -175,6 +174,7 @@ from jobrun._core.port import (
     DEFAULT_MAX_STEP_RESULT_BYTES,
     WRITTEN_PAUSED,
     JobRunStore,
+    KeptForDrives,
     OperatorStore,
     ScheduleStore,
     StoreLimits,
@@ -248,6 +248,7 @@ __all__ = [
     "JobRunStatus",
     "JobRunStore",
     "JobStart",
+    "KeptForDrives",
     "LimitUsage",
     "Liveness",
     "LoggingObserver",
@@ -296,7 +297,6 @@ __all__ = [
     "claim_candidate",
     "claim_transition",
     "count_activity",
-    "deprecated_scans",
     "drive",
     "drive_due_jobs",
     "drive_options",

@@ -8,6 +8,7 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -61,6 +62,50 @@ class StoreLimits:
         names = ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes")
         for name in (*names, "max_counters_bytes"):
             checked_positive_int(getattr(self, name), name)
+
+
+class KeptForDrives:
+    """What a store keeps for every drive of its database: the first properties of
+    :class:`JobRunStore`, held alike by every store, whose constructor calls
+    ``KeptForDrives.__init__``."""
+
+    def __init__(self, limits: StoreLimits, default_scope: object) -> None:
+        self._limits = limits
+        self._default_scope = default_scope
+        self._owed_releases = OwedReleases()
+        self._claim_turns = ClaimTurns()
+        self._orphan_scans = OrphanScans()
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._limits
+
+    @property
+    def default_scope(self) -> object:
+        return self._default_scope
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        return self._owed_releases
+
+    @property
+    def claim_turns(self) -> ClaimTurns:
+        return self._claim_turns
+
+    @property
+    def orphan_scans(self) -> OrphanScans:
+        return self._orphan_scans
+
+    @property
+    def stranded_scans(self) -> OrphanScans:
+        """Deprecated alias of :attr:`orphan_scans` (removed in the next release)."""
+        warnings.warn(
+            "stranded_scans is deprecated: use orphan_scans (stranded now means only "
+            "'leased, lease expired')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._orphan_scans
 
 
 class JobRunStore(Protocol):

@@ -124,25 +124,21 @@ def release_transition() -> RunChange:
 # --- The end of a pass: what its holder writes, fenced on its lease ----------------------------
 
 
+_PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
+
+
+def held_patch(row: RunRow, *changes: tuple[str, Value]) -> RunPatch:
+    """The row's whole mutable state as it stands, the lease included, but for
+    ``changes`` (column, value): what an outcome writes of what it leaves alone."""
+    state: dict[str, Any] = {name: getattr(row, name) for name in _PATCH_FIELDS}
+    state.update(changes)
+    return RunPatch(**state)
+
+
 def unleased(row: RunRow) -> RunPatch:
-    """The row's state as claimed, minus the lease: due again at once, nothing charged."""
-    return RunPatch(
-        status=row.status,
-        cursor=row.cursor,
-        counters=row.counters,
-        attempts=row.attempts,
-        last_error=row.last_error,
-        updated_at=row.updated_at,
-        next_attempt_at=None,
-        ended_at=row.ended_at,
-        lease_takeovers=row.lease_takeovers,
-        lease_epoch=row.lease_epoch,
-        passes_committed=row.passes_committed,
-        deferrals=row.deferrals,
-        deferred_reason=row.deferred_reason,
-        job_version=row.job_version,
-        error_origin=row.error_origin,
-    )
+    """The row's state as claimed, minus the lease: due again at once, nothing charged
+    (what a release by hand writes, too)."""
+    return held_patch(row, *_UNLEASED)
 
 
 def committed_patch(
@@ -190,9 +186,6 @@ def committed_patch(
     )
 
 
-_PATCH_FIELDS = tuple(RunPatch.__dataclass_fields__)
-
-
 def patched(row: RunRow, patch: RunPatch) -> RunRow:
     """``row`` as it reads once ``patch`` is written."""
     return replace(row, **{name: getattr(patch, name) for name in _PATCH_FIELDS})
@@ -202,22 +195,13 @@ def upgraded_patch(row: RunRow, cursor_json: str | None, version: int, at: str) 
     """The held row as it stands, its cursor upgraded to ``version``'s format and the
     run of that version (see :mod:`jobrun._core.rules.versions`); nothing else changes,
     the lease included, and no pass is counted."""
-    held = RunPatch(**{name: getattr(row, name) for name in _PATCH_FIELDS})
-    return replace(held, cursor=cursor_json, job_version=version, updated_at=at)
+    return replace(held_patch(row), cursor=cursor_json, job_version=version, updated_at=at)
 
 
 def failed_patch(row: RunRow, reason: str, at: str) -> RunPatch:
-    """A held run that ends ``failed`` now, for ``reason``, its lease given up."""
-    return replace(
-        unleased(row),
-        status=FAILED,
-        last_error=reason,
-        updated_at=at,
-        ended_at=at,
-        deferrals=0,
-        deferred_reason=None,
-        error_origin=None,
-    )
+    """A held run that ends ``failed`` now, for ``reason``, its lease given up: as
+    after a last failed pass, but with no attempt charged."""
+    return replace(pass_failure_patch(row, reason, at, None), attempts=row.attempts)
 
 
 def pass_failure_patch(
@@ -230,22 +214,17 @@ def pass_failure_patch(
     leaks the handler's state.
     """
     exhausted = next_attempt_at is None
-    return RunPatch(
+    return replace(
+        unleased(row),
         status=FAILED if exhausted else RUNNING,
-        cursor=row.cursor,
-        counters=row.counters,
         attempts=row.attempts + 1,
         last_error=text,
         updated_at=at,
         next_attempt_at=next_attempt_at,
         ended_at=at if exhausted else None,
-        lease_takeovers=row.lease_takeovers,
-        lease_epoch=row.lease_epoch,
-        passes_committed=row.passes_committed,
         # A failure, retried or not, ends the deferrals in a row.
         deferrals=0,
         deferred_reason=None,
-        job_version=row.job_version,
         error_origin=origin,
     )
 
