@@ -33,7 +33,12 @@ from jobrun._core import (
 )
 from jobrun._core import proof_of_death as orphans
 from jobrun.errors import describe_exception
-from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
+from jobrun.sql.next_due import (
+    BUSY_LOOK_AGAIN_S,
+    FileBusy,
+    postgres_next_due_at,
+    sqlite_next_due_at,
+)
 from jobrun.worker.database import FIRST_IDLE_DELAY_S, ServedDatabase
 from jobrun.worker.deaths import dead_holder_seen, jobs_of
 from jobrun.worker.listen import listens
@@ -212,7 +217,13 @@ class Drivers:
     async def _due_in_s(self, database: ServedDatabase) -> float | None:
         """Seconds until the database's next run comes due (``None``: no live run)."""
         if database.path is not None:
-            due_at = sqlite_next_due_at(database.path)
+            try:
+                due_at = sqlite_next_due_at(database.path)
+            except FileBusy:
+                # Busy for a moment (a checkpoint, a recovery): read again shortly,
+                # rather than drive it (a drive opens the file, and its writes wake
+                # this driver again).
+                return BUSY_LOOK_AGAIN_S
         else:
             due_at = await postgres_next_due_at(database.store)
         if due_at is None:
