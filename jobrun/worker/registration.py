@@ -6,7 +6,7 @@ every heartbeat after. A worker serving more databases than ``MAX_BEATS_PER_S``
 heartbeats' worth stretches each database's heartbeat
 (``jobrun._core.operator.worker_registry.heartbeat_for``; the row's expiry says
 so) and makes its first write there at a random point of the first heartbeat: a
-thousand idle databases cost five writes a second, not a hundred, and no burst
+thousand idle databases cost two writes a second, not a hundred, and no burst
 at start-up (every ``SWEEP_EVERY_BEATS``-th also deletes the rows
 of workers gone), and the row deleted when the worker stops serving the
 database. A failed write is logged and tried again at the next heartbeat: the

@@ -33,7 +33,7 @@ DEFAULT_HEARTBEAT_S = 10.0
 """How often a worker writes its row again, per database it serves."""
 GONE_AFTER_BEATS = 3
 """A worker whose row has not been written for this many heartbeats is taken for gone."""
-MAX_BEATS_PER_S = 5.0
+MAX_BEATS_PER_S = 2.0
 """The most rows a worker writes per second, all its databases together: over a
 thousand databases each one's heartbeat is stretched instead (a write there is a
 file opened, a row written and a wake-up of the worker's own drivers)."""
