@@ -27,13 +27,14 @@ from jobrun._core import (
     DriveOptions,
     PassObserver,
     RunKey,
+    boot_instant,
     drive_due_jobs,
     lease_instants,
     parse_instant,
 )
 from jobrun._core import proof_of_death as orphans
 from jobrun.errors import describe_exception
-from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due_at
+from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due
 from jobrun.worker.database import FIRST_IDLE_DELAY_S, ServedDatabase
 from jobrun.worker.deaths import dead_holder_seen, jobs_of
 from jobrun.worker.listen import listens
@@ -211,16 +212,22 @@ class Drivers:
 
     async def _due_in_s(self, database: ServedDatabase) -> float | None:
         """Seconds until the database's next run comes due (``None``: no live run)."""
-        if database.path is not None:
-            due_at = sqlite_next_due_at(database.path)
-        else:
-            due_at = await postgres_next_due_at(database.store)
-        if due_at is None:
-            return None
         # Judged as the claim judges it: after a wall-clock step a live lease must not
         # look due here while the claim (rightly) passes it over, in a loop.
         now, _ = lease_instants(self.settings.clock)
-        return (parse_instant(due_at) - now).total_seconds()
+        boot = boot_instant(self.settings.clock)
+        held_in_s = None
+        if database.path is not None:
+            due_at, held_ms = sqlite_next_due(database.path, boot)
+            if held_ms is not None and boot is not None:
+                # A lease of this boot: due when its boot-clock expiry comes.
+                held_in_s = (held_ms - boot.ms) / 1000
+        else:
+            due_at = await postgres_next_due_at(database.store)
+        due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
+        if due_in_s is None or held_in_s is None:
+            return held_in_s if due_in_s is None else due_in_s
+        return min(due_in_s, held_in_s)
 
     async def _wait_for_work(self, database: ServedDatabase) -> None:
         if database.polling:

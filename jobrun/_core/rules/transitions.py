@@ -24,6 +24,7 @@ from typing import Any
 from jobrun._core.leases.renewal import Lease
 from jobrun._core.model.predicates import (
     PARKED_AT,
+    boot_held,
     due_at,
     is_due,
     is_leased,
@@ -32,7 +33,13 @@ from jobrun._core.model.predicates import (
     parked,
     runnable_by,
 )
-from jobrun._core.model.records import ClaimRequest, JobRunStatus, RunPatch, RunRow
+from jobrun._core.model.records import (
+    BootInstant,
+    ClaimRequest,
+    JobRunStatus,
+    RunPatch,
+    RunRow,
+)
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
@@ -48,6 +55,8 @@ CLAIM_FIELDS = (
     "attempts",
     "last_error",
     "lease_epoch",
+    "lease_boot_id",
+    "lease_boot_expires_ms",
 )
 
 
@@ -102,14 +111,19 @@ def claim_transition(row: RunRow, request: ClaimRequest) -> Claimed:
     """The run after ``request`` leases it: a fresh lease, and when another
     driver's lease was still on it, the takeover counted (one more takeover and,
     if its pass had begun, one attempt charged, with why in ``last_error``).
-    Every claim raises the run's fencing epoch by one."""
+    Every claim raises the run's fencing epoch by one. With a boot clock, the
+    lease's expiry is written on it too."""
+    job = (row.module_id, row.job)
+    boot = request.boot
     leased = replace(
         row,
         lease_owner=request.token,
         lease_driver=request.driver,
         lease_began_at=request.now_at,
-        next_attempt_at=request.expires_at[(row.module_id, row.job)],
+        next_attempt_at=request.expires_at[job],
         lease_epoch=row.lease_epoch + 1,
+        lease_boot_id=None if boot is None else boot.lease_id(request.token),
+        lease_boot_expires_ms=None if boot is None else request.boot_expires_ms[job],
     )
     if row.lease_owner is None:
         return Claimed(leased)
@@ -152,7 +166,8 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     instant, then id; with ``by_age``, due instant then id, priority ignored)
     among jobs below their ``max_concurrent`` and not in ``skip_ids``. Neither
     kind is taken when its stored version is newer than the driver's code for it,
-    nor when it is paused."""
+    nor when it is paused; nor a due run still held on the claimer's boot clock
+    (:func:`~jobrun._core.model.predicates.boot_held`: its wall expiry only looks past)."""
     wanted = [
         row
         for row in rows
@@ -170,6 +185,7 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
         row
         for row in wanted
         if is_due(row, request.now_at)
+        and not boot_held(row, request.boot)
         and (row.module_id, row.job) not in full
         and row.id not in request.skip_ids
     ]
@@ -215,6 +231,8 @@ _UNLEASED: tuple[tuple[str, Value], ...] = (
     ("lease_owner", None),
     ("lease_driver", None),
     ("lease_began_at", None),
+    ("lease_boot_id", None),
+    ("lease_boot_expires_ms", None),
 )
 
 
@@ -309,6 +327,7 @@ def committed_patch(
     version: int,
     *,
     expires_from: str | None = None,
+    boot: BootInstant | None = None,
 ) -> RunPatch:
     """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
 
@@ -316,9 +335,13 @@ def committed_patch(
     outside world can tell, so it gets the next epoch, as a claim would. The run
     is now of ``version``, the committing code's. The lease handed on expires
     counted from ``expires_from`` (default ``at``): the instant expiries are
-    written on, which a wall-clock step cannot move back (``wallsteps``).
+    written on, which a wall-clock step cannot move back (``wallsteps``), and, with
+    a ``boot`` clock read with it, on that clock too.
     """
     kept = successor is not None
+    boot_lease = (
+        None if successor is None or boot is None else boot.lease(successor.token, lease.lease_ms)
+    )
     return RunPatch(
         status=DONE if done else RUNNING,
         cursor=cursor_json,
@@ -340,6 +363,8 @@ def committed_patch(
         deferrals=0,
         deferred_reason=None,
         job_version=version,
+        lease_boot_id=None if boot_lease is None else boot_lease.boot_id,
+        lease_boot_expires_ms=None if boot_lease is None else boot_lease.expires_ms,
     )
 
 
