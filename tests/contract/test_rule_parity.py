@@ -283,9 +283,12 @@ async def test_the_activity_chart_counts_by_the_rules(store: Any, engine: Any, a
 async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, at: str) -> None:
     await put_rows(store, engine, ROWS)
     dead_or_not = (frozenset(), frozenset({"TOKEN"}))
-    choices = itertools.product(dead_or_not, (False, True), VERSIONS, BOOTS)
+    # Passing over every run without a lease leaves leased ones first in line, whose
+    # boot-clock expiries then decide.
+    unleased = frozenset(row.id for row in ROWS if row.lease_owner is None)
+    choices = itertools.product(dead_or_not, (False, True), VERSIONS, BOOTS, (False, True))
     one_host = engine is None or engine.dialect.name == "sqlite"
-    for dead, by_age, versions, boot in choices:
+    for dead, by_age, versions, boot, leased_only in choices:
         request = ClaimRequest(
             at,
             "NEW",
@@ -296,6 +299,7 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             versions=versions,
             boot=boot,
             boot_expires_ms=dict.fromkeys(JOBS, 9000) if boot else {},
+            skip_ids=unleased if leased_only else frozenset(),
         )
         claimed = await store.claim(request)
         if not one_host:
