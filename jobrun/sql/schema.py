@@ -79,8 +79,8 @@ job_runs = Table(
     # Revision 0010 (SQLite): a lease's expiry on its host's boot clock, which no
     # wall-clock step moves: the boot clock's name with the lease's token
     # (jobrun._core.model.records.BootInstant.lease_id) and the clock's reading at
-    # the expiry, in milliseconds. NULL with no lease, and always on Postgres (its
-    # own clock judges there).
+    # the expiry, in milliseconds (SQLite's INTEGER holds 64 bits). NULL with no
+    # lease, and always on Postgres (its own clock judges there; never written).
     Column("lease_boot_id", Text, nullable=True),
     Column("lease_boot_expires_ms", Integer, nullable=True),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
