@@ -17,6 +17,8 @@ running, leased and failed runs, per database), so a worker wires it in twice::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _start_http_server
 
@@ -71,19 +73,13 @@ class WorkerMetrics:
         self.passes = Counter(
             "jobrun_passes", "Passes run, by outcome.", (*job, "outcome"), registry=self.registry
         )
-        self.pass_seconds = Histogram(
-            "jobrun_pass_duration_seconds",
-            "How long passes took, by outcome.",
-            (*job, "outcome"),
-            buckets=PASS_BUCKETS,
-            registry=self.registry,
+        self.pass_seconds = self._durations(
+            "jobrun_pass_duration_seconds", "How long passes took, by outcome.", PASS_BUCKETS
         )
-        self.step_seconds = Histogram(
+        self.step_seconds = self._durations(
             "jobrun_step_duration_seconds",
             "How long step() calls took, by outcome (memo: answered from the ledger).",
-            (*job, "outcome"),
-            buckets=STEP_BUCKETS,
-            registry=self.registry,
+            STEP_BUCKETS,
         )
         self.takeovers = Counter(
             "jobrun_lease_takeovers",
@@ -118,6 +114,11 @@ class WorkerMetrics:
         self.paused = self._gauge(
             "jobrun_paused_runs", "Running runs an operator paused (never claimed until unpaused)."
         )
+
+    def _durations(self, name: str, text: str, buckets: Sequence[float]) -> Histogram:
+        """A histogram of ``name`` with help ``text``, by job and outcome."""
+        labels = ("module_id", "job", "outcome")
+        return Histogram(name, text, labels, buckets=buckets, registry=self.registry)
 
     def _gauge(self, name: str, text: str) -> Gauge:
         """A gauge of ``name`` with help ``text``, one value per database."""

@@ -14,9 +14,10 @@
 The fixtures of ``jobrun.pytest_plugin`` wrap these for pytest.
 
 The memory store keeps the same contract as ``SqlJobRunStore`` (one live run per
-key, atomic pass commits) and applies the same decisions (``jobrun._core.rules.transitions``
-chooses what a claim gets and builds every state change), so a handler tested
-against it behaves the same on a database. It is not durable and not shared between processes.
+key, atomic pass commits) and applies the same decisions (``jobrun._core.leases.claims``
+chooses what a claim gets and writes, ``jobrun._core.rules.transitions`` builds every
+other state change), so a handler tested against it behaves the same on a database.
+It is not durable and not shared between processes.
 """
 
 from __future__ import annotations

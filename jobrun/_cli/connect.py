@@ -27,6 +27,8 @@ from sqlalchemy import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from jobrun._cli.app import cli
+from jobrun._cli.params import json_option, run_id_argument
 from jobrun._core import JobRun, get_job_run
 from jobrun.errors import (
     CodeOutdatedError,
@@ -89,6 +91,16 @@ def url_option(command: F) -> F:
         "--schema", expose_value=False, callback=_remember_schema, **_SCHEMA_SETTINGS
     )(command)
     return _url_option(command)
+
+
+def one_run_command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+    """Command ``name`` on one run: ``--url`` (and ``--schema``), RUN_ID and ``--json``,
+    handed to it as ``url``, ``run_id`` and ``as_json``."""
+
+    def decorate(command: Callable[..., Any]) -> click.Command:
+        return cli.command(name)(url_option(run_id_argument(json_option(command))))
+
+    return decorate
 
 
 def chosen_schema() -> str | None:

@@ -10,7 +10,7 @@ above it):
 - ``model``: the records of a run and their stored encodings;
 - ``time``: clocks, the database-aligned clock, wall-clock steps;
 - ``limits``: rate and concurrency limits, the token bucket;
-- ``leases``: renewal, fencing, holders and the proof of death;
+- ``leases``: claims and takeovers, renewal, fencing, holders and the proof of death;
 - ``rules``: transitions, retry, fair turns, versions, schedules;
 - ``port`` (the store's contract) and ``sources`` (what is handed in);
 - ``engine``: registry, passes, steps, outcomes, the drive;
@@ -36,6 +36,15 @@ from jobrun._core.engine.options import DriveKeywords, DriveOptions, drive_optio
 from jobrun._core.engine.passes import KEEP_CURSOR, JobPass, PassResult
 from jobrun._core.engine.registry import JobRegistry
 from jobrun._core.leases import proof_of_death
+from jobrun._core.leases.claims import (
+    CLAIM_FIELDS,
+    Claimed,
+    PreviousHolder,
+    claim_candidate,
+    claim_transition,
+    is_orphan,
+    takeover_note_parts,
+)
 from jobrun._core.leases.holders import (
     PRESENCE_PATTERN,
     HolderIdentity,
@@ -50,7 +59,6 @@ from jobrun._core.leases.proof_of_death import (
     PRESENCE_CHECK_TIMEOUT_S,
     PRESENCE_GRACE_S,
     OrphanScans,
-    deprecated_scans,
 )
 from jobrun._core.limits.buckets import (
     MILLI,
@@ -149,6 +157,7 @@ from jobrun._core.operator.worker_registry import (
     DUE_KINDS,
     GONE_AFTER_BEATS,
     beat_row,
+    heartbeat_for,
     served_jobs,
     sweep_due,
     unserved,
@@ -168,6 +177,7 @@ from jobrun._core.port import (
     DEFAULT_MAX_STEP_RESULT_BYTES,
     WRITTEN_PAUSED,
     JobRunStore,
+    KeptForDrives,
     OperatorStore,
     ScheduleStore,
     StoreLimits,
@@ -181,17 +191,7 @@ from jobrun._core.rules.pausing import (
     unpause_transition,
 )
 from jobrun._core.rules.retry import RetryPolicy
-from jobrun._core.rules.transitions import (
-    CLAIM_FIELDS,
-    Claimed,
-    PreviousHolder,
-    RunChange,
-    claim_candidate,
-    claim_transition,
-    is_orphan,
-    patched,
-    takeover_note_parts,
-)
+from jobrun._core.rules.transitions import RunChange, patched
 from jobrun._core.rules.versions import runs_beyond_code
 from jobrun._core.sources import Sources
 from jobrun._core.time.clock import Clock, ClockLike, Deadline, as_clock
@@ -253,6 +253,7 @@ __all__ = [
     "JobRunStatus",
     "JobRunStore",
     "JobStart",
+    "KeptForDrives",
     "LimitUsage",
     "Liveness",
     "LoggingObserver",
@@ -303,7 +304,6 @@ __all__ = [
     "claim_candidate",
     "claim_transition",
     "count_activity",
-    "deprecated_scans",
     "drive",
     "drive_due_jobs",
     "drive_options",
@@ -314,6 +314,7 @@ __all__ = [
     "format_instant",
     "get_job_run",
     "group_errors",
+    "heartbeat_for",
     "idle_presences",
     "is_cancelled",
     "is_due",

@@ -8,10 +8,12 @@ tests. A store raises :class:`jobrun.errors.StoreError` (original as
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from jobrun._core.leases.claims import Claimed
 from jobrun._core.leases.owed_releases import OwedReleases
 from jobrun._core.leases.proof_of_death import OrphanScans
 from jobrun._core.limits.buckets import LimitUsage
@@ -31,7 +33,7 @@ from jobrun._core.model.records import (
 from jobrun._core.model.refusals import checked_positive_int
 from jobrun._core.model.worker_rows import WorkerRow
 from jobrun._core.rules.fair_turns import ClaimTurns
-from jobrun._core.rules.transitions import Claimed, RunChange
+from jobrun._core.rules.transitions import RunChange
 
 DEFAULT_MAX_STEP_RESULT_BYTES = 1024 * 1024
 
@@ -61,6 +63,50 @@ class StoreLimits:
         names = ("max_payload_bytes", "max_cursor_bytes", "max_step_result_bytes")
         for name in (*names, "max_counters_bytes"):
             checked_positive_int(getattr(self, name), name)
+
+
+class KeptForDrives:
+    """What a store keeps for every drive of its database: the first properties of
+    :class:`JobRunStore`, held alike by every store, whose constructor calls
+    ``KeptForDrives.__init__``."""
+
+    def __init__(self, limits: StoreLimits, default_scope: object) -> None:
+        self._limits = limits
+        self._default_scope = default_scope
+        self._owed_releases = OwedReleases()
+        self._claim_turns = ClaimTurns()
+        self._orphan_scans = OrphanScans()
+
+    @property
+    def limits(self) -> StoreLimits:
+        return self._limits
+
+    @property
+    def default_scope(self) -> object:
+        return self._default_scope
+
+    @property
+    def owed_releases(self) -> OwedReleases:
+        return self._owed_releases
+
+    @property
+    def claim_turns(self) -> ClaimTurns:
+        return self._claim_turns
+
+    @property
+    def orphan_scans(self) -> OrphanScans:
+        return self._orphan_scans
+
+    @property
+    def stranded_scans(self) -> OrphanScans:
+        """Deprecated alias of :attr:`orphan_scans` (removed in the next release)."""
+        warnings.warn(
+            "stranded_scans is deprecated: use orphan_scans (stranded now means only "
+            "'leased, lease expired')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._orphan_scans
 
 
 class JobRunStore(Protocol):
@@ -126,7 +172,7 @@ class JobRunStore(Protocol):
 
         Due means ``running`` with ``COALESCE(next_attempt_at, started_at) <=
         now_at``; order is ``priority`` (highest first), then that instant, then
-        id (:func:`jobrun._core.rules.transitions.claim_candidate` spells the rules).
+        id (:func:`jobrun._core.leases.claims.claim_candidate` spells the rules).
         A job in ``max_concurrent`` is passed over while that many of its runs
         hold a lease that has not expired; the count and the lease are one
         atomic decision, so concurrent claimers on any number of hosts never
@@ -135,7 +181,7 @@ class JobRunStore(Protocol):
         not, outside the limits.
 
         The store decides nothing about the run's new state: it writes what
-        :func:`jobrun._core.rules.transitions.claim_transition` makes of the row it
+        :func:`jobrun._core.leases.claims.claim_transition` makes of the row it
         chose, fenced on the values that decision read, so concurrent claimers
         never get the same run. Returns that decision: the row as written and
         the holder taken over, if any.

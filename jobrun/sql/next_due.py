@@ -28,8 +28,19 @@ from jobrun.sql.statements.worker import next_due_statement
 from jobrun.sql.store import SqlJobRunStore
 from jobrun.sql.store.base import pairs as job_pairs
 
-# A WAL reader waits for nobody; this only bounds a file being recovered.
-_SQLITE_TIMEOUT_S = 0.2
+# No wait at all: the read runs on the event loop's thread, and a file that is busy
+# (its WAL being recovered, or checkpointed by a connection closing) made every
+# database of the worker wait up to this long; busy, the read fails at once
+# (FileBusy) and the caller reads again a moment later.
+_SQLITE_TIMEOUT_S = 0.0
+
+
+BUSY_LOOK_AGAIN_S = 0.05
+"""How soon to read a busy file again: a checkpoint or a recovery takes moments."""
+
+
+class FileBusy(sqlite3.OperationalError):
+    """The SQLite file was busy for the read (it does not wait: see ``_SQLITE_TIMEOUT_S``)."""
 
 
 @functools.cache
@@ -50,13 +61,18 @@ def _sqlite_read(path: Path, prepared: Prepared, values: Mapping[str, Any]) -> l
     connection = sqlite3.connect(address, timeout=_SQLITE_TIMEOUT_S, uri=True)
     try:
         return connection.execute(prepared.sql, prepared.arguments(values)).fetchall()
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise FileBusy(str(error)) from error
+        raise
     finally:
         connection.close()
 
 
 def sqlite_next_due_at(path: Path) -> str | None:
     """The earliest due instant of the live runs in the SQLite file ``path`` (``None``:
-    no live run). Raises ``sqlite3.Error`` when it cannot be read (no schema yet)."""
+    no live run). Raises :class:`FileBusy` when the file is busy at that moment, and
+    ``sqlite3.Error`` when it cannot be read (no schema yet)."""
     rows = _sqlite_read(path, _sqlite_statement(), {})
     return None if not rows or rows[0][0] is None else str(rows[0][0])
 

@@ -34,7 +34,12 @@ from jobrun._core import (
 )
 from jobrun._core import proof_of_death as orphans
 from jobrun.errors import describe_exception
-from jobrun.sql.next_due import postgres_next_due_at, sqlite_next_due
+from jobrun.sql.next_due import (
+    BUSY_LOOK_AGAIN_S,
+    FileBusy,
+    postgres_next_due_at,
+    sqlite_next_due,
+)
 from jobrun.worker.database import FIRST_IDLE_DELAY_S, ServedDatabase
 from jobrun.worker.deaths import dead_holder_seen, jobs_of
 from jobrun.worker.listen import listens
@@ -218,7 +223,13 @@ class Drivers:
         boot = boot_instant(self.settings.clock)
         held_in_s = None
         if database.path is not None:
-            due_at, held_ms = sqlite_next_due(database.path, boot)
+            try:
+                due_at, held_ms = sqlite_next_due(database.path, boot)
+            except FileBusy:
+                # Busy for a moment (a checkpoint, a recovery): read again shortly,
+                # rather than drive it (a drive opens the file, and its writes wake
+                # this driver again).
+                return BUSY_LOOK_AGAIN_S
             if held_ms is not None and boot is not None:
                 # A lease of this boot: due when its boot-clock expiry comes.
                 held_in_s = (held_ms - boot.ms) / 1000

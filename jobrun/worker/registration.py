@@ -2,7 +2,12 @@
 
 A task per served database (started with the database's other tasks, so a
 worker serving in turns registers only while it serves): one write at once, one
-every ``heartbeat_s`` after (every ``SWEEP_EVERY_BEATS``-th also deletes the rows
+every heartbeat after. A worker serving more databases than ``MAX_BEATS_PER_S``
+heartbeats' worth stretches each database's heartbeat
+(``jobrun._core.operator.worker_registry.heartbeat_for``; the row's expiry says
+so) and makes its first write there at a random point of the first heartbeat: a
+thousand idle databases cost two writes a second, not a hundred, and no burst
+at start-up (every ``SWEEP_EVERY_BEATS``-th also deletes the rows
 of workers gone), and the row deleted when the worker stops serving the
 database. A failed write is logged and tried again at the next heartbeat: the
 worker's real work never waits on its row. See
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -25,6 +31,7 @@ from jobrun._core import (
     WorkerRow,
     beat_row,
     format_instant,
+    heartbeat_for,
     jobs_text,
     sweep_due,
 )
@@ -45,9 +52,20 @@ Opening = Callable[[ServedDatabase], AbstractAsyncContextManager[None]]
 class Registration:
     """One worker process's registration: the same id in every database it serves."""
 
-    def __init__(self, registry: JobRegistry, name: str, clock: Clock, heartbeat_s: float) -> None:
+    def __init__(
+        self,
+        registry: JobRegistry,
+        name: str,
+        clock: Clock,
+        heartbeat_s: float,
+        served: Callable[[], int] = lambda: 1,
+        chance: random.Random | None = None,
+    ) -> None:
         self.clock = clock
         self.heartbeat_s = heartbeat_s
+        # How many databases the worker serves (the heartbeat stretches with it).
+        self.served = served
+        self.chance = chance or random.Random()
         jobs = jobs_text((job.module_id, job.name) for job in registry)
         started_at = format_instant(clock.now())
         self.row = WorkerRow(
@@ -59,21 +77,38 @@ class Registration:
         beats = 0
         failing = False
         try:
+            heartbeat_s = self._heartbeat_s()
+            if heartbeat_s > self.heartbeat_s:
+                # Many databases: their first writes spread over the first heartbeat.
+                await self._wait(database, self.chance.uniform(0.0, heartbeat_s))
             while not database.stop.is_set():
-                failing = await self._beat(database, opening, beats, failing)
+                heartbeat_s = self._heartbeat_s()
+                failing = await self._beat(database, opening, beats, failing, heartbeat_s)
                 beats += 1
-                with contextlib.suppress(TimeoutError):
-                    async with self.clock.timeout(self.heartbeat_s):
-                        await database.stop.wait()
+                await self._wait(database, heartbeat_s)
         finally:
             await self._forget(database, opening)
 
+    def _heartbeat_s(self) -> float:
+        return heartbeat_for(self.heartbeat_s, self.served())
+
+    async def _wait(self, database: ServedDatabase, seconds: float) -> None:
+        """Wait ``seconds``, or less if the database stops being served."""
+        with contextlib.suppress(TimeoutError):
+            async with self.clock.timeout(seconds):
+                await database.stop.wait()
+
     async def _beat(
-        self, database: ServedDatabase, opening: Opening, beats: int, failing: bool
+        self,
+        database: ServedDatabase,
+        opening: Opening,
+        beats: int,
+        failing: bool,
+        heartbeat_s: float,
     ) -> bool:
         """One heartbeat; whether it failed (a streak of failures is warned of once)."""
         now = self.clock.now()
-        row = beat_row(self.row, now, self.heartbeat_s)
+        row = beat_row(self.row, now, heartbeat_s)
         try:
             async with opening(database):
                 await database.store.beat_worker(
@@ -85,7 +120,7 @@ class Registration:
                 "registering this worker in %s failed: %s; trying again in %.1f s",
                 database.label,
                 describe_exception(error),
-                self.heartbeat_s,
+                heartbeat_s,
                 extra={"database": database.label},
             )
             return True

@@ -90,7 +90,11 @@ class _Worker:
             settings.registry, settings.interval_s, settings.clock, self.wakeups
         )
         self.registration = Registration(
-            settings.registry, settings.driver_name, settings.clock, settings.heartbeat_s
+            settings.registry,
+            settings.driver_name,
+            settings.clock,
+            settings.heartbeat_s,
+            served=lambda: len(self.served.databases),
         )
         self._writes: WriteWatch | None = None
 

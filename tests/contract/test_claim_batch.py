@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import insert, select, text
 
 import jobrun
+from jobrun._core.leases.claims import Claimed
 from jobrun._core.model.records import ClaimRequest, RunPatch, RunRow
-from jobrun._core.rules.transitions import Claimed
 from jobrun._testing.memory import MemoryJobRunStore
 from jobrun.sql.schema import job_runs, job_steps
 from tests.support import hand_made_row, logged_store, put_rows

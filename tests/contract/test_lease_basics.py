@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import jobrun
+from jobrun._core.leases.claims import PreviousHolder
 from jobrun._core.model.formats import format_instant
 from jobrun._core.model.records import ClaimRequest, StepRow
-from jobrun._core.rules.transitions import PreviousHolder
 from jobrun.testing import FakeClock
 from tests.support import claim_as
 

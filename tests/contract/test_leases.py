@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import jobrun
+from jobrun._core.leases.claims import Claimed
 from jobrun._core.model.formats import add_milliseconds, format_instant, parse_instant
 from jobrun._core.model.records import ClaimRequest, RunRow, StepRow
-from jobrun._core.rules.transitions import Claimed
 from jobrun.testing import FakeClock
 from tests.support import claim_as, dead_driver, fixed_random, row_of, set_columns, snapshot
 

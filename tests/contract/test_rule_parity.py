@@ -1,5 +1,5 @@
 """Each rule's Python home (``jobrun._core.model.predicates``, ``browse.run_matches``,
-``transitions.claim_candidate``) and its SQL twin in ``jobrun.sql.statements``
+``leases.claims.claim_candidate``) and its SQL twin in ``jobrun.sql.statements``
 (``rules``, ``browse``, ``claims``) select the same rows: the same table of edge
 cases (every status, NULL and equal instants, leases expired, expiring now and
 unexpired) is written on memory, SQLite and Postgres, and every store read built
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, select, update
 
+from jobrun._core.leases.claims import claim_candidate, claim_transition, is_orphan
 from jobrun._core.leases.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.model import predicates
 from jobrun._core.model.records import (
@@ -29,12 +30,7 @@ from jobrun._core.model.records import (
 )
 from jobrun._core.operator.activity import ActivityQuery, count_activity
 from jobrun._core.operator.browse import RunQuery, run_matches
-from jobrun._core.rules.transitions import (
-    claim_candidate,
-    claim_transition,
-    is_orphan,
-    resume_transition,
-)
+from jobrun._core.rules.transitions import resume_transition
 from jobrun.sql.schema import job_runs, job_steps
 from jobrun.sql.statements import rules
 from tests.support import SQL_BACKENDS, hand_made_row, put_rows

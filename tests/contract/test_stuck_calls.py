@@ -49,6 +49,7 @@ class HangingStepWrite:
         self.clock = clock
         self.hung_at: float | None = None
         self.abandoned = False
+        self.abandoned_at: float | None = None
         self.renewed_at: list[float] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -61,6 +62,7 @@ class HangingStepWrite:
                 await asyncio.Event().wait()  # never answers
             except asyncio.CancelledError:
                 self.abandoned = True
+                self.abandoned_at = self.clock.monotonic()
                 raise
         return bool(await self.inner.record_step(run_id, row, now_at, token))
 
@@ -117,10 +119,17 @@ async def test_a_step_write_that_never_answers_is_abandoned_at_the_fence(
     assert hanging.abandoned, "the write was abandoned (cancelled where it waited)"
     assert (superseded, completed) == (1, 1)
     assert hanging.hung_at is not None
+    assert hanging.abandoned_at is not None
     interval_s = LEASE_MS / 4000
     # No renewal once the write had been in flight a renewal interval (the check and
-    # the call are a few ticks of this clock apart: it moves while the store answers).
-    late = [at for at in hanging.renewed_at if at >= hanging.hung_at + 2 * interval_s]
+    # the call are a few ticks of this clock apart: it moves while the store answers),
+    # until the pass was abandoned: later renewals are the next pass's (under load its
+    # real round trips let this clock pass its first renewal interval).
+    late = [
+        at
+        for at in hanging.renewed_at
+        if hanging.hung_at + 2 * interval_s <= at <= hanging.abandoned_at
+    ]
     assert late == [], "renewed while the pass could not go on"
     row = await row_of(store, run_id)
     assert row.status == "done"

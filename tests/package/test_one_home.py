@@ -1,7 +1,7 @@
 """Each rule is spelled in one place: its Python home and its SQL twin, nowhere else.
 
 The homes are ``jobrun/_core/model/predicates.py`` (and ``browse.run_matches``,
-``transitions``, ``worker_registry``) with the twins of the same names in
+``leases/claims.py``, ``worker_registry``) with the twins of the same names in
 ``jobrun/sql/statements/`` (``rules.py``; the claim's in ``claims.py``, the
 workers' in ``operator.py``; tests/contract/test_rule_parity.py checks that each
 pair agrees). This test scans ``jobrun/`` for the spellings that were once

@@ -15,7 +15,7 @@ import click
 
 from jobrun._api import cancel_job_run, prune_job_runs, resume_job_run
 from jobrun._cli.app import cli
-from jobrun._cli.connect import existing_run, run_on_store, url_option
+from jobrun._cli.connect import existing_run, one_run_command, run_on_store, url_option
 from jobrun._cli.params import duration_option, json_option, run_id_argument
 from jobrun._cli.render import dumps, run_json
 from jobrun._core import JobRun, release_job_lease
@@ -40,10 +40,7 @@ def cancel(url: str, run_id: str, reason: str, as_json: bool) -> None:
     click.echo(dumps(run_json(run)) if as_json else f"cancelled {run.id}: {run.last_error}")
 
 
-@cli.command("resume")
-@url_option
-@run_id_argument
-@json_option
+@one_run_command("resume")
 def resume(url: str, run_id: str, as_json: bool) -> None:
     """Put a failed run back to running, from its last committed cursor.
 
@@ -58,10 +55,7 @@ def resume(url: str, run_id: str, as_json: bool) -> None:
     click.echo(dumps(run_json(run)) if as_json else f"resumed {run.id}")
 
 
-@cli.command("release")
-@url_option
-@run_id_argument
-@json_option
+@one_run_command("release")
 def release(url: str, run_id: str, as_json: bool) -> None:
     """Clear a run's lease so any driver may take it at once.
 

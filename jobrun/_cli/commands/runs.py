@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from jobrun._cli.app import cli
-from jobrun._cli.connect import existing_run, run_on_store, url_option
+from jobrun._cli.connect import existing_run, one_run_command, run_on_store, url_option
 from jobrun._cli.params import json_option, run_id_argument
 from jobrun._cli.render import dumps, run_json, run_view, runs_table, step_json, terminal
 from jobrun._cli.render import now as utc_now
@@ -114,10 +114,7 @@ def runs(
             click.echo(line)
 
 
-@cli.command("show")
-@url_option
-@run_id_argument
-@json_option
+@one_run_command("show")
 def show(url: str, run_id: str, as_json: bool) -> None:
     """Show one run in full: its record, its lease and its step ledger.
 

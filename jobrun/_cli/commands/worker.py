@@ -376,7 +376,7 @@ class _Urls:
     metavar="SECONDS",
     help="Write this worker's row in each database (its jobs, for the console and "
     f"`jobrun health`) every SECONDS; it counts as gone after {GONE_AFTER_BEATS} of them "
-    "without one.",
+    "without one. Over many databases it is stretched to keep the writes to 2 a second.",
 )
 @loop_option
 @click.option(

@@ -14,6 +14,7 @@ from jobrun._core.engine.outcomes import PassOutcome, fail_for_takeovers, hand_b
 from jobrun._core.engine.passes import OpenScope, PassSettings, run_job_pass
 from jobrun._core.engine.registry import JobRegistry, RegisteredJob
 from jobrun._core.leases import proof_of_death as orphans
+from jobrun._core.leases.claims import Claimed
 from jobrun._core.leases.renewal import CALL_FLOOR_S, MIN_LEASE_MS, Lease
 from jobrun._core.model.formats import format_instant, parse_instant
 from jobrun._core.model.predicates import is_live
@@ -26,7 +27,6 @@ from jobrun._core.model.records import (
 )
 from jobrun._core.port import JobRunStore
 from jobrun._core.rules.fair_turns import ClaimTurns
-from jobrun._core.rules.transitions import Claimed
 from jobrun._core.sources import Sources
 from jobrun._core.time.aligned import aligned_clock
 from jobrun._core.time.clock import Clock

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
 
+from jobrun._core.leases.claims import takeovers_exceeded_reason
 from jobrun._core.leases.renewal import CALL_FLOOR_S, Lease
 from jobrun._core.model.formats import format_instant
 from jobrun._core.model.records import RunPatch, RunRow
@@ -42,7 +43,6 @@ from jobrun._core.rules.transitions import (
     failed_patch,
     pass_failure_patch,
     patched,
-    takeovers_exceeded_reason,
     unleased,
 )
 from jobrun._core.time.clock import Clock

@@ -360,7 +360,12 @@ class JobPass:
         if self._probe is None:
             running = self._step(number, name, fn, retry, limits, timeout_s)
         else:
-            running = self._probed_step(self._probe, number, name, fn, retry, limits, timeout_s)
+            running = self._probed_step(
+                self._probe,
+                number,
+                name,
+                lambda: self._step(None, name, fn, retry, limits, timeout_s),
+            )
         self._unstarted[number] = (name, running)
         return running
 
@@ -400,22 +405,11 @@ class JobPass:
         return await run_map(self.step, plan)
 
     async def _probed_step(
-        self,
-        probe: PassProbe,
-        number: int,
-        name: str,
-        fn: Callable[[], Any],
-        retry: RetryPolicy | None,
-        limits: StepLimits,
-        timeout_s: float | None,
+        self, probe: PassProbe, number: int, name: str, step: Callable[[], Awaitable[Any]]
     ) -> Any:
         # Started: no longer a step coroutine nobody awaited (the inner one is awaited here).
         del self._unstarted[number]
-        return await probe.around_step(
-            name,
-            lambda: self._step(None, name, fn, retry, limits, timeout_s),
-            lambda: self._attempt_of(name),
-        )
+        return await probe.around_step(name, step, lambda: self._attempt_of(name))
 
     def _close_unawaited_steps(self) -> HandlerMistakeError | None:
         """Close the step coroutines nobody awaited; the mistake to report, if any."""

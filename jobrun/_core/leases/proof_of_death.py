@@ -36,7 +36,6 @@ drive's clock (``clock.monotonic()``), so a test clock moves it too.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -100,17 +99,6 @@ class LeaseReader(Protocol):
     async def held_leases(
         self, now_at: str, jobs: frozenset[tuple[str, str]] | None
     ) -> list[HeldLease]: ...
-
-
-def deprecated_scans(store: LeaseReader) -> OrphanScans:
-    """``store.stranded_scans``, the old name of ``store.orphan_scans`` (one release more)."""
-    warnings.warn(
-        "stranded_scans is deprecated: use orphan_scans (stranded now means only "
-        "'leased, lease expired')",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return store.orphan_scans
 
 
 def holder_is_dead(

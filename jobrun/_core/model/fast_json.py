@@ -38,6 +38,7 @@ _ONE_SHOT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_na
 MAX_DEPTH = 64
 _INT_RANGE = range(-(2**63), 2**64)  # the ints orjson writes (as json does)
 _CONTAINERS = (dict, list, tuple)
+_SAFE_CONTAINERS = (dict, list)  # a tuple is not queue-safe
 # A run of 19 digits: maybe an int past 64 bits, which orjson.loads would make a float.
 _LONG_NUMBER = re.compile(r"\d{19}")
 
@@ -50,9 +51,17 @@ def accelerator() -> str:
 def plain_text(value: Any, max_bytes: int) -> str | None:
     """``value``'s JSON written in one call when it is plain and within ``max_bytes``
     of UTF-8; ``None`` for everything else (the caller's piecewise path)."""
+    if type(value) not in _CONTAINERS:
+        return None
     orjson_writes_alike = _walk(value, max_bytes)
     if orjson_writes_alike is None:
         return None
+    return _written(value, orjson_writes_alike, max_bytes)
+
+
+def _written(value: Any, orjson_writes_alike: bool, max_bytes: int) -> str | None:
+    """``value``'s JSON in one call (orjson's where it writes it as json does), or
+    ``None`` when the encoder refuses it or it is over ``max_bytes`` of UTF-8."""
     try:
         if orjson_writes_alike and _orjson is not None:
             text: str = _orjson.dumps(value).decode("utf-8")
@@ -65,11 +74,13 @@ def plain_text(value: Any, max_bytes: int) -> str | None:
     return text if size <= max_bytes else None
 
 
-def _walk(value: Any, most_nodes: int) -> bool | None:
+def _walk(
+    value: Any, most_nodes: int, containers: tuple[type, ...] = _CONTAINERS, safe: bool = False
+) -> bool | None:
     """Whether ``value`` is plain (``None``: not, or more nodes than ``most_nodes``),
-    and if so whether orjson writes it exactly as json does."""
-    if type(value) not in _CONTAINERS:
-        return None
+    and if so whether orjson writes it exactly as json does. Only ``containers``
+    nest; ``safe`` also refuses what the queue-safety check would: a key that is
+    not a str, a float that is not finite."""
     alike = True
     nodes = 1
     stack: list[tuple[Any, int]] = [(value, 0)]
@@ -79,15 +90,16 @@ def _walk(value: Any, most_nodes: int) -> bool | None:
             return None
         nodes += len(container)
         if nodes > most_nodes:
+            # Also where a cycle ends: it would count nodes for ever.
             return None
         if type(container) is dict:
             for key in container:
                 if type(key) is not str:
                     # json writes int, float, bool and None keys as strings; orjson refuses them.
-                    if not (key is None or type(key) in (int, float, bool)):
+                    if safe or not (key is None or type(key) in (int, float, bool)):
                         return None
                     alike = False
-            children = container.values()
+            children: Any = container.values()
         else:
             children = container
         for child in children:
@@ -97,8 +109,10 @@ def _walk(value: Any, most_nodes: int) -> bool | None:
             if kind is int:
                 alike = alike and child in _INT_RANGE
             elif kind is float:
+                if safe and not math.isfinite(child):
+                    return None
                 alike = False
-            elif kind in _CONTAINERS:
+            elif kind in containers:
                 stack.append((child, depth + 1))
             else:
                 return None
@@ -114,56 +128,10 @@ def queue_safe_text(value: Any, max_bytes: int) -> str | None:
     kind = type(value)
     if kind is not dict and kind is not list:
         return None
-    alike = _safe_walk(value, max_bytes)
+    alike = _walk(value, max_bytes, _SAFE_CONTAINERS, safe=True)
     if alike is None:
         return None
-    try:
-        if alike and _orjson is not None:
-            text: str = _orjson.dumps(value).decode("utf-8")
-        else:
-            text = _ONE_SHOT.encode(value)
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except (TypeError, ValueError, RecursionError):
-        return None
-    return text if size <= max_bytes else None
-
-
-def _safe_walk(value: Any, most_nodes: int) -> bool | None:
-    """:func:`_walk` for queue-safe values only: ``None`` at a tuple, a key that is not
-    a str, a float that is not finite, or anything else the check would refuse."""
-    alike = True
-    nodes = 1
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        container, depth = stack.pop()
-        if depth >= MAX_DEPTH:
-            return None
-        nodes += len(container)
-        if nodes > most_nodes:
-            # Also where a cycle ends: it would count nodes for ever.
-            return None
-        if type(container) is dict:
-            for key in container:
-                if type(key) is not str:
-                    return None
-            children: Any = container.values()
-        else:
-            children = container
-        for child in children:
-            kind = type(child)
-            if kind is str or kind is bool or child is None:
-                continue
-            if kind is int:
-                alike = alike and child in _INT_RANGE
-            elif kind is float:
-                if not math.isfinite(child):
-                    return None
-                alike = False
-            elif kind is dict or kind is list:
-                stack.append((child, depth + 1))
-            else:
-                return None
-    return alike
+    return _written(value, alike, max_bytes)
 
 
 def loads_own(text: str) -> Any:

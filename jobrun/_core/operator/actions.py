@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from jobrun._core.leases.proof_of_death import dead_holders
 from jobrun._core.model.formats import format_instant, parse_instant, repaired_counters
 from jobrun._core.model.names import require_text
-from jobrun._core.model.records import JobRun, JobRunHealth, JobRunStatus
+from jobrun._core.model.records import JobRun, JobRunHealth, JobRunStatus, RunRow
 from jobrun._core.model.refusals import (
     checked_positive_int,
     checked_str,
@@ -33,15 +33,21 @@ _EARLIEST = datetime.min.replace(tzinfo=UTC)
 PRUNABLE = frozenset({JobRunStatus.DONE.value, JobRunStatus.FAILED.value})
 
 
-def _check_id(run_id: object) -> str:
+def checked_run_id(run_id: object) -> str:
+    """``run_id`` as an operation by hand takes it: a str without NUL."""
     return require_text(checked_str(run_id, "run_id"), "run_id")
 
 
-async def _record(store: OperatorStore, run_id: str) -> JobRun:
+async def stored_row(store: OperatorStore, run_id: str) -> RunRow:
+    """Run ``run_id``'s row; :class:`JobRunNotFoundError` when there is none."""
     row = await store.get(run_id)
     if row is None:
         raise JobRunNotFoundError(run_id)
-    return job_run_of(row)
+    return row
+
+
+async def _record(store: OperatorStore, run_id: str) -> JobRun:
+    return job_run_of(await stored_row(store, run_id))
 
 
 async def cancel_job_run(
@@ -63,7 +69,7 @@ async def cancel_job_run(
             "reason", "empty or not a str", message="a cancellation needs a reason for the record"
         )
     require_text(reason, "reason")
-    _check_id(run_id)
+    checked_run_id(run_id)
     at = format_instant(sources.clock_for(clock).now())
     if not await store.cancel(run_id, cancel_transition(f"cancelled: {reason}", at)):
         record = await _record(store, run_id)
@@ -85,7 +91,7 @@ async def resume_job_run(
     are repaired: every entry that is a finite number is kept, the rest dropped
     (counters that are not a JSON object at all start again from ``{}``).
     """
-    row = await store.get(_check_id(run_id))
+    row = await store.get(checked_run_id(run_id))
     counters = None if row is None else repaired_counters(row.counters)
     at = format_instant(sources.clock_for(clock).now())
     # A run of a paused job comes back paused, as a run started now would.
@@ -107,7 +113,7 @@ async def release_job_lease(store: OperatorStore, run_id: str) -> bool:
     Returns whether a lease was held. The holder, if still alive, is refused at
     its next write and stops.
     """
-    _check_id(run_id)
+    checked_run_id(run_id)
     if await store.release(run_id, release_transition()):
         return True
     await _record(store, run_id)

@@ -30,14 +30,15 @@ from jobrun._core.limits.buckets import limit_paused_reason
 from jobrun._core.model.formats import format_instant
 from jobrun._core.model.names import require_name, require_text
 from jobrun._core.model.predicates import is_live, is_paused, outcome_of
-from jobrun._core.model.records import JobRun, RunRow
+from jobrun._core.model.records import JobRun
 from jobrun._core.model.refusals import checked_str, refuse
 from jobrun._core.model.run_views import job_run_of
+from jobrun._core.operator.actions import checked_run_id, stored_row
 from jobrun._core.port import OperatorStore
 from jobrun._core.rules.pausing import pause_transition, unpause_transition
 from jobrun._core.sources import Sources
 from jobrun._core.time.clock import ClockLike
-from jobrun.errors import JobRunNotFoundError, JobRunNotLiveError
+from jobrun.errors import JobRunNotLiveError
 
 _TRIES = 3
 
@@ -46,17 +47,6 @@ def _checked_reason(reason: object) -> str | None:
     if reason is None:
         return None
     return require_text(checked_str(reason, "reason"), "reason")
-
-
-def _check_id(run_id: object) -> str:
-    return require_text(checked_str(run_id, "run_id"), "run_id")
-
-
-async def _row(store: OperatorStore, run_id: str) -> RunRow:
-    row = await store.get(run_id)
-    if row is None:
-        raise JobRunNotFoundError(run_id)
-    return row
 
 
 async def pause_job_run(
@@ -81,12 +71,12 @@ async def pause_job_run(
     time and reason stay); pausing a run that has ended raises
     :class:`JobRunNotLiveError`.
     """
-    _check_id(run_id)
+    checked_run_id(run_id)
     reason = _checked_reason(reason)
     for _ in range(_TRIES):
         at = format_instant(sources.clock_for(clock).now())
         applied = await store.pause(run_id, pause_transition(at, reason))
-        row = await _row(store, run_id)
+        row = await stored_row(store, run_id)
         if applied or is_paused(row):
             return job_run_of(row)  # paused already: a second pause changes nothing
         if not is_live(row):
@@ -102,11 +92,11 @@ async def unpause_job_run(
     run. Unpausing a running run that is not paused changes nothing; a run that has
     ended raises :class:`JobRunNotLiveError`. A run of a paused job stays unpaused
     (the job's next starts are still paused)."""
-    _check_id(run_id)
+    checked_run_id(run_id)
     for _ in range(_TRIES):
         at = format_instant(sources.clock_for(clock).now())
         applied = await store.pause(run_id, unpause_transition(at))
-        row = await _row(store, run_id)
+        row = await stored_row(store, run_id)
         if not is_live(row):
             raise JobRunNotLiveError(run_id, "unpaused", outcome_of(row))
         if applied or not is_paused(row):

@@ -33,6 +33,10 @@ DEFAULT_HEARTBEAT_S = 10.0
 """How often a worker writes its row again, per database it serves."""
 GONE_AFTER_BEATS = 3
 """A worker whose row has not been written for this many heartbeats is taken for gone."""
+MAX_BEATS_PER_S = 2.0
+"""The most rows a worker writes per second, all its databases together: over a
+thousand databases each one's heartbeat is stretched instead (a write there is a
+file opened, a row written and a wake-up of the worker's own drivers)."""
 SWEEP_EVERY_BEATS = 10
 """Every this many heartbeats (and at its first) a worker deletes the rows of gone workers."""
 
@@ -53,6 +57,12 @@ def beat_row(row: WorkerRow, now: datetime, heartbeat_s: float) -> WorkerRow:
         format_instant(now),
         format_instant(gone),
     )
+
+
+def heartbeat_for(heartbeat_s: float, databases: int) -> float:
+    """The heartbeat of each of ``databases`` served by one worker whose own is
+    ``heartbeat_s``: stretched so that its writes stay within ``MAX_BEATS_PER_S``."""
+    return max(heartbeat_s, databases / MAX_BEATS_PER_S)
 
 
 def sweep_due(beats: int) -> bool:

@@ -1,3 +1,3 @@
-"""The run's rules, pure: state transitions of claim, pass end, takeover and operator
-actions; retry backoff; fair claim turns; job versions; schedules.
+"""The run's rules, pure: state transitions of pass end and operator actions;
+retry backoff; fair claim turns; job versions; schedules.
 """

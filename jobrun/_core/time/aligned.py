@@ -20,32 +20,23 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobrun._core.time.clock import Clock, ClockLike, Deadline, as_clock
+from jobrun._core.time.clock import Clock, ClockLike, WaitsFromBase, as_clock
 
 # Skew this small is measurement noise, and harmless against a lease of a minute.
 CLOCK_TOLERANCE_S = 1.0
 
 
-class _Offset:
+class _Offset(WaitsFromBase):
     """The system clock with its wall time moved by ``offset``; waits are unchanged."""
 
     real_time = True
 
     def __init__(self, system: Clock, offset: timedelta) -> None:
-        self._system = system
+        super().__init__(system)
         self._offset = offset
 
     def now(self) -> datetime:
-        return self._system.now() + self._offset
-
-    def monotonic(self) -> float:
-        return self._system.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await self._system.sleep(seconds)
-
-    def timeout(self, seconds: float | None) -> Deadline:
-        return self._system.timeout(seconds)
+        return self._base.now() + self._offset
 
 
 async def aligned_clock(store: Any, clock: ClockLike | None, system: Clock) -> Clock:

@@ -61,15 +61,12 @@ WallClock: TypeAlias = Callable[[], datetime]
 ClockLike: TypeAlias = Clock | WallClock
 
 
-class _WallOnly:
-    """A bare wall-time callable, with the rest of the clock taken from ``base``."""
+class WaitsFromBase:
+    """A clock whose wall time alone is its own (a subclass's ``now``): elapsed
+    time, sleeping and deadlines are ``base``'s."""
 
-    def __init__(self, wall: WallClock, base: Clock) -> None:
-        self._wall = wall
+    def __init__(self, base: Clock) -> None:
         self._base = base
-
-    def now(self) -> datetime:
-        return self._wall()
 
     def monotonic(self) -> float:
         return self._base.monotonic()
@@ -79,6 +76,17 @@ class _WallOnly:
 
     def timeout(self, seconds: float | None) -> Deadline:
         return self._base.timeout(seconds)
+
+
+class _WallOnly(WaitsFromBase):
+    """A bare wall-time callable, with the rest of the clock taken from ``base``."""
+
+    def __init__(self, wall: WallClock, base: Clock) -> None:
+        super().__init__(base)
+        self._wall = wall
+
+    def now(self) -> datetime:
+        return self._wall()
 
 
 def as_clock(clock: ClockLike, base: Clock) -> Clock:

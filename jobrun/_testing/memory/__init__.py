@@ -10,7 +10,7 @@ constructor and the properties every drive shares.
 
 from __future__ import annotations
 
-from jobrun._core import ClaimTurns, Clock, OrphanScans, OwedReleases, StoreLimits, deprecated_scans
+from jobrun._core import Clock, KeptForDrives, StoreLimits
 from jobrun._host import SYSTEM_CLOCK
 from jobrun._testing.memory.browse import MemoryBrowse
 from jobrun._testing.memory.claims import MemoryClaims
@@ -33,6 +33,7 @@ class MemoryJobRunStore(
     MemoryPauses,
     MemorySchedules,
     MemoryBrowse,
+    KeptForDrives,
 ):
     """The store port in a dict, for tests: pass it wherever a store is asked for.
 
@@ -51,8 +52,7 @@ class MemoryJobRunStore(
         *,
         clock: Clock | None = None,
     ) -> None:
-        self._limits = limits or StoreLimits()
-        self._default_scope = default_scope
+        KeptForDrives.__init__(self, limits or StoreLimits(), default_scope)
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self.runs = {}
         self.ledgers = {}
@@ -64,33 +64,3 @@ class MemoryJobRunStore(
         self.workers = {}
         self.job_pauses = {}
         self.limit_pauses = {}
-        self._owed_releases = OwedReleases()
-        self._claim_turns = ClaimTurns()
-        self._orphan_scans = OrphanScans()
-
-    # -- what the store keeps for every drive of its database (JobRunStore) ------------------
-
-    @property
-    def limits(self) -> StoreLimits:
-        return self._limits
-
-    @property
-    def default_scope(self) -> object:
-        return self._default_scope
-
-    @property
-    def owed_releases(self) -> OwedReleases:
-        return self._owed_releases
-
-    @property
-    def claim_turns(self) -> ClaimTurns:
-        return self._claim_turns
-
-    @property
-    def orphan_scans(self) -> OrphanScans:
-        return self._orphan_scans
-
-    @property
-    def stranded_scans(self) -> OrphanScans:
-        """Deprecated alias of :attr:`orphan_scans` (removed in the next release)."""
-        return deprecated_scans(self)

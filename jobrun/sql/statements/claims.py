@@ -5,7 +5,7 @@ its own for its size. SQLite reads the run the rules choose (:func:`claim_read`)
 and writes the core's decision fenced on what it read (:func:`claim_write`), one
 run after another. Postgres leases a whole batch in one statement
 (:func:`claim_batch`), passing over rows other claimers have locked. Both are the
-SQL of ``jobrun._core.rules.transitions.claim_candidate`` and ``claim_transition``;
+SQL of ``jobrun._core.leases.claims.claim_candidate`` and ``claim_transition``;
 tests/contract/test_rule_parity.py compares them row for row.
 """
 
@@ -138,7 +138,7 @@ def _dead(dead: int) -> list[Any]:
 def _orphan_candidate(pairs: list[Any], dead: int, skipped: int, versioned: int) -> Any:
     """An orphaned run: leased by a holder proven dead (``dead_{i}``; see
     ``jobrun._core.leases.proof_of_death``), as
-    ``jobrun._core.rules.transitions.is_orphan``. Taking it over adds no pass in
+    ``jobrun._core.leases.claims.is_orphan``. Taking it over adds no pass in
     flight, so per-job limits do not apply."""
     runs = job_runs.c
     return (
@@ -175,7 +175,7 @@ def claim_read(
     priority; neither of a version newer than the code's (``versioned`` jobs of a
     version above 1, see :func:`runnable_by`); ``booted``: nor a due run still held
     on the claimer's boot clock (``boot_id``, ``boot_ms``; see :func:`boot_held`).
-    The same rules as ``jobrun._core.rules.transitions.claim_candidate``."""
+    The same rules as ``jobrun._core.leases.claims.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     chosen: Any = _due_candidate(jobs, skipped, limited, by_age, versioned, booted)
     if dead:
@@ -315,7 +315,7 @@ def _within_limits(numbered: Any, limited: int) -> Any:
 
 
 def _claimed_values(chosen: Any, jobs: int, on_database_clock: bool) -> dict[str, Any]:
-    """What a claim writes: twin of ``jobrun._core.rules.transitions.claim_transition``
+    """What a claim writes: twin of ``jobrun._core.leases.claims.claim_transition``
     (tests/contract/test_rule_parity.py compares the two row for row)."""
     runs = job_runs.c
     began = and_(runs.lease_owner.is_not(None), runs.lease_began_at.is_not(None))
@@ -361,7 +361,7 @@ def claim_batch(
     database_clock: bool = False,
 ) -> Any:
     """Postgres: lease up to ``len(tokens)`` runs in one statement, by the rules of
-    ``jobrun._core.rules.transitions.claim_candidate`` applied run after run (orphans
+    ``jobrun._core.leases.claims.claim_candidate`` applied run after run (orphans
     first, then due runs in order; limits counted with the runs this claim takes),
     each written as ``claim_transition`` would. The rows are locked before they
     are read for the write, so nothing between the choice and the write can change

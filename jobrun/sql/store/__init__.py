@@ -30,11 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from jobrun._core import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_STEP_RESULT_BYTES,
-    ClaimTurns,
-    OrphanScans,
-    OwedReleases,
+    KeptForDrives,
     StoreLimits,
-    deprecated_scans,
     refuse_type,
     type_name,
 )
@@ -58,7 +55,15 @@ __all__ = ["SqlJobRunStore", "limit_lock_key", "notify_payload"]
 
 
 class SqlJobRunStore(
-    SqlRuns, SqlClaims, SqlLeases, SqlLimits, SqlOperator, SqlPauses, SqlSchedules, SqlBrowse
+    SqlRuns,
+    SqlClaims,
+    SqlLeases,
+    SqlLimits,
+    SqlOperator,
+    SqlPauses,
+    SqlSchedules,
+    SqlBrowse,
+    KeptForDrives,
 ):
     """Runs and step ledgers in a SQLite or Postgres database reached through ``engine``.
 
@@ -98,12 +103,14 @@ class SqlJobRunStore(
         # The schema check runs through SQLAlchemy: a copy of the engine whose
         # translate map puts jobrun's tables in the schema (the host's stays as it is).
         self._engine = in_schema(engine, self._schema)
-        self._limits = StoreLimits(
+        limits = StoreLimits(
             max_payload_bytes=max_payload_bytes,
             max_cursor_bytes=max_payload_bytes if max_cursor_bytes is None else max_cursor_bytes,
             max_step_result_bytes=max_step_result_bytes,
             max_counters_bytes=max_counters_bytes,
         )
+        # What every drive of this database shares; the host's engine is the default scope.
+        KeptForDrives.__init__(self, limits, engine)
         self._executor = executor_for(engine, statement_hook)
         self._is_postgres = engine.dialect.name == "postgresql"
         self._bytewise_text = None if self._is_postgres else True
@@ -113,11 +120,7 @@ class SqlJobRunStore(
             engine, self._schema
         )
         self._schema_checked = False
-        # Kept by the store because it is what every drive of this database shares.
-        self._owed_releases = OwedReleases()
         self._start_batches = StartBatches(self._start_batch)
-        self._claim_turns = ClaimTurns()
-        self._orphan_scans = OrphanScans()
         # Postgres: the host's own engine, whose dispose is what lets go of the presence.
         self._presence = Presence(self._host_engine) if self._is_postgres else None
         self._database_clock_leases = DatabaseClockLeases()
@@ -132,30 +135,3 @@ class SqlJobRunStore(
     def schema(self) -> str | None:
         """The Postgres schema holding jobrun's tables, or ``None`` for the default."""
         return self._schema
-
-    # -- what the store keeps for every drive of its database (JobRunStore) ------------------
-
-    @property
-    def limits(self) -> StoreLimits:
-        return self._limits
-
-    @property
-    def default_scope(self) -> object:
-        return self._host_engine
-
-    @property
-    def owed_releases(self) -> OwedReleases:
-        return self._owed_releases
-
-    @property
-    def claim_turns(self) -> ClaimTurns:
-        return self._claim_turns
-
-    @property
-    def orphan_scans(self) -> OrphanScans:
-        return self._orphan_scans
-
-    @property
-    def stranded_scans(self) -> OrphanScans:
-        """Deprecated alias of :attr:`orphan_scans` (removed in the next release)."""
-        return deprecated_scans(self)

@@ -11,7 +11,9 @@ from jobrun._core.model.run_views import job_run_of
 from jobrun._core.model.worker_rows import WorkerRow, jobs_of, jobs_text
 from jobrun._core.operator.worker_registry import (
     GONE_AFTER_BEATS,
+    MAX_BEATS_PER_S,
     beat_row,
+    heartbeat_for,
     served_jobs,
     sweep_due,
     unserved,
@@ -45,6 +47,16 @@ def test_a_heartbeat_counts_for_three_heartbeats() -> None:
     assert row.expires_at == format_instant(gone)
     assert worker_is_live(row, format_instant(gone - timedelta(milliseconds=1)))
     assert not worker_is_live(row, format_instant(gone))
+
+
+def test_a_worker_over_many_databases_stretches_each_heartbeat_to_bound_its_writes() -> None:
+    assert heartbeat_for(10.0, 1) == 10.0
+    assert heartbeat_for(10.0, int(10 * MAX_BEATS_PER_S)) == 10.0
+    for databases in (51, 300, 1050):
+        stretched = heartbeat_for(10.0, databases)
+        assert stretched > 10.0
+        # Every database written once a heartbeat: at most MAX_BEATS_PER_S writes a second.
+        assert databases / stretched == MAX_BEATS_PER_S
 
 
 def test_the_first_heartbeat_and_every_tenth_sweep() -> None:
