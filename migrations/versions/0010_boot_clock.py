@@ -1,7 +1,7 @@
 """Lease expiries on the boot clock: two nullable columns on ``_substrat_job_runs``.
 
 ``lease_boot_id`` (text: the host's boot id and time namespace, with the lease's
-token) and ``lease_boot_expires_ms`` (integer: ``CLOCK_BOOTTIME`` milliseconds at
+token) and ``lease_boot_expires_ms`` (a 64-bit integer: ``CLOCK_BOOTTIME`` milliseconds at
 which the lease expires). SQLite code writes them with every lease and judges a
 lease of its own boot by them alone, so a wall-clock step cannot hand a live
 lease to a process started after it; Postgres judges on its own clock and leaves
@@ -34,7 +34,7 @@ RUNS = "_substrat_job_runs"
 
 def upgrade() -> None:
     op.add_column(RUNS, sa.Column("lease_boot_id", sa.Text(), nullable=True))
-    op.add_column(RUNS, sa.Column("lease_boot_expires_ms", sa.Integer(), nullable=True))
+    op.add_column(RUNS, sa.Column("lease_boot_expires_ms", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
