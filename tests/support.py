@@ -161,6 +161,8 @@ COLUMNS_0006 = ("job_version", "cancelled", "error_origin")
 """The run columns revision 0006 adds (a test writing rows at 0005 leaves them out)."""
 COLUMNS_0009 = ("paused_at", "pause_reason")
 """The run columns revision 0009 adds (a test writing rows at 0008 or before leaves them out)."""
+COLUMNS_0010 = ("lease_boot_id", "lease_boot_expires_ms")
+"""The run columns revision 0010 adds (a test writing rows at 0009 or before leaves them out)."""
 
 
 def row_values(row: RunRow, *, without: Sequence[str] = ()) -> dict[str, Any]:

@@ -80,6 +80,7 @@ from jobrun._core.model.predicates import (
     PAUSED,
     RUNNING,
     STRANDED,
+    boot_held,
     due_at,
     is_cancelled,
     is_due,
@@ -102,6 +103,8 @@ from jobrun._core.model.queue_safety import DEFAULT_MAX_PAYLOAD_BYTES, assert_qu
 from jobrun._core.model.records import (
     DEFAULT_INSTANCE,
     JOB_RUN_LIST_MAX,
+    BootInstant,
+    BootLease,
     ClaimRequest,
     DriveError,
     HealthCounts,
@@ -192,7 +195,7 @@ from jobrun._core.rules.transitions import RunChange, patched
 from jobrun._core.rules.versions import runs_beyond_code
 from jobrun._core.sources import Sources
 from jobrun._core.time.clock import Clock, ClockLike, Deadline, as_clock
-from jobrun._core.time.wall_steps import lease_instants
+from jobrun._core.time.wall_steps import boot_instant, lease_instants
 
 __all__ = [
     "CANCELLED",
@@ -222,6 +225,8 @@ __all__ = [
     "STRANDED",
     "WRITTEN_PAUSED",
     "ActivityQuery",
+    "BootInstant",
+    "BootLease",
     "BrowsableStore",
     "Bucket",
     "ClaimRequest",
@@ -287,6 +292,8 @@ __all__ = [
     "as_clock",
     "assert_queue_safe",
     "beat_row",
+    "boot_held",
+    "boot_instant",
     "bucket_cap_milli",
     "bucket_state",
     "buckets_of",

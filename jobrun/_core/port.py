@@ -19,6 +19,7 @@ from jobrun._core.leases.proof_of_death import OrphanScans
 from jobrun._core.limits.buckets import LimitUsage
 from jobrun._core.model.queue_safety import DEFAULT_MAX_PAYLOAD_BYTES
 from jobrun._core.model.records import (
+    BootLease,
     ClaimRequest,
     HealthCounts,
     HeldLease,
@@ -271,11 +272,19 @@ class JobRunStore(Protocol):
         """
         ...
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
-        """Move a held lease's expiry to ``expires_at``; ``False`` when the lease is no
-        longer ``token``'s, or has expired by ``now_at``: an expired lease is never
-        renewed back to life (another run of a limited job may have been leased in
-        its place, and a claimer may be taking this one over)."""
+    async def extend_lease(
+        self,
+        run_id: str,
+        token: str,
+        expires_at: str,
+        now_at: str,
+        boot: BootLease | None = None,
+    ) -> bool:
+        """Move a held lease's expiry to ``expires_at`` (and, with ``boot``, its expiry
+        on the boot clock; a store with a clock of its own ignores it); ``False`` when
+        the lease is no longer ``token``'s, or has expired by ``now_at``: an expired
+        lease is never renewed back to life (another run of a limited job may have
+        been leased in its place, and a claimer may be taking this one over)."""
         ...
 
     async def take_token(self, key: str, per_second: float, burst: int) -> float:

@@ -20,7 +20,11 @@ from datetime import UTC, datetime
 
 from jobrun._core.leases.holders import HolderIdentity, Liveness, liveness_seen_from
 from jobrun._core.model.ids import UlidMint
+from jobrun._core.model.records import BootInstant
 from jobrun._core.time.clock import Clock, ClockLike, Deadline, as_clock
+
+# Linux only; elsewhere there is no boot clock to judge leases by (the wall rule holds).
+BOOT_CLOCK: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 class SystemClock:
@@ -37,6 +41,15 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    def boot_instant(self) -> BootInstant | None:
+        """This host's boot clock: ``CLOCK_BOOTTIME`` (never stepped, shared by every
+        process of the boot and time namespace), named by both; ``None`` where the
+        kernel offers no boot id or clock."""
+        name = boot_clock_name()
+        if name is None or BOOT_CLOCK is None:
+            return None
+        return BootInstant(name, time.clock_gettime_ns(BOOT_CLOCK) // 1_000_000)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -168,6 +181,15 @@ def local_identity() -> HolderIdentity:
             ),
         )
     return _local[1]
+
+
+def boot_clock_name() -> str | None:
+    """What names this process's boot clock: the boot id and the time namespace (its
+    offset moves the clock); ``None`` where either clock or boot id is missing."""
+    identity = local_identity()
+    if BOOT_CLOCK is None or identity.boot is None:
+        return None
+    return f"{identity.boot}/{identity.time_namespace or '-'}"
 
 
 def liveness_on_this_host(holder: HolderIdentity, here: HolderIdentity | None = None) -> Liveness:

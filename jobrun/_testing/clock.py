@@ -22,17 +22,26 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
-from jobrun._core import Deadline, refuse
+from jobrun._core import BootInstant, Deadline, refuse
 
 
 class FakeClock:
     """A clock that moves only when told to (or, with ``autojump``, when all are waiting).
 
     Call it (or ``now()``) to read the wall time; ``monotonic()`` counts virtual
-    seconds from 0.
+    seconds from 0. Given a ``boot_id``, it also has a boot clock
+    (:meth:`boot_instant`): its monotonic time under that name, so clocks made with
+    one name are processes of one boot, which a :meth:`step_wall` does not move.
     """
 
-    def __init__(self, start: datetime | None = None, *, autojump: bool = False) -> None:
+    def __init__(
+        self,
+        start: datetime | None = None,
+        *,
+        autojump: bool = False,
+        boot_id: str | None = None,
+        boot_offset_s: float = 0.0,
+    ) -> None:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         if self._now.tzinfo is None:
             raise refuse(
@@ -46,6 +55,9 @@ class FakeClock:
         self._wakes: dict[int, Callable[[], None]] = {}
         self._order = itertools.count()
         self._jump_pending = False
+        self.boot_id = boot_id
+        # Where this clock's monotonic zero stands on the shared boot clock.
+        self._boot_offset_ns = _nanoseconds(boot_offset_s)
 
     def __call__(self) -> datetime:
         return self._now
@@ -57,6 +69,13 @@ class FakeClock:
     def monotonic(self) -> float:
         """Seconds the clock has been advanced since it was made."""
         return self._elapsed_ns / 1e9
+
+    def boot_instant(self) -> BootInstant | None:
+        """The boot clock (``None`` without a ``boot_id``): milliseconds of monotonic
+        time, from ``boot_offset_s``."""
+        if self.boot_id is None:
+            return None
+        return BootInstant(self.boot_id, (self._boot_offset_ns + self._elapsed_ns) // 1_000_000)
 
     def advance(self, *, seconds: float = 0, milliseconds: float = 0) -> datetime:
         """Move time forward and wake every sleeper (and deadline) it passes, in order."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jobrun._core import RunPatch, StepRow, is_int, refuse
+from jobrun._core import BootLease, RunPatch, StepRow, is_int, refuse
 
 
 class SimulatedCrash(BaseException):
@@ -77,8 +77,15 @@ class CrashingStore:
         result: bool = await self.inner.commit_pass(run_id, patch, token)
         return result
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+    async def extend_lease(
+        self,
+        run_id: str,
+        token: str,
+        expires_at: str,
+        now_at: str,
+        boot: BootLease | None = None,
+    ) -> bool:
         """Renew the lease, unless the process is already dead (then it lapses)."""
         self._alive()
-        result: bool = await self.inner.extend_lease(run_id, token, expires_at, now_at)
+        result: bool = await self.inner.extend_lease(run_id, token, expires_at, now_at, boot)
         return result

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from jobrun._core import HeldLease
+from jobrun._core import BootInstant, HeldLease
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.statements.runs import held_leases_statement
 from jobrun.sql.statements.worker import next_due_statement
@@ -44,8 +44,8 @@ class FileBusy(sqlite3.OperationalError):
 
 
 @functools.cache
-def _sqlite_statement() -> Prepared:
-    return Compiler(sqlite_dialect.dialect(paramstyle="qmark"))(next_due_statement())
+def _sqlite_statement(booted: bool = False) -> Prepared:
+    return Compiler(sqlite_dialect.dialect(paramstyle="qmark"))(next_due_statement(booted))
 
 
 @functools.cache
@@ -75,6 +75,19 @@ def sqlite_next_due_at(path: Path) -> str | None:
     ``sqlite3.Error`` when it cannot be read (no schema yet)."""
     rows = _sqlite_read(path, _sqlite_statement(), {})
     return None if not rows or rows[0][0] is None else str(rows[0][0])
+
+
+def sqlite_next_due(path: Path, boot: BootInstant | None) -> tuple[str | None, int | None]:
+    """The same, with the runs held on ``boot``'s clock apart: (the earliest due
+    instant of the others, the earliest boot-clock expiry of those); one read."""
+    if boot is None:
+        return sqlite_next_due_at(path), None
+    values = {"boot_id": boot.boot_id, "boot_ms": boot.ms}
+    rows = _sqlite_read(path, _sqlite_statement(True), values)
+    if not rows:
+        return None, None
+    due_at, held_ms = rows[0]
+    return (None if due_at is None else str(due_at)), (None if held_ms is None else int(held_ms))
 
 
 def sqlite_held_leases(

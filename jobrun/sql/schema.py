@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, func, text
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, Table, Text, func, text
 
-SCHEMA_REVISION = "0009"
+SCHEMA_REVISION = "0010"
 """The Alembic head this code needs; a test checks it against the migrations."""
 
 VERSION_TABLE = "jobrun_alembic_version"
@@ -76,6 +76,14 @@ job_runs = Table(
     # read of due runs passes over it by the index alone.
     Column("paused_at", Text, nullable=True),
     Column("pause_reason", Text, nullable=True),
+    # Revision 0010 (SQLite): a lease's expiry on its host's boot clock, which no
+    # wall-clock step moves: the boot clock's name with the lease's token
+    # (jobrun._core.model.records.BootInstant.lease_id) and the clock's reading at
+    # the expiry, in milliseconds (64 bits: a 32-bit column would overflow after 24
+    # days of uptime). NULL with no lease, and always on Postgres (its own clock
+    # judges there; never written).
+    Column("lease_boot_id", Text, nullable=True),
+    Column("lease_boot_expires_ms", BigInteger, nullable=True),
     Index("_substrat_job_runs_key", "module_id", "job", "instance", "id"),
     # One LIVE run per key, enforced by the database so that concurrent starters on
     # any number of hosts cannot both insert; finished runs are outside the index,

@@ -27,6 +27,7 @@ from jobrun._core import (
     DriveOptions,
     PassObserver,
     RunKey,
+    boot_instant,
     drive_due_jobs,
     lease_instants,
     parse_instant,
@@ -37,7 +38,7 @@ from jobrun.sql.next_due import (
     BUSY_LOOK_AGAIN_S,
     FileBusy,
     postgres_next_due_at,
-    sqlite_next_due_at,
+    sqlite_next_due,
 )
 from jobrun.worker.database import FIRST_IDLE_DELAY_S, ServedDatabase
 from jobrun.worker.deaths import dead_holder_seen, jobs_of
@@ -216,22 +217,28 @@ class Drivers:
 
     async def _due_in_s(self, database: ServedDatabase) -> float | None:
         """Seconds until the database's next run comes due (``None``: no live run)."""
+        # Judged as the claim judges it: after a wall-clock step a live lease must not
+        # look due here while the claim (rightly) passes it over, in a loop.
+        now, _ = lease_instants(self.settings.clock)
+        boot = boot_instant(self.settings.clock)
+        held_in_s = None
         if database.path is not None:
             try:
-                due_at = sqlite_next_due_at(database.path)
+                due_at, held_ms = sqlite_next_due(database.path, boot)
             except FileBusy:
                 # Busy for a moment (a checkpoint, a recovery): read again shortly,
                 # rather than drive it (a drive opens the file, and its writes wake
                 # this driver again).
                 return BUSY_LOOK_AGAIN_S
+            if held_ms is not None and boot is not None:
+                # A lease of this boot: due when its boot-clock expiry comes.
+                held_in_s = (held_ms - boot.ms) / 1000
         else:
             due_at = await postgres_next_due_at(database.store)
-        if due_at is None:
-            return None
-        # Judged as the claim judges it: after a wall-clock step a live lease must not
-        # look due here while the claim (rightly) passes it over, in a loop.
-        now, _ = lease_instants(self.settings.clock)
-        return (parse_instant(due_at) - now).total_seconds()
+        due_in_s = None if due_at is None else (parse_instant(due_at) - now).total_seconds()
+        if due_in_s is None or held_in_s is None:
+            return held_in_s if due_in_s is None else due_in_s
+        return min(due_in_s, held_in_s)
 
     async def _wait_for_work(self, database: ServedDatabase) -> None:
         if database.polling:

@@ -9,6 +9,11 @@ started after the step has none, the limit docs/design.md states under "Clock
 steps"), then for a body, then steps the wall clock of the whole host (every
 driver; SQLite's drivers all live on one host), of one client that does not
 hold the run, or of the holder itself.
+
+A process started *after* a step has no earlier reading; on SQLite the lease's
+expiry on the boot clock (revision 0010), which libfaketime leaves alone with
+``DONT_FAKE_MONOTONIC`` (it fakes ``CLOCK_BOOTTIME`` only with the monotonic
+clock), is what keeps it from a live lease: :class:`ClockStepThenStart`.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
-from tests.chaos.stage import REPO, Fault, Stage
+from tests.chaos.stage import REPO, Fault, Stage, admin, start_driver
 
 WORKER_CHILD = REPO / "tests" / "processes" / "chaos_worker.py"
 
@@ -45,6 +50,8 @@ class ClockStep(Fault):
     def __init__(self, whom: str, seconds: int, backends: tuple[str, ...]) -> None:
         self.whom, self.seconds, self.backends = whom, seconds, backends
         self.name = f"clock {seconds:+d} s, {WHOM[whom]}"
+        # What tells this fault's test id from the others' of the same step.
+        self.suffix = ""
         self._files: dict[int, Path] = {}
 
     async def before_drivers(self, stage: Stage) -> None:
@@ -79,6 +86,68 @@ class ClockStep(Fault):
         stage.notes.append(f"stepped at d{holder}'s body of {event['step']}")
 
 
+class ClockStepThenStart(ClockStep):
+    """The whole host +90 s on SQLite while the holder is stopped (SIGSTOP) mid-body, so
+    its lease stays as written before the step; then a fourth driver starts, its
+    clock stepped from birth: the lease's wall expiry looks 87 s past to it, and only
+    the boot clock says the lease is live. It must not take the run; the holder,
+    continued, finishes it. ``kill``: the holder is killed -9 instead, and the run
+    goes on (its death proven by pid, or its lease expired on the boot clock)."""
+
+    # Long enough that the late driver is claiming well within the held lease.
+    lease_ms = 20_000
+
+    def __init__(self, kill: bool) -> None:
+        super().__init__("host", 90, ("sqlite",))
+        self.kill = kill
+        self.name += ", a driver started after it" + (", holder killed -9" if kill else "")
+        self.suffix = "-started-after" + ("-kill" if kill else "")
+
+    async def before_drivers(self, stage: Stage) -> None:
+        await super().before_drivers(stage)
+        late = self.drivers
+        offset = self._files[late] = stage.workdir / f"d{late}.faketime"
+        offset.write_text(f"{self.seconds:+d}\n")  # stepped before the process starts
+        stage.driver_env[late] = dict(stage.driver_env[0], FAKETIME_TIMESTAMP_FILE=str(offset))
+
+    async def inject(self, stage: Stage) -> None:
+        for child in stage.children:
+            await asyncio.to_thread(child.wait_for, "judging", 60)
+        victim, event = await stage.victim_body()
+        pid, stop_ns = victim.process.pid, time.monotonic_ns()
+        victim.process.send_signal(signal.SIGKILL if self.kill else signal.SIGSTOP)
+        if self.kill:
+            stage.deaths[pid] = stop_ns
+        for offset in self._files.values():
+            offset.write_text(f"{self.seconds:+d}\n")
+        stage.resume_from_ns, stage.affected_runs = stop_ns, {event["run"]}
+        epoch = await _lease_epoch(stage.url, event["run"])
+        try:
+            late = await asyncio.to_thread(start_driver, stage, self, self.drivers)
+            await asyncio.to_thread(late.wait_for, "judging", 60)
+            # sleep: the late driver's first claims (it polls every 50 ms)
+            await asyncio.sleep(1.0)
+            taken = await _lease_epoch(stage.url, event["run"]) != epoch
+        finally:
+            if not self.kill:
+                victim.process.send_signal(signal.SIGCONT)
+                stage.pauses[pid] = [(stop_ns, time.monotonic_ns())]
+        if not self.kill and taken:
+            raise AssertionError("a driver started after the step took the stopped holder's lease")
+        stage.notes.append(
+            f"d{self.drivers} started after the step; the lease was not taken"
+            if not self.kill
+            else f"d{self.drivers} started after the step"
+        )
+
+
+async def _lease_epoch(url: str, run_id: str) -> int:
+    """The run's fencing epoch: one more for each claim of it."""
+    quoted = run_id.replace("'", "''")
+    (epoch,) = await admin(url, f"SELECT lease_epoch FROM _substrat_job_runs WHERE id = '{quoted}'")
+    return int(epoch)
+
+
 class ClockStepUnderWorker(ClockStep):
     """The same step, the drivers being real ``jobrun worker`` processes
     (``tests/processes/chaos_worker.py``); once every run is done, they are stopped
@@ -89,6 +158,7 @@ class ClockStepUnderWorker(ClockStep):
     def __init__(self, whom: str, seconds: int, backends: tuple[str, ...]) -> None:
         super().__init__(whom, seconds, backends)
         self.name += " (jobrun worker)"
+        self.suffix = "-worker"
 
     async def inject(self, stage: Stage) -> None:
         await super().inject(stage)
@@ -124,4 +194,6 @@ def clock_steps() -> list[ClockStep]:
         ClockStep("holder", -90, ("postgres",)),
         ClockStepUnderWorker("host", 90, ("sqlite",)),
         ClockStepUnderWorker("client", 90, ("postgres",)),
+        ClockStepThenStart(kill=False),
+        ClockStepThenStart(kill=True),
     ]

@@ -179,23 +179,27 @@ def _start_drivers(stage: Stage, fault: Fault, drivers: int) -> None:
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(REPO) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, paths)])
+    for index in range(drivers):
+        child = start_driver(stage, fault, index)
+        if index == 0 and fault.first_driver_alone:
+            child.wait_for("body", 60)  # it holds a run before the others start
+    for child in stage.children:
+        child.wait_for("ready", 60)
+
+
+def start_driver(stage: Stage, fault: Fault, index: int) -> Child:
+    """Driver ``d{index}``, started now (a fault may start one late), watched for its exit."""
     options = ["--log", str(stage.log), "--lease-ms", str(fault.lease_ms)]
     options += ["--worker"] if fault.worker_drivers else []
     # One claim covers a whole run: a holder keeps its lease for seconds, the spare driver polls.
     options += ["--passes", str(fault.passes), "--max-passes", str(fault.passes)]
     options += ["--body-ms", str(BODY_MS), "--deadline-s", str(fault.deadline_s)]
-    for index in range(drivers):
-        url = stage.driver_urls.get(index, stage.url)
-        env = dict(os.environ, **stage.driver_env[index]) if index in stage.driver_env else None
-        child = Child(
-            f"d{index}", url, stage.workdir, *options, script=fault.driver_script, env=env
-        )
-        stage.children.append(child)
-        threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
-        if index == 0 and fault.first_driver_alone:
-            child.wait_for("body", 60)  # it holds a run before the others start
-    for child in stage.children:
-        child.wait_for("ready", 60)
+    url = stage.driver_urls.get(index, stage.url)
+    env = dict(os.environ, **stage.driver_env[index]) if index in stage.driver_env else None
+    child = Child(f"d{index}", url, stage.workdir, *options, script=fault.driver_script, env=env)
+    stage.children.append(child)
+    threading.Thread(target=_note_exit, args=(stage, child), daemon=True).start()
+    return child
 
 
 def _note_exit(stage: Stage, child: Child) -> None:

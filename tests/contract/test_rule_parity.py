@@ -20,7 +20,14 @@ from sqlalchemy import BigInteger, Text, bindparam, func, insert, literal, selec
 from jobrun._core.leases.claims import claim_candidate, claim_transition, is_orphan
 from jobrun._core.leases.holders import PRESENCE_PATTERN, HolderIdentity, parse_holder
 from jobrun._core.model import predicates
-from jobrun._core.model.records import ClaimRequest, HealthCounts, RunFilter, RunRow, StepRow
+from jobrun._core.model.records import (
+    BootInstant,
+    ClaimRequest,
+    HealthCounts,
+    RunFilter,
+    RunRow,
+    StepRow,
+)
 from jobrun._core.operator.activity import ActivityQuery, count_activity
 from jobrun._core.operator.browse import RunQuery, run_matches
 from jobrun._core.rules.transitions import resume_transition
@@ -68,6 +75,9 @@ def _table() -> list[RunRow]:
                 # Revision 0009: some paused, whatever else they are (leased, due, ended).
                 paused_at=NOW if index % 11 in (3, 8) else None,
                 pause_reason="held" if index % 11 == 3 else None,
+                # Revision 0010: boot-clock expiries of this lease, of another, or none.
+                lease_boot_id=("b@TOKEN", "b@OTHER", None, "c@TOKEN")[index % 4],
+                lease_boot_expires_ms=(None, 500, 1000, 1500, 2000)[index % 5],
             )
         )
     return rows
@@ -122,6 +132,13 @@ async def test_each_rule_and_its_sql_twin_select_the_same_rows(store: Any, engin
         wanted_due = {row.id: predicates.parked(row).next_attempt_at for row in ROWS}
         assert dict(found.all()) == wanted_due
         assert predicates.PARKED_AT in wanted_due.values()
+    for boot in BOOTS:
+        if boot is None:
+            continue
+        wanted = {row.id for row in ROWS if predicates.boot_held(row, boot)}
+        assert wanted, boot
+        values = {"boot_id": boot.boot_id, "boot_ms": boot.ms}
+        assert await _sql_ids(engine, rules.boot_held(), values) == wanted, boot
     for versions in VERSIONS:
         versioned = sorted((job, version) for job, version in versions.items() if version != 1)
         values: dict[str, Any] = {}
@@ -143,6 +160,10 @@ VERSIONS: list[dict[tuple[str, str], int]] = [
     {JOBS[0]: 2},
     {JOBS[0]: 3, JOBS[1]: 2},
 ]
+
+
+# The claimer's boot clock: none, before and at some boot expiries, another boot's.
+BOOTS = (None, BootInstant("b", 1000), BootInstant("b", 1600), BootInstant("c", 0))
 
 
 PRUNES: list[tuple[tuple[str, ...], Any, Any]] = [
@@ -257,8 +278,13 @@ async def test_the_activity_chart_counts_by_the_rules(store: Any, engine: Any, a
 @pytest.mark.parametrize("at", INSTANTS)
 async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, at: str) -> None:
     await put_rows(store, engine, ROWS)
-    choices = itertools.product((frozenset(), frozenset({"TOKEN"})), (False, True), VERSIONS)
-    for dead, by_age, versions in choices:
+    dead_or_not = (frozenset(), frozenset({"TOKEN"}))
+    # Passing over every run without a lease leaves leased ones first in line, whose
+    # boot-clock expiries then decide.
+    unleased = frozenset(row.id for row in ROWS if row.lease_owner is None)
+    choices = itertools.product(dead_or_not, (False, True), VERSIONS, BOOTS, (False, True))
+    one_host = engine is None or engine.dialect.name == "sqlite"
+    for dead, by_age, versions, boot, leased_only in choices:
         request = ClaimRequest(
             at,
             "NEW",
@@ -267,10 +293,16 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             dead_owners=dead,
             by_age=by_age,
             versions=versions,
+            boot=boot,
+            boot_expires_ms=dict.fromkeys(JOBS, 9000) if boot else {},
+            skip_ids=unleased if leased_only else frozenset(),
         )
-        wanted = claim_candidate(ROWS, request)
         claimed = await store.claim(request)
-        assert (claimed is None) == (wanted is None), (at, dead, by_age, versions)
+        if not one_host:
+            # Postgres judges on its own clock (or the one given): no boot clock.
+            request = dataclasses.replace(request, boot=None, boot_expires_ms={})
+        wanted = claim_candidate(ROWS, request)
+        assert (claimed is None) == (wanted is None), (at, dead, by_age, versions, boot)
         if claimed is None or wanted is None:
             continue
         chosen = next(row for row in ROWS if row.id == claimed.row.id)
@@ -278,7 +310,7 @@ async def test_a_claim_takes_the_run_the_rules_choose(store: Any, engine: Any, a
             # Orphans come first, in no particular order among themselves.
             assert is_orphan(chosen, request), (at, chosen)
         else:
-            assert chosen == wanted, (at, by_age, versions)
+            assert chosen == wanted, (at, by_age, versions, boot)
         # What the store wrote is what the core's transition makes of the row it chose
         # (Postgres writes it in SQL: jobrun.sql.statements.claims._claimed_values).
         wrote = claim_transition(chosen, request)

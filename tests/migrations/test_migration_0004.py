@@ -27,6 +27,8 @@ LATER_COLUMNS = (
     "error_origin",
     "paused_at",
     "pause_reason",
+    "lease_boot_id",
+    "lease_boot_expires_ms",
 )
 COLUMNS_0003 = (
     "id, module_id, job, instance, payload, status, cursor, counters, attempts, last_error, "

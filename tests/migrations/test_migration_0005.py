@@ -17,6 +17,7 @@ from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
     COLUMNS_0009,
+    COLUMNS_0010,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -42,7 +43,9 @@ async def at_0004(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(200):
             row = hand_made_row(number, module_id="@test/jobs", job="later")
-            values = row_values(row, without=(*NEW_COLUMNS, *COLUMNS_0006, *COLUMNS_0009))
+            values = row_values(
+                row, without=(*NEW_COLUMNS, *COLUMNS_0006, *COLUMNS_0009, *COLUMNS_0010)
+            )
             values["status"] = "running" if number % 40 == 0 else "done"
             values["ended_at"] = None if number % 40 == 0 else "2025-12-31T01:00:00.000Z"
             values["passes_committed"] = number % 7

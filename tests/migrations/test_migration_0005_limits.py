@@ -30,6 +30,8 @@ LATER = (
     "error_origin",
     "paused_at",
     "pause_reason",
+    "lease_boot_id",
+    "lease_boot_expires_ms",
 )
 COLUMNS_0004 = ", ".join(name for name in RunRow.__dataclass_fields__ if name not in LATER)
 

@@ -17,6 +17,7 @@ from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0006,
     COLUMNS_0009,
+    COLUMNS_0010,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -46,7 +47,7 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number, (status, error, _) in enumerate(CASES):
             row = hand_made_row(number, module_id="@test/jobs", job="old")
-            values = row_values(row, without=(*COLUMNS_0006, *COLUMNS_0009))
+            values = row_values(row, without=(*COLUMNS_0006, *COLUMNS_0009, *COLUMNS_0010))
             values.update(status=status, last_error=error)
             values["ended_at"] = None if status == "running" else "2025-12-31T01:00:00.000Z"
             rows.append(values)

@@ -19,6 +19,7 @@ from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0006,
     COLUMNS_0009,
+    COLUMNS_0010,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -28,7 +29,9 @@ from tests.support import (
 
 RUNS = "_substrat_job_runs"
 COLUMNS_0005 = ", ".join(
-    name for name in RunRow.__dataclass_fields__ if name not in (*COLUMNS_0006, *COLUMNS_0009)
+    name
+    for name in RunRow.__dataclass_fields__
+    if name not in (*COLUMNS_0006, *COLUMNS_0009, *COLUMNS_0010)
 )
 
 
@@ -41,7 +44,7 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         rows = []
         for number in range(50):
             row = hand_made_row(number, module_id="@test/jobs", job="versioned")
-            values = row_values(row, without=(*COLUMNS_0006, *COLUMNS_0009))
+            values = row_values(row, without=(*COLUMNS_0006, *COLUMNS_0009, *COLUMNS_0010))
             values["status"] = "running" if number % 10 == 0 else "done"
             values["cursor"] = '{"n": 7}' if number == 0 else None
             rows.append(values)

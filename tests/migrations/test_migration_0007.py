@@ -17,6 +17,7 @@ from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION
 from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0009,
+    COLUMNS_0010,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -34,7 +35,7 @@ async def at_0006(blank_url: str) -> AsyncIterator[AsyncEngine]:
     try:
         await jobrun.upgrade(engine, "0006")
         rows = [
-            row_values(hand_made_row(number, job="old"), without=COLUMNS_0009)
+            row_values(hand_made_row(number, job="old"), without=(*COLUMNS_0009, *COLUMNS_0010))
             for number in range(3)
         ]
         await insert_values(engine, RUNS, rows)

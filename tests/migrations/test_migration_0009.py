@@ -19,6 +19,7 @@ from jobrun.sql.schema import COMPAT_TABLE, SCHEMA_REVISION
 from jobrun.sql.upgrades.migrate import downgrade
 from tests.support import (
     COLUMNS_0009,
+    COLUMNS_0010,
     SQL_BACKENDS,
     hand_made_row,
     insert_values,
@@ -36,7 +37,7 @@ async def at_0008(blank_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_async_engine(blank_url)
     try:
         await jobrun.upgrade(engine, "0008")
-        rows = [row_values(hand_made_row(number, job="old"), without=COLUMNS_0009)
+        rows = [row_values(hand_made_row(number, job="old"), without=(*COLUMNS_0009, *COLUMNS_0010))
                 for number in range(4)]  # fmt: skip
         rows[1] |= {"status": "done", "ended_at": rows[1]["started_at"]}
         rows[2] |= {"next_attempt_at": "2026-06-01T00:00:00.000Z"}
@@ -64,8 +65,8 @@ async def test_0009_adds_the_pauses_and_its_downgrade_makes_waiting_runs_due(
     engine = at_0008
     before = await _rows(engine, OLD_COLUMNS)
     assert NEW_TABLES.isdisjoint(await _tables(engine))
-    await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0009"
+    await jobrun.upgrade(engine)  # to the head: the pauses below are the new code's
+    assert await revision_of(engine) == SCHEMA_REVISION
     assert await _rows(engine, OLD_COLUMNS) == before
     assert await _rows(engine, "paused_at, pause_reason") == [(None, None)] * 4
     assert await _tables(engine) >= NEW_TABLES
@@ -102,7 +103,7 @@ async def test_0009_adds_the_pauses_and_its_downgrade_makes_waiting_runs_due(
     assert [row[2] for row in after] == [None, None, None, None]
     assert [row[:2] for row in after] == [row[:2] for row in before]
     await jobrun.upgrade(engine)
-    assert await revision_of(engine) == "0009"
+    assert await revision_of(engine) == SCHEMA_REVISION
 
 
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)

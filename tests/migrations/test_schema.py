@@ -112,6 +112,9 @@ EXPECTED: dict[str, Any] = {
             # Revision 0009: when and why an operator paused the run.
             ("paused_at", "TEXT", True, None),
             ("pause_reason", "TEXT", True, None),
+            # Revision 0010: the lease's expiry on its host's boot clock (SQLite).
+            ("lease_boot_id", "TEXT", True, None),
+            ("lease_boot_expires_ms", "BIGINT", True, None),
         ],
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)

@@ -23,7 +23,6 @@ import pytest
 
 from tests.chaos.clock_steps import (
     ClockStep,
-    ClockStepUnderWorker,
     clock_steps,
     faketime_missing,
 )
@@ -38,8 +37,7 @@ def _cases() -> list[object]:
     for fault in clock_steps():
         for backend in fault.backends:
             marks = [pytest.mark.postgres] if backend == "postgres" else []
-            name = f"{fault.whom}{fault.seconds:+d}-{backend}"
-            name += "-worker" if isinstance(fault, ClockStepUnderWorker) else ""
+            name = f"{fault.whom}{fault.seconds:+d}-{backend}{fault.suffix}"
             cases.append(pytest.param(fault, backend, id=name, marks=marks))
     return cases
 

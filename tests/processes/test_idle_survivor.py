@@ -226,8 +226,8 @@ async def test_while_nothing_is_written_an_idle_sqlite_worker_looks_without_read
     )
     monkeypatch.setattr(
         jobrun.worker.driving,
-        "sqlite_next_due_at",
-        counted("due", jobrun.worker.driving.sqlite_next_due_at),
+        "sqlite_next_due",
+        counted("due", jobrun.worker.driving.sqlite_next_due),
     )
     engine = create_async_engine(sqlite_url)
     clock = FakeClock(datetime.now(UTC))

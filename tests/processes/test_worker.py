@@ -324,19 +324,19 @@ async def test_a_new_run_wakes_an_idle_worker(engine: AsyncEngine, monkeypatch: 
     log.after = after
     # The first look at an idle database is a read of its next due instant (SQLite:
     # of the file; Postgres: once the LISTEN stands, on the presence session).
-    sqlite_probe = jobrun.worker.driving.sqlite_next_due_at
+    sqlite_probe = jobrun.worker.driving.sqlite_next_due
     postgres_probe = jobrun.worker.driving.postgres_next_due_at
 
-    def probed(path: Path) -> str | None:
+    def probed(path: Path, boot: Any) -> tuple[str | None, int | None]:
         looked.set()
-        return sqlite_probe(path)
+        return sqlite_probe(path, boot)
 
     async def probed_postgres(store: jobrun.SqlJobRunStore) -> str | None:
         found = await postgres_probe(store)
         looked.set()
         return found
 
-    monkeypatch.setattr(jobrun.worker.driving, "sqlite_next_due_at", probed)
+    monkeypatch.setattr(jobrun.worker.driving, "sqlite_next_due", probed)
     monkeypatch.setattr(jobrun.worker.driving, "postgres_next_due_at", probed_postgres)
     worker = Worker([engine], interval_s=30, clock=clock)
     # Its first look has found nothing: the run started next is news to it.

@@ -30,7 +30,7 @@ from jobrun._core.rules.fair_turns import ClaimTurns
 from jobrun._core.sources import Sources
 from jobrun._core.time.aligned import aligned_clock
 from jobrun._core.time.clock import Clock
-from jobrun._core.time.wall_steps import lease_instants
+from jobrun._core.time.wall_steps import boot_instant, lease_instants
 from jobrun.errors import StoreError
 
 UserExitHandler: TypeAlias = Callable[[RunKey, "KeyboardInterrupt | SystemExit"], None]
@@ -74,6 +74,11 @@ async def _claim(
         jobs, now_at, format_instant(written), token, holder, skip_ids, dead, by_age
     )
     request = replace(request, database_clock=getattr(clock, "real_time", False))
+    # Read after ``leased_at_s``: the lease's boot expiry ends no sooner than its fence.
+    boot = boot_instant(clock)
+    if boot is not None:
+        expiries = {(job.module_id, job.name): boot.ms + job.lease_ms for job in jobs}
+        request = replace(request, boot=boot, boot_expires_ms=expiries)
     # A claim unanswered for a whole lease is abandoned (its connection discarded):
     # whatever it took has expired by then, and a silent connection must not hold
     # the driver (issue 31).

@@ -46,7 +46,7 @@ from jobrun._core.rules.transitions import (
     unleased,
 )
 from jobrun._core.time.clock import Clock
-from jobrun._core.time.wall_steps import lease_instants
+from jobrun._core.time.wall_steps import boot_instant, lease_instants
 from jobrun.errors import (
     HandlerMistakeError,
     RetryAfter,
@@ -123,6 +123,7 @@ async def commit(
     at = format_instant(clock.now())
     # The successor lease expires counted from here: its self-fence starts here.
     leased_at_s = clock.monotonic()
+    boot = boot_instant(clock)
     # A lease handed on gets a fresh token. Should this commit land unseen (its
     # reply lost, or the pass interrupted while awaiting it), the failure record
     # or hand-back this pass writes next, fenced on the old token, then misses
@@ -140,6 +141,7 @@ async def commit(
         successor,
         version,
         expires_from=format_instant(written),
+        boot=boot,
     )
     committed = patched(row, patch)
     try:

@@ -65,6 +65,7 @@ from jobrun._core.port import WRITTEN_PAUSED, JobRunStore
 from jobrun._core.rules.retry import DEFAULT_RETRY, RetryPolicy
 from jobrun._core.rules.versions import Upgrade
 from jobrun._core.time.clock import Clock
+from jobrun._core.time.wall_steps import boot_instant
 from jobrun.errors import (
     HandlerMistakeError,
     JobRunError,
@@ -815,6 +816,18 @@ async def _ended_by(
 UNANSWERED = PassOutcome("superseded", "the store did not answer the pass's last write")
 
 
+def _extend_lease(
+    store: JobRunStore, run_id: str, lease: Lease, clock: Clock, expires_at: str, now_at: str
+) -> Awaitable[bool]:
+    """Renew ``lease`` to ``expires_at``, and on the boot clock too where the clock has
+    one (read after the keeper's, so that expiry ends no sooner than its fence)."""
+    boot = boot_instant(clock)
+    if boot is None:
+        return store.extend_lease(run_id, lease.token, expires_at, now_at)
+    boot_lease = boot.lease(lease.token, lease.lease_ms)
+    return store.extend_lease(run_id, lease.token, expires_at, now_at, boot_lease)
+
+
 def _keeper_for(
     settings: PassSettings, row: RunRow, lease: Lease, leased_at_s: float | None
 ) -> LeaseKeeper:
@@ -822,7 +835,9 @@ def _keeper_for(
     return LeaseKeeper(
         lease,
         settings.clock,
-        lambda expires_at, now_at: store.extend_lease(row.id, lease.token, expires_at, now_at),
+        lambda expires_at, now_at: _extend_lease(
+            store, row.id, lease, settings.clock, expires_at, now_at
+        ),
         row.id,
         leased_at_s=leased_at_s,
         watch_presence=lambda lost: store.watch_presence(lease.presence, lost),

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from jobrun._core.model.predicates import (
+    boot_held,
     due_at,
     is_due,
     is_leased,
@@ -40,6 +41,8 @@ CLAIM_FIELDS = (
     "attempts",
     "last_error",
     "lease_epoch",
+    "lease_boot_id",
+    "lease_boot_expires_ms",
 )
 
 
@@ -94,14 +97,19 @@ def claim_transition(row: RunRow, request: ClaimRequest) -> Claimed:
     """The run after ``request`` leases it: a fresh lease, and when another
     driver's lease was still on it, the takeover counted (one more takeover and,
     if its pass had begun, one attempt charged, with why in ``last_error``).
-    Every claim raises the run's fencing epoch by one."""
+    Every claim raises the run's fencing epoch by one. With a boot clock, the
+    lease's expiry is written on it too."""
+    job = (row.module_id, row.job)
+    boot = request.boot
     leased = replace(
         row,
         lease_owner=request.token,
         lease_driver=request.driver,
         lease_began_at=request.now_at,
-        next_attempt_at=request.expires_at[(row.module_id, row.job)],
+        next_attempt_at=request.expires_at[job],
         lease_epoch=row.lease_epoch + 1,
+        lease_boot_id=None if boot is None else boot.lease_id(request.token),
+        lease_boot_expires_ms=None if boot is None else request.boot_expires_ms[job],
     )
     if row.lease_owner is None:
         return Claimed(leased)
@@ -144,7 +152,8 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     instant, then id; with ``by_age``, due instant then id, priority ignored)
     among jobs below their ``max_concurrent`` and not in ``skip_ids``. Neither
     kind is taken when its stored version is newer than the driver's code for it,
-    nor when it is paused."""
+    nor when it is paused; nor a due run still held on the claimer's boot clock
+    (:func:`~jobrun._core.model.predicates.boot_held`: its wall expiry only looks past)."""
     wanted = [
         row
         for row in rows
@@ -162,6 +171,7 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
         row
         for row in wanted
         if is_due(row, request.now_at)
+        and not boot_held(row, request.boot)
         and (row.module_id, row.job) not in full
         and row.id not in request.skip_ids
     ]

@@ -19,6 +19,9 @@ fails when a rule is spelled anywhere else). The words mean one thing each
 * **paused**: running, and an operator paused it (revision 0009). Never due, so
   never claimed; a pass in flight stops at its next step boundary. One that no
   lease holds waits at :data:`PARKED_AT` (:func:`parked`).
+* **boot-held** (revision 0010, SQLite and memory): leased on this boot's clock,
+  by the lease's present token, and that expiry is still ahead there, whatever
+  the wall clock says (:func:`boot_held`). Never claimed as due.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from jobrun._core.model.records import JobRun, JobRunStatus, RunRow, StepRow
+from jobrun._core.model.records import BootInstant, JobRun, JobRunStatus, RunRow, StepRow
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
@@ -95,6 +98,19 @@ def parked(row: RunRow) -> RunRow:
 def is_leased(row: RunRow, now_at: str) -> bool:
     """Running and held by a lease that has not expired by ``now_at``."""
     return is_live(row) and row.lease_owner is not None and due_at(row) > now_at
+
+
+def boot_held(row: RunRow, boot: BootInstant | None) -> bool:
+    """Held on ``boot``'s clock: leased, its boot expiry counted on that clock under
+    the lease's present token, and not reached by ``boot``. A wall-clock step moves
+    no such lease's expiry; ``None`` (no boot clock): nothing is."""
+    return (
+        boot is not None
+        and row.lease_owner is not None
+        and row.lease_boot_expires_ms is not None
+        and row.lease_boot_id == boot.lease_id(row.lease_owner)
+        and row.lease_boot_expires_ms > boot.ms
+    )
 
 
 def slot_counts(row: RunRow | None, token: str, now_at: str) -> bool:

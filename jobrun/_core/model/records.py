@@ -68,6 +68,10 @@ class RunRow:
     # Never part of a RunPatch: only the pause and unpause writes change them.
     paused_at: str | None = None
     pause_reason: str | None = None
+    # Revision 0010: the lease's expiry on its host's boot clock (SQLite and memory;
+    # NULL on Postgres and when no lease is held). See BootInstant.
+    lease_boot_id: str | None = None
+    lease_boot_expires_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,42 @@ class RunPatch:
     deferred_reason: str | None = None
     job_version: int | None = None
     error_origin: str | None = None
+    # Revision 0010: the lease handed on, on the boot clock (None: cleared, or none).
+    lease_boot_id: str | None = None
+    lease_boot_expires_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BootInstant:
+    """A reading of this host's boot clock, in whole milliseconds (``CLOCK_BOOTTIME``:
+    it never steps, and counts on through a suspend), the clock every process of one
+    boot shares.
+
+    ``boot_id`` names the clock: the kernel's boot id and the time namespace (whose
+    offset the clock carries). A lease stores it with the lease's token
+    (:meth:`lease_id`), so a lease written later by code that knows no boot clock
+    (new token, old columns left behind) never matches it.
+    """
+
+    boot_id: str
+    ms: int
+
+    def lease_id(self, token: str) -> str:
+        """The ``lease_boot_id`` stored beside lease ``token`` counted on this clock."""
+        return f"{self.boot_id}@{token}"
+
+    def lease(self, token: str, lease_ms: int) -> BootLease:
+        """Lease ``token`` of ``lease_ms`` counted from this reading."""
+        return BootLease(self.lease_id(token), self.ms + lease_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class BootLease:
+    """What a lease write stores on the boot clock: ``lease_boot_id`` and
+    ``lease_boot_expires_ms``."""
+
+    boot_id: str
+    expires_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +173,12 @@ class ClaimRequest:
     # The driver runs on real time: a store with a clock of its own (Postgres) judges
     # and counts this lease's expiries on it (a test clock's time is used as given).
     database_clock: bool = False
+    # This host's boot clock, read with ``now_at`` (None: none, or a store with a
+    # clock of its own): a lease counted on it is never taken while its expiry there
+    # is ahead, whatever the wall clock says; each expiry in ``expires_at`` is
+    # written on it too (``boot_expires_ms``, per job).
+    boot: BootInstant | None = None
+    boot_expires_ms: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from jobrun._core.leases.renewal import Lease
 from jobrun._core.model.predicates import PARKED_AT, parked
-from jobrun._core.model.records import JobRunStatus, RunPatch, RunRow
+from jobrun._core.model.records import BootInstant, JobRunStatus, RunPatch, RunRow
 
 RUNNING = JobRunStatus.RUNNING.value
 FAILED = JobRunStatus.FAILED.value
@@ -62,6 +62,8 @@ _UNLEASED: tuple[tuple[str, Value], ...] = (
     ("lease_owner", None),
     ("lease_driver", None),
     ("lease_began_at", None),
+    ("lease_boot_id", None),
+    ("lease_boot_expires_ms", None),
 )
 
 
@@ -152,6 +154,7 @@ def committed_patch(
     version: int,
     *,
     expires_from: str | None = None,
+    boot: BootInstant | None = None,
 ) -> RunPatch:
     """The row after a pass that succeeded; with a ``successor``, still leased to this driver.
 
@@ -159,9 +162,13 @@ def committed_patch(
     outside world can tell, so it gets the next epoch, as a claim would. The run
     is now of ``version``, the committing code's. The lease handed on expires
     counted from ``expires_from`` (default ``at``): the instant expiries are
-    written on, which a wall-clock step cannot move back (``wallsteps``).
+    written on, which a wall-clock step cannot move back (``wallsteps``), and, with
+    a ``boot`` clock read with it, on that clock too.
     """
     kept = successor is not None
+    boot_lease = (
+        None if successor is None or boot is None else boot.lease(successor.token, lease.lease_ms)
+    )
     return RunPatch(
         status=DONE if done else RUNNING,
         cursor=cursor_json,
@@ -183,6 +190,8 @@ def committed_patch(
         deferrals=0,
         deferred_reason=None,
         job_version=version,
+        lease_boot_id=None if boot_lease is None else boot_lease.boot_id,
+        lease_boot_expires_ms=None if boot_lease is None else boot_lease.expires_ms,
     )
 
 

@@ -19,8 +19,10 @@ few leases long) is kept, and a lease decision uses the two extremes:
 
 So a step costs only liveness (a dead holder is taken over up to the step later,
 for the memory's length), never a live lease. A process started after a step has
-no earlier basis to remember; ``docs/design.md`` ("Clock steps") says what that
-leaves open. The watch reads no time of its own: the caller hands both in.
+no earlier basis to remember: for that, each lease is also written on the host's
+boot clock, which never steps (:func:`boot_instant`, revision 0010), and a claimer
+of the same boot judges it there. The watch reads no time of its own: the caller
+hands both in.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from __future__ import annotations
 import weakref
 from datetime import datetime, timedelta
 from typing import Any
+
+from jobrun._core.model.records import BootInstant
 
 # Wall against monotonic moves this little from slewing and reading one after the
 # other; a bigger jump between two readings is a step.
@@ -89,3 +93,10 @@ def lease_instants(clock: Any, memory_s: float = 0.0) -> tuple[datetime, datetim
     return watch_of(getattr(clock, "step_watch_key", clock)).instants(
         wall, clock.monotonic(), memory_s
     )
+
+
+def boot_instant(clock: Any) -> BootInstant | None:
+    """``clock``'s reading of this host's boot clock (``None``: it has none, as a clock
+    whose wall time is not the host's has none; see ``SystemClock.boot_instant``)."""
+    read = getattr(clock, "boot_instant", None)
+    return None if read is None else read()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
-from jobrun._core import HeldLease, is_leased, is_paused, not_watching
+from jobrun._core import BootLease, HeldLease, is_leased, is_paused, not_watching
 from jobrun._testing.memory.base import MemoryStoreBase
 
 
@@ -16,13 +16,25 @@ class MemoryLeases(MemoryStoreBase):
     """Held leases and their renewal; the presence and the clock's offset of a
     database that has neither."""
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+    async def extend_lease(
+        self,
+        run_id: str,
+        token: str,
+        expires_at: str,
+        now_at: str,
+        boot: BootLease | None = None,
+    ) -> bool:
         if not self._held(run_id, token) or not is_leased(self.runs[run_id], now_at):
             return False
         if expires_at <= now_at:
             # A renewal to an expiry already past would hand the run to the next claimer.
             return False
-        self.runs[run_id] = replace(self.runs[run_id], next_attempt_at=expires_at)
+        self.runs[run_id] = replace(
+            self.runs[run_id],
+            next_attempt_at=expires_at,
+            lease_boot_id=None if boot is None else boot.boot_id,
+            lease_boot_expires_ms=None if boot is None else boot.expires_ms,
+        )
         return True
 
     async def held_leases(

@@ -26,6 +26,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     not_,
+    null,
     or_,
     select,
     true,
@@ -40,7 +41,15 @@ from sqlalchemy.sql.elements import Grouping
 from jobrun._core import CLAIM_FIELDS, takeover_note_parts
 from jobrun.sql.schema import BY_AGE_ONLY, LEASED_ONLY, job_runs, job_steps
 from jobrun.sql.statements.clock import moved_to_database_clock, on_database_clock
-from jobrun.sql.statements.rules import due_at, is_due, is_leased, is_live, is_paused, runnable_by
+from jobrun.sql.statements.rules import (
+    boot_held,
+    due_at,
+    is_due,
+    is_leased,
+    is_live,
+    is_paused,
+    runnable_by,
+)
 
 
 def _in_flight(module: str, job: str) -> Any:
@@ -62,19 +71,28 @@ def _in_flight(module: str, job: str) -> Any:
 
 
 def _due_runs(
-    runs: Any, columns: list[Any], limited: int, by_age: bool, versioned: int, jobs: int
+    runs: Any,
+    columns: list[Any],
+    limited: int,
+    by_age: bool,
+    versioned: int,
+    jobs: int,
+    booted: bool = False,
 ) -> Any:
     """The due runs in claim order (of ``runs``, the table or an alias's columns), among
     the requested jobs under their limits. The order is an index's key order, so a
     claim reads it front to back and stops at the first fits: priority first
     (``_substrat_job_runs_claim_order``), or, ``by_age``, due instant then id
-    (``_substrat_job_runs_due_order``)."""
+    (``_substrat_job_runs_due_order``). ``booted``: not a run held on the claimer's
+    boot clock (``boot_id``, ``boot_ms``; a filter on the rows the range reads)."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     candidate = select(*columns).where(
         is_due(bindparam("now_at", type_=Text), runs),
         tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
         runnable_by(versioned, runs),
     )
+    if booted:
+        candidate = candidate.where(not_(boot_held(runs)))
     if by_age:
         # The due-order index's predicate, spelled as its own: only this claim may use it.
         candidate = candidate.where(BY_AGE_ONLY).order_by(due_at(runs), runs.id)
@@ -98,10 +116,12 @@ def _room(index: int) -> Any:
     return most - _in_flight(f"limited_module_{index}", f"limited_job_{index}")
 
 
-def _due_candidate(jobs: int, skipped: int, limited: int, by_age: bool, versioned: int) -> Any:
+def _due_candidate(
+    jobs: int, skipped: int, limited: int, by_age: bool, versioned: int, booted: bool
+) -> Any:
     """The first due run in claim order, among the requested jobs under their limits."""
     runs = job_runs.c
-    candidate = _due_runs(runs, [runs.id], limited, by_age, versioned, jobs).limit(1)
+    candidate = _due_runs(runs, [runs.id], limited, by_age, versioned, jobs, booted).limit(1)
     return candidate.where(*_not_skipped(skipped)).scalar_subquery()
 
 
@@ -139,7 +159,13 @@ def _orphan_candidate(pairs: list[Any], dead: int, skipped: int, versioned: int)
 
 
 def claim_read(
-    jobs: int, skipped: int, limited: int, dead: int, by_age: bool = False, versioned: int = 0
+    jobs: int,
+    skipped: int,
+    limited: int,
+    dead: int,
+    by_age: bool = False,
+    versioned: int = 0,
+    booted: bool = False,
 ) -> Any:
     """SQLite: the run a claim would get, whole: for ``jobs`` (module_id, job) pairs
     (``module_{i}``, ``job_{i}``), passing over ``skipped`` ids (``skip_{i}``) and
@@ -147,10 +173,11 @@ def claim_read(
     ``limited_most_{i}``); a run held by one of ``dead`` proven-dead lease owners
     (``dead_{i}``) comes first; ``by_age``: the due run due longest, whatever its
     priority; neither of a version newer than the code's (``versioned`` jobs of a
-    version above 1, see :func:`runnable_by`). The same rules as
-    ``jobrun._core.leases.claims.claim_candidate``."""
+    version above 1, see :func:`runnable_by`); ``booted``: nor a due run still held
+    on the claimer's boot clock (``boot_id``, ``boot_ms``; see :func:`boot_held`).
+    The same rules as ``jobrun._core.leases.claims.claim_candidate``."""
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
-    chosen: Any = _due_candidate(jobs, skipped, limited, by_age, versioned)
+    chosen: Any = _due_candidate(jobs, skipped, limited, by_age, versioned, booted)
     if dead:
         chosen = func.coalesce(_orphan_candidate(pairs, dead, skipped, versioned), chosen)
     return select(job_runs).where(job_runs.c.id == chosen)
@@ -319,6 +346,9 @@ def _claimed_values(chosen: Any, jobs: int, on_database_clock: bool) -> dict[str
         + case((runs.lease_owner.is_not(None), literal_column("1")), else_=literal_column("0")),
         "attempts": runs.attempts + case((began, literal_column("1")), else_=literal_column("0")),
         "last_error": case((began, note), else_=runs.last_error),
+        # Postgres judges leases on its own clock: none is kept on a boot clock.
+        "lease_boot_id": null(),
+        "lease_boot_expires_ms": null(),
     }
 
 

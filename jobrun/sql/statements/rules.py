@@ -122,6 +122,20 @@ def is_cancelled(runs: Any = _RUNS) -> Any:
     return and_(runs.status == FAILED, runs.cancelled == 1)
 
 
+def boot_held(runs: Any = _RUNS) -> Any:
+    """Twin of :func:`jobrun._core.model.predicates.boot_held`, for the claimer's boot
+    clock ``boot_id`` at ``boot_ms``. Never NULL: each column is tested first (no
+    lease: the id ends in ``@``, and no stored one does)."""
+    owner = func.coalesce(runs.lease_owner, literal_column("''", Text))
+    boot_id = bindparam("boot_id", type_=Text) + literal_column("'@'", Text) + owner
+    return and_(
+        runs.lease_boot_id.is_not(None),
+        runs.lease_boot_expires_ms.is_not(None),
+        runs.lease_boot_id == boot_id,
+        runs.lease_boot_expires_ms > bindparam("boot_ms", type_=Integer),
+    )
+
+
 def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
     """Twin of :func:`jobrun._core.model.predicates.slot_counts`, for the slot row ``slots``
     and its run ``runs``."""

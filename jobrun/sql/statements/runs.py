@@ -324,9 +324,20 @@ def _extend_lease(on_database_clock: bool) -> Any:
         update(job_runs)
         # Not expired: an expired lease is never renewed back to life.
         .where(_fence(), is_leased(now_at), expires_at > now_at)
-        .values(next_attempt_at=expires_at)
+        .values(next_attempt_at=expires_at, **_boot_expiry(on_database_clock))
         .returning(job_runs.c.id)
     )
+
+
+def _boot_expiry(on_database_clock: bool) -> dict[str, Any]:
+    """The renewal's expiry on the boot clock (``boot_id``, ``boot_expires_ms``; NULL
+    on Postgres); on the database's clock the columns are left as they are (NULL)."""
+    if on_database_clock:
+        return {}
+    return {
+        "lease_boot_id": bindparam("boot_id", type_=Text),
+        "lease_boot_expires_ms": bindparam("boot_expires_ms", type_=Integer),
+    }
 
 
 def held_leases_statement(jobs: int | None, with_presence: bool) -> Any:

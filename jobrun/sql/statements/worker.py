@@ -9,20 +9,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Text, bindparam, func, literal_column, not_, select
+from sqlalchemy import Text, bindparam, case, func, literal_column, not_, null, select
 
 from jobrun._core import PARKED_AT
-from jobrun.sql.statements.rules import due_at, is_live, is_paused
+from jobrun.sql.schema import job_runs
+from jobrun.sql.statements.rules import boot_held, due_at, is_live, is_paused
 
 
-def next_due_statement() -> Any:
+def next_due_statement(booted: bool = False) -> Any:
     """The earliest due instant of the live runs (a lease's expiry among them: while
     a run is leased, its due instant is the lease's end): when an idle worker looks
-    again (see ``jobrun.worker.wakeups``)."""
+    again (see ``jobrun.worker.wakeups``). ``booted`` (SQLite): a run held on the
+    reader's boot clock (``boot_id``, ``boot_ms``) is left out of it, and the
+    earliest such expiry is the second column."""
     # Paused runs never come due: those waiting at PARKED_AT are out of the range,
     # a paused one still leased (or stranded) is filtered on its row.
     parked_at = literal_column(f"'{PARKED_AT}'", Text)
-    return select(func.min(due_at())).where(is_live(), due_at() != parked_at, not_(is_paused()))
+    live = (is_live(), due_at() != parked_at, not_(is_paused()))
+    if not booted:
+        return select(func.min(due_at())).where(*live)
+    held = boot_held()
+    return select(
+        func.min(case((held, null()), else_=due_at())),
+        func.min(case((held, job_runs.c.lease_boot_expires_ms), else_=null())),
+    ).where(*live)
 
 
 def take_database_statement() -> Any:

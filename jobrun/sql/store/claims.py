@@ -67,6 +67,9 @@ class SqlClaims(SqlStoreBase):
     ) -> builtins.list[Claimed]:
         if not request.expires_at or not tokens:
             return []
+        if self._is_postgres:
+            # Postgres judges leases on its own clock (or the caller's): no boot clock.
+            request = replace(request, boot=None, boot_expires_ms={})
         # Postgres judges expiries on its own clock, at the statement.
         database_clock = self._is_postgres and request.database_clock
         async with self._operation("claim"):
@@ -163,9 +166,12 @@ class SqlClaims(SqlStoreBase):
         skipped = sorted(request.skip_ids) + missed
         dead = sorted(request.dead_owners)
         versioned = _versioned(request)
+        boot = request.boot
         shape = (len(jobs), len(skipped), len(limited), len(dead), request.by_age, len(versioned))
-        read = self._shapes.of(claim_read, *shape)
+        read = self._shapes.of(claim_read, *shape, boot is not None)
         values: dict[str, Any] = {"now_at": request.now_at}
+        if boot is not None:
+            values |= {"boot_id": boot.boot_id, "boot_ms": boot.ms}
         values |= pairs("", jobs) | numbered("skip", skipped) | numbered("dead", dead)
         values |= _versioned_values(versioned) | _limited_values(limited)
         return read, values

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from jobrun._core import HeldLease, not_watching, parse_instant
+from jobrun._core import BootLease, HeldLease, not_watching, parse_instant
 from jobrun._host import system_clock
 from jobrun.sql.postgres.presence import Presence
 from jobrun.sql.statements.clock import clock_statement
@@ -35,8 +35,21 @@ class SqlLeases(SqlStoreBase):
     # (measured at, database clock minus system clock in seconds)
     _clock_offset: tuple[float, float] | None
 
-    async def extend_lease(self, run_id: str, token: str, expires_at: str, now_at: str) -> bool:
+    async def extend_lease(
+        self,
+        run_id: str,
+        token: str,
+        expires_at: str,
+        now_at: str,
+        boot: BootLease | None = None,
+    ) -> bool:
         values = fence_values(run_id, token) | {"expires_at": expires_at, "now_at": now_at}
+        # Postgres judges on its own clock: the boot columns stay NULL there.
+        on_boot = boot is not None and not self._is_postgres
+        values |= {
+            "boot_id": boot.boot_id if on_boot and boot else None,
+            "boot_expires_ms": boot.expires_ms if on_boot and boot else None,
+        }
         if token in self._database_clock_leases:
             # Only the lease's length: Postgres judges and counts it on its own clock.
             lease = parse_instant(expires_at) - parse_instant(now_at)

@@ -198,6 +198,8 @@ class SqlRuns(SqlStoreBase):
                 token, successor
             )
             values["handed_on"] = int(handed_on)
+            # Postgres judges leases on its own clock: no boot clock is stored there.
+            values |= {"new_lease_boot_id": None, "new_lease_boot_expires_ms": None}
             if patch.lease_owner != token:
                 # This token's lease ends with this write (or is already gone).
                 self._database_clock_leases.forget(token)

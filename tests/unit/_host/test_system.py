@@ -59,3 +59,23 @@ def test_own_start_ticks_refuses_a_proc_of_an_outer_pid_namespace(
         lambda path: nested if path == "/proc/self/status" else read_text(path),
     )
     assert _system.own_start_ticks() is None
+
+
+def test_the_system_clock_reads_the_boot_clock_under_its_name() -> None:
+    here = proc_identity()
+    first = _system.SYSTEM_CLOCK.boot_instant()
+    assert first is not None
+    assert first.boot_id == f"{here.boot}/{here.time_namespace or '-'}"
+    # CLOCK_BOOTTIME, not the wall clock: milliseconds since boot, never going back.
+    since_boot_s = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
+    assert abs(first.ms / 1000 - since_boot_s) < 60
+    second = _system.SYSTEM_CLOCK.boot_instant()
+    assert second is not None
+    assert second.ms >= first.ms
+    assert first.lease_id("T") == f"{first.boot_id}@T"
+
+
+def test_no_boot_clock_without_a_boot_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_system, "_local", None)
+    monkeypatch.setattr(_system, "read_text", lambda path: None)
+    assert _system.SYSTEM_CLOCK.boot_instant() is None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from jobrun._core.time.wall_steps import STEP_MEMORY_S, StepWatch, lease_instants
+from jobrun._core.model.records import BootInstant
+from jobrun._core.time.wall_steps import STEP_MEMORY_S, StepWatch, boot_instant, lease_instants
 from jobrun.testing import FakeClock
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -64,3 +65,14 @@ def test_a_fake_clock_stepped_alone_is_watched_across_calls() -> None:
     judged, written = lease_instants(clock)
     assert judged == START + timedelta(seconds=1)
     assert written == START + timedelta(seconds=91)
+
+
+def test_a_fake_clock_has_a_boot_clock_only_when_named_and_no_step_moves_it() -> None:
+    assert boot_instant(FakeClock()) is None
+    clock = FakeClock(boot_id="b", boot_offset_s=5)
+    assert boot_instant(clock) == BootInstant("b", 5000)
+    clock.advance(seconds=1.5)
+    clock.step_wall(seconds=90)
+    assert boot_instant(clock) == BootInstant("b", 6500)
+    # A bare wall callable is not the host's time: it has no boot clock.
+    assert boot_instant(lambda: clock.now()) is None
