@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy import insert, text, update
+from sqlalchemy import inspect as inspect_schema
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import jobrun
@@ -181,6 +182,27 @@ async def insert_values(engine: AsyncEngine, table: str, rows: list[dict[str, An
     )
     async with engine.begin() as connection:
         await connection.execute(statement, rows)
+
+
+async def table_rows(engine: AsyncEngine, table: str, columns: str) -> list[tuple[Any, ...]]:
+    """``columns`` (SQL text) of every row of ``table``, by id: what a migration kept."""
+    async with engine.connect() as connection:
+        found = await connection.execute(text(f"SELECT {columns} FROM {table} ORDER BY id"))
+        return [tuple(row) for row in found]
+
+
+async def table_names(engine: AsyncEngine) -> set[str]:
+    """The tables of the database (as a migration left them)."""
+    async with engine.connect() as connection:
+        return set(await connection.run_sync(lambda sync: inspect_schema(sync).get_table_names()))
+
+
+async def column_names(engine: AsyncEngine, table: str) -> set[str]:
+    """The columns of ``table`` (as a migration left them)."""
+    async with engine.connect() as connection:
+        return await connection.run_sync(
+            lambda sync: {column["name"] for column in inspect_schema(sync).get_columns(table)}
+        )
 
 
 async def put_rows(store: Any, engine: AsyncEngine | None, rows: list[RunRow]) -> None:

@@ -6,10 +6,8 @@ is left alone), the two indexes added; the downgrade gives 0005 back."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
@@ -23,6 +21,7 @@ from tests.support import (
     insert_values,
     revision_of,
     row_values,
+    table_rows,
 )
 
 RUNS = "_substrat_job_runs"
@@ -57,12 +56,6 @@ async def at_0005(blank_url: str) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-async def _rows(engine: AsyncEngine, columns: str) -> list[tuple[Any, ...]]:
-    async with engine.connect() as connection:
-        found = await connection.execute(text(f"SELECT {columns} FROM {RUNS} ORDER BY id"))
-        return [tuple(row) for row in found]
-
-
 async def _indexes(engine: AsyncEngine) -> set[str]:
     async with engine.connect() as connection:
         if engine.dialect.name == "sqlite":
@@ -79,13 +72,13 @@ async def test_0006_keeps_every_row_and_marks_the_runs_cancelled_before_it(
 ) -> None:
     engine = at_0005
     columns = "id, status, last_error, ended_at, attempts"
-    before = await _rows(engine, columns)
+    before = await table_rows(engine, RUNS, columns)
     await jobrun.upgrade(engine, "0006")
     assert await revision_of(engine) == "0006"
     # Read and driven as code of 0006 would (this code needs the workers' table of 0007).
     monkeypatch.setattr("jobrun.sql.store.base.SCHEMA_REVISION", "0006")
-    assert await _rows(engine, columns) == before
-    assert [marked for (marked,) in await _rows(engine, "cancelled")] == [
+    assert await table_rows(engine, RUNS, columns) == before
+    assert [marked for (marked,) in await table_rows(engine, RUNS, "cancelled")] == [
         int(expected) for *_, expected in CASES
     ]
     assert await _indexes(engine) >= NEW_INDEXES
@@ -96,5 +89,5 @@ async def test_0006_keeps_every_row_and_marks_the_runs_cancelled_before_it(
 
     await downgrade(engine, "0005")
     assert await revision_of(engine) == "0005"
-    assert await _rows(engine, columns) == before
+    assert await table_rows(engine, RUNS, columns) == before
     assert not NEW_INDEXES & await _indexes(engine)

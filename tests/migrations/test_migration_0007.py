@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
@@ -23,6 +23,7 @@ from tests.support import (
     insert_values,
     revision_of,
     row_values,
+    table_names,
 )
 
 RUNS = "_substrat_job_runs"
@@ -49,11 +50,6 @@ async def _scalars(engine: AsyncEngine, sql: str) -> list[Any]:
         return list((await connection.execute(text(sql))).scalars())
 
 
-async def _tables(engine: AsyncEngine) -> set[str]:
-    async with engine.connect() as connection:
-        return set(await connection.run_sync(lambda sync: inspect(sync).get_table_names()))
-
-
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_0007_adds_the_workers_table_and_leaves_runs_and_record_alone(
     at_0006: AsyncEngine,
@@ -71,5 +67,5 @@ async def test_0007_adds_the_workers_table_and_leaves_runs_and_record_alone(
 
     await downgrade(engine, "0006")
     assert await revision_of(engine) == "0006"
-    assert WORKERS not in await _tables(engine)
+    assert WORKERS not in await table_names(engine)
     assert await _scalars(engine, f"SELECT id FROM {RUNS} ORDER BY id") == before

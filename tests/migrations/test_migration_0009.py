@@ -7,10 +7,9 @@ downgrade makes every run waiting for an unpause due again and gives 0008 back."
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
@@ -25,6 +24,8 @@ from tests.support import (
     insert_values,
     revision_of,
     row_values,
+    table_names,
+    table_rows,
 )
 
 RUNS = "_substrat_job_runs"
@@ -47,29 +48,18 @@ async def at_0008(blank_url: str) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-async def _rows(engine: AsyncEngine, columns: str) -> list[tuple[Any, ...]]:
-    async with engine.connect() as connection:
-        found = await connection.execute(text(f"SELECT {columns} FROM {RUNS} ORDER BY id"))
-        return [tuple(row) for row in found]
-
-
-async def _tables(engine: AsyncEngine) -> set[str]:
-    async with engine.connect() as connection:
-        return set(await connection.run_sync(lambda sync: inspect(sync).get_table_names()))
-
-
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_0009_adds_the_pauses_and_its_downgrade_makes_waiting_runs_due(
     at_0008: AsyncEngine,
 ) -> None:
     engine = at_0008
-    before = await _rows(engine, OLD_COLUMNS)
-    assert NEW_TABLES.isdisjoint(await _tables(engine))
+    before = await table_rows(engine, RUNS, OLD_COLUMNS)
+    assert NEW_TABLES.isdisjoint(await table_names(engine))
     await jobrun.upgrade(engine)  # to the head: the pauses below are the new code's
     assert await revision_of(engine) == SCHEMA_REVISION
-    assert await _rows(engine, OLD_COLUMNS) == before
-    assert await _rows(engine, "paused_at, pause_reason") == [(None, None)] * 4
-    assert await _tables(engine) >= NEW_TABLES
+    assert await table_rows(engine, RUNS, OLD_COLUMNS) == before
+    assert await table_rows(engine, RUNS, "paused_at, pause_reason") == [(None, None)] * 4
+    assert await table_names(engine) >= NEW_TABLES
     async with engine.connect() as connection:
         record = await connection.execute(text(f"SELECT oldest_code_revision FROM {COMPAT_TABLE}"))
         assert list(record.scalars()) == ["0006"]
@@ -88,7 +78,7 @@ async def test_0009_adds_the_pauses_and_its_downgrade_makes_waiting_runs_due(
         [("elsewhere", "old")],
         ["api"],
     )
-    assert [row[2] for row in await _rows(engine, OLD_COLUMNS)] == [
+    assert [row[2] for row in await table_rows(engine, RUNS, OLD_COLUMNS)] == [
         PARKED_AT,
         None,
         PARKED_AT,
@@ -96,10 +86,10 @@ async def test_0009_adds_the_pauses_and_its_downgrade_makes_waiting_runs_due(
     ]
     await downgrade(engine, "0008")
     assert await revision_of(engine) == "0008"
-    assert NEW_TABLES.isdisjoint(await _tables(engine))
+    assert NEW_TABLES.isdisjoint(await table_names(engine))
     # Code of 0008 knows no pause: the runs that waited for one are due again at once
     # (the one that backed off until June too: its pause had forgotten that).
-    after = await _rows(engine, OLD_COLUMNS)
+    after = await table_rows(engine, RUNS, OLD_COLUMNS)
     assert [row[2] for row in after] == [None, None, None, None]
     assert [row[:2] for row in after] == [row[:2] for row in before]
     await jobrun.upgrade(engine)

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import jobrun
@@ -23,10 +22,12 @@ from jobrun.testing import FakeClock
 from tests.support import (
     COLUMNS_0010,
     SQL_BACKENDS,
+    column_names,
     hand_made_row,
     insert_values,
     revision_of,
     row_values,
+    table_rows,
 )
 
 RUNS = "_substrat_job_runs"
@@ -48,31 +49,17 @@ async def at_0009(blank_url: str) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-async def _rows(engine: AsyncEngine, columns: str) -> list[tuple[Any, ...]]:
-    async with engine.connect() as connection:
-        found = await connection.execute(text(f"SELECT {columns} FROM {RUNS} ORDER BY id"))
-        return [tuple(row) for row in found]
-
-
-async def _columns(engine: AsyncEngine) -> set[str]:
-    def names(sync: Any) -> set[str]:
-        return {column["name"] for column in inspect(sync).get_columns(RUNS)}
-
-    async with engine.connect() as connection:
-        return await connection.run_sync(names)
-
-
 @pytest.mark.parametrize("blank_url", SQL_BACKENDS, indirect=True)
 async def test_0010_adds_the_boot_clock_columns_and_its_downgrade_drops_them(
     at_0009: AsyncEngine,
 ) -> None:
     engine = at_0009
-    before = await _rows(engine, OLD_COLUMNS)
-    assert set(COLUMNS_0010).isdisjoint(await _columns(engine))
+    before = await table_rows(engine, RUNS, OLD_COLUMNS)
+    assert set(COLUMNS_0010).isdisjoint(await column_names(engine, RUNS))
     await jobrun.upgrade(engine)
     assert await revision_of(engine) == SCHEMA_REVISION == "0010"
-    assert await _rows(engine, OLD_COLUMNS) == before
-    assert await _rows(engine, ", ".join(COLUMNS_0010)) == [(None, None)] * 3
+    assert await table_rows(engine, RUNS, OLD_COLUMNS) == before
+    assert await table_rows(engine, RUNS, ", ".join(COLUMNS_0010)) == [(None, None)] * 3
     async with engine.connect() as connection:
         record = await connection.execute(text(f"SELECT oldest_code_revision FROM {COMPAT_TABLE}"))
         assert list(record.scalars()) == ["0006"]
@@ -101,8 +88,8 @@ async def test_0010_adds_the_boot_clock_columns_and_its_downgrade_drops_them(
     )
     await downgrade(engine, "0009")
     assert await revision_of(engine) == "0009"
-    assert set(COLUMNS_0010).isdisjoint(await _columns(engine))
-    assert (await _rows(engine, OLD_COLUMNS))[:3] == before  # hand-made ids sort first
+    assert set(COLUMNS_0010).isdisjoint(await column_names(engine, RUNS))
+    assert (await table_rows(engine, RUNS, OLD_COLUMNS))[:3] == before  # hand-made ids sort first
     await jobrun.upgrade(engine)
     assert await revision_of(engine) == SCHEMA_REVISION
 
