@@ -124,9 +124,8 @@ class ClockStepThenStart(ClockStep):
         epoch = await _lease_epoch(stage.url, event["run"])
         try:
             late = await asyncio.to_thread(start_driver, stage, self, self.drivers)
-            await asyncio.to_thread(late.wait_for, "judging", 60)
-            # sleep: the late driver's first claims (it polls every 50 ms)
-            await asyncio.sleep(1.0)
+            # Its first three claims done (each would have taken the lease if it could).
+            await asyncio.to_thread(late.wait_for, "looked", 60, lambda event: event["calls"] >= 3)
             taken = await _lease_epoch(stage.url, event["run"]) != epoch
         finally:
             if not self.kill:

@@ -23,7 +23,8 @@ environment makes it claim and judge as if it ran on machine NAME (a boot id of
 its own: ``/proc`` proves nothing across machines).
 
 Events go to stdout as JSON lines (``tests.support.Child`` reads them):
-``ready``, ``body`` (a body started: run, step, ns), ``error``, ``report``
+``ready``, ``judging`` (its first lease reading), ``looked`` (each of its first
+calls of ``run_due_jobs`` done), ``body`` (a body started: run, step, ns), ``error``, ``report``
 (the drive reports' counters summed, store errors, and ``taken_over``: passes
 that began on a run taken over from another holder).
 """
@@ -43,6 +44,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import jobrun
 
 MODULE, JOB = "chaos", "walk"
+# The first calls of run_due_jobs a driver reports (``looked``), each once done.
+LOOKS_REPORTED = 5
 COUNTED = ("attempted", "advanced", "completed", "retrying", "failed", "superseded")
 
 
@@ -143,6 +146,9 @@ async def drive(
                 observer=CountTakeovers(totals),
             )
             totals["calls"] += 1
+            if totals["calls"] <= LOOKS_REPORTED:
+                # A fault can wait for a driver's first claims to be done, not guess a time.
+                emit("looked", calls=totals["calls"], attempted=report.attempted)
             for counted in COUNTED:
                 totals[counted] += getattr(report, counted)
             if report.attempted:
