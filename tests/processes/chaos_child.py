@@ -227,6 +227,7 @@ def announce_first_judgement() -> None:
             emit("judging")
         return seen
 
+    # Patched in this child process only, to observe (never change) its readings.
     wall_steps.StepWatch.instants = announcing  # type: ignore[method-assign]
 
 

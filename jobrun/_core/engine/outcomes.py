@@ -110,12 +110,7 @@ async def commit(
     keeps its lease for this driver's next pass, under a new token. The run is
     then of ``version``, the version of the job's code that ran the pass.
     """
-    next_cursor, done = interpret_result(result)
-    if next_cursor is KEEP_CURSOR:
-        cursor_json = row.cursor
-    else:
-        cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
-    counters_json = counters_text(counters, store.limits.max_counters_bytes)
+    cursor_json, counters_json, done = _stored_result(store, row, result, counters)
     # The run's stamps on the wall clock; the successor lease's expiry on the instant
     # every expiry is written on (wallsteps): after a backward step the raw wall clock
     # would hand on a lease that a driver not yet stepped sees as long expired.
@@ -159,6 +154,19 @@ async def commit(
         await hand_back(store, committed, successor)
         return PassOutcome("advanced")
     return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
+
+
+def _stored_result(
+    store: JobRunStore, row: RunRow, result: object, counters: Mapping[str, int | float]
+) -> tuple[str | None, str, bool]:
+    """The handler's result as stored: the cursor's text (the run's own when it keeps
+    its cursor), the counters' text, and whether the run is done."""
+    next_cursor, done = interpret_result(result)
+    if next_cursor is KEEP_CURSOR:
+        cursor_json = row.cursor
+    else:
+        cursor_json = cursor_text(next_cursor, store.limits.max_cursor_bytes)
+    return cursor_json, counters_text(counters, store.limits.max_counters_bytes), done
 
 
 async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:

@@ -453,14 +453,7 @@ class JobPass:
         prior = ledger.get(name)
         if prior is not None and prior.result is not None:
             return decode_json(prior.result, f"step {name!r} result")
-        if self._keeper.fenced():
-            # Sticky: once the lease is gone (or can no longer be vouched for), no
-            # step body starts again in this pass.
-            raise LeaseLostError(self.run.id)
-        attempts = (prior.attempts if prior is not None else 0) + 1
-        if prior is not None and prior.attempts >= policy.max_attempts:
-            # Spent: nothing is called and nothing is written.
-            raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
+        attempts = self._next_attempt(name, prior, policy)
         # The step's slot and token: only now that its body is about to run.
         held = await self._gate.enter(limits, name) if limits.any else None
         try:
@@ -498,6 +491,18 @@ class JobPass:
             self._paused = True
         # What a replay returns: the stored JSON decoded (a scalar decodes to itself).
         return value if type(value) in JSON_SCALARS else loads_own(stored)
+
+    def _next_attempt(self, name: str, prior: StepRow | None, policy: RetryPolicy) -> int:
+        """The number of the attempt a step body is about to make; raises when none may
+        start (the lease is gone, or the step's attempts are spent)."""
+        if self._keeper.fenced():
+            # Sticky: once the lease is gone (or can no longer be vouched for), no
+            # step body starts again in this pass.
+            raise LeaseLostError(self.run.id)
+        if prior is not None and prior.attempts >= policy.max_attempts:
+            # Spent: nothing is called and nothing is written.
+            raise StepFailedError(name, prior.attempts, policy, prior.last_error or "exhausted")
+        return (prior.attempts if prior is not None else 0) + 1
 
     async def _deferring(self, name: str, deferral: RetryAfter) -> None:
         """A step body raised ``RetryAfter``: not a failed attempt, nothing is recorded,

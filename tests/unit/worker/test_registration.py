@@ -51,7 +51,9 @@ async def _beats_over(served: int, seconds: float) -> list[tuple[float, WorkerRo
         JobRegistry(), "worker", clock, 10.0, served=lambda: served, chance=random.Random(7)
     )
     database = _Database(clock)
+    # A stand-in database: the store, the stop and the label are all ``keep`` uses.
     task = asyncio.create_task(registration.keep(database, _opened))  # type: ignore[arg-type]
+    # Virtual time: the fake clock jumps from one of the registration's waits to the next.
     await clock.sleep(seconds)
     database.stop.set()
     await task
