@@ -632,6 +632,109 @@ async def test_a_drive_cancelled_while_a_commit_is_answered_never_rolls_the_run_
     assert calls == [0, 1, 2], "a committed pass ran again"
 
 
+class LateCommit:
+    """A store whose commit, once its caller is interrupted, reaches the database only
+    after the next fenced write on another connection: a statement sent but not yet
+    run there when the drive was cancelled, as on a loaded server."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.sent = asyncio.Event()
+        self._pending: tuple[Any, ...] | None = None
+        self.landed: list[bool] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def commit_pass(self, *args: Any) -> Any:
+        if self.landed:
+            return await self._inner.commit_pass(*args)
+        self._pending = args
+        self.sent.set()
+        await asyncio.Event().wait()  # its answer never comes back
+        raise AssertionError("unreachable")
+
+    async def patch(self, *args: Any) -> bool:
+        applied = bool(await self._inner.patch(*args))
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.landed.append(bool(await self._inner.commit_pass(*pending)))
+        return applied
+
+
+async def test_a_commit_landing_after_its_drive_was_cancelled_leaves_no_lease(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: list[int] = []
+
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        cursor = p.cursor or 0
+        await p.step("work", lambda: calls.append(cursor))
+        return jobrun.PassResult(cursor=cursor + 1, done=cursor + 1 >= 3)
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    late = LateCommit(store)
+    # Several passes in one call: the commit hands its lease on, under a new token.
+    task = asyncio.create_task(drive(late, registry, clock, max_passes=3))
+    await asyncio.wait_for(late.sent.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The commit landed right after the first hand-back: between the two.
+    assert len(late.landed) == 1
+    row = await row_of(store, run.id)
+    assert row.lease_owner is None, "the lease the late commit handed on is still held"
+    report = await drive(store, registry, clock, max_passes=3)
+    assert report.completed == 1
+    assert calls == [0, 1, 2], "a finished step ran again"
+
+
+class SilentFirstPatch:
+    """A store whose first fenced write (a pass's failure record) is sent and never
+    answers; the ones after it go through."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.sent = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def patch(self, *args: Any) -> bool:
+        if self.sent.is_set():
+            return bool(await self._inner.patch(*args))
+        self.sent.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_drive_cancelled_while_a_failure_is_written_hands_the_lease_back(
+    store: Any, clock: FakeClock
+) -> None:
+    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("work", lambda: None)
+        raise RuntimeError("upstream said no")
+
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
+    silent = SilentFirstPatch(store)
+    task = asyncio.create_task(drive(silent, registry, clock))
+    await asyncio.wait_for(silent.sent.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    row = await row_of(store, run.id)
+    assert row.lease_owner is None, "the lease waits out its expiry"
+    assert row.attempts == 0, "an interrupted pass was charged"
+    # The unanswered failure record is owed; sent again, it misses (the lease is gone).
+    assert len(store.owed_releases) == 1
+    assert await store.owed_releases.settle(store) == 1
+    assert (await row_of(store, run.id)).attempts == 0
+
+
 class AmbiguousCommit:
     """A store whose first commit is applied but reported as a failure (the reply was lost)."""
 

@@ -23,8 +23,7 @@ and sent again before the driver's next claim on the store.
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
@@ -143,8 +142,13 @@ async def commit(
         applied = await store.commit_pass(row.id, patch, lease.token)
     except BaseException:
         if successor is not None:
-            # If the commit landed after all, give back the lease it handed on.
-            await hand_back(store, committed, successor)
+            # Interrupted unanswered, the commit may still reach the database later
+            # (sent, not yet run there). The old lease goes back first, then the one
+            # the commit hands on: landing before both, the commit is undone by the
+            # second; between them or after, it misses (its fence, the old token, is
+            # gone). The other order leaves the successor's lease held when the commit
+            # lands between the two.
+            await hand_back(store, row, lease, (committed, successor))
         raise
     if not applied:
         return PassOutcome("superseded")
@@ -169,35 +173,41 @@ def _stored_result(
     return cursor_json, counters_text(counters, store.limits.max_counters_bytes), done
 
 
-async def hand_back(store: JobRunStore, row: RunRow, lease: Lease) -> None:
-    """Give a held lease back (fenced), shielded from a cancellation in progress.
+async def hand_back(
+    store: JobRunStore, row: RunRow, lease: Lease, *then: tuple[RunRow, Lease]
+) -> None:
+    """Give a held lease back (fenced), shielded from a cancellation in progress;
+    then each of ``then`` (other leases of the same run), one after the other.
 
     Never raises for a store failure: the hand-back is then owed (see
     ``jobrun._core.leases.owed_releases``) and sent again before the next claim on the store.
     Nor does it wait on a store that does not answer: abandoned after a renewal
-    interval, at least ``CALL_FLOOR_S`` (real time), it is owed too.
+    interval, at least ``CALL_FLOOR_S`` (real time), it is owed too. One shielded
+    task sends them all, so a second cancellation cannot stop the later ones.
     """
-    patch = unleased(row)
-    try:
-        write = functools.partial(store.patch, row.id, patch, lease.token)
-        await asyncio.shield(_bounded(write, lease))
-    except Exception:
-        store.owed_releases.owe(row.id, patch, lease.token)
+    await asyncio.shield(_handing_back(store, ((row, lease), *then)))
 
 
-async def _bounded(write: Callable[[], Awaitable[bool]], lease: Lease) -> bool:
-    # The write's coroutine is made inside the shielded task: a task cancelled
+async def _handing_back(store: JobRunStore, held: tuple[tuple[RunRow, Lease], ...]) -> None:
+    # Each write's coroutine is made inside the shielded task: a task cancelled
     # before its first step (a loop shutting down) then leaves no coroutine that
     # was never awaited behind.
-    async with asyncio.timeout(max(lease.renew_interval_s(), CALL_FLOOR_S)):
-        return await write()
+    for row, lease in held:
+        patch = unleased(row)
+        try:
+            async with asyncio.timeout(max(lease.renew_interval_s(), CALL_FLOOR_S)):
+                await store.patch(row.id, patch, lease.token)
+        except Exception:
+            store.owed_releases.owe(row.id, patch, lease.token)
 
 
 async def _release_write(store: JobRunStore, run_id: str, patch: RunPatch, lease: Lease) -> bool:
     """A fenced write that ends the lease; owed (then raised) when the store fails it."""
     try:
         return await store.patch(run_id, patch, lease.token)
-    except Exception:
+    except BaseException:
+        # Cancelled too (the pass's fence gave up on it, or the drive was
+        # stopped): unanswered, it may or may not have landed, so it is owed.
         store.owed_releases.owe(run_id, patch, lease.token)
         raise
 

@@ -778,7 +778,24 @@ async def run_job_pass(
         if context is not None and context._paused:
             # Whatever the handler made of it: nothing charged, the lease handed back.
             return await _paused(store, clock, row, lease)
-        return await _ended_by(settings, job, keeper, row, lease, job_policy, error)
+        ending = _ended_by(settings, job, keeper, row, lease, job_policy, error)
+        return await _handed_back_if_interrupted(ending, store, row, lease)
+    except BaseException:
+        await hand_back(store, row, lease)
+        raise
+
+
+async def _handed_back_if_interrupted(
+    ending: Awaitable[PassOutcome], store: JobRunStore, row: RunRow, lease: Lease
+) -> PassOutcome:
+    """The failure record's write, awaited; interrupted (the drive cancelled), that
+    write is owed and may still land, and the hand-back on the same token frees the
+    run now whichever of the two lands first. A store error goes on as it is (the
+    write is owed; a hand-back would wait on the same failing store)."""
+    try:
+        return await ending
+    except Exception:
+        raise
     except BaseException:
         await hand_back(store, row, lease)
         raise
