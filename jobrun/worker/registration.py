@@ -10,7 +10,9 @@ thousand idle databases cost two writes a second, not a hundred, and no burst
 at start-up (every ``SWEEP_EVERY_BEATS``-th also deletes the rows
 of workers gone), and the row deleted when the worker stops serving the
 database. A failed write is logged and tried again at the next heartbeat: the
-worker's real work never waits on its row. See
+worker's real work never waits on its row. In a SQLite file the row is written
+through a stdlib connection in a thread, never through an engine opened for it
+(see :mod:`jobrun.sql.next_due`). See
 :mod:`jobrun._core.operator.worker_registry` for what readers make of the rows.
 """
 
@@ -37,6 +39,7 @@ from jobrun._core import (
 )
 from jobrun._host import current_pid, host_name
 from jobrun.errors import describe_exception
+from jobrun.sql.next_due import sqlite_beat_worker, sqlite_forget_worker
 from jobrun.worker.database import ServedDatabase
 
 log = logging.getLogger("jobrun.worker")
@@ -109,11 +112,15 @@ class Registration:
         """One heartbeat; whether it failed (a streak of failures is warned of once)."""
         now = self.clock.now()
         row = beat_row(self.row, now, heartbeat_s)
+        sweep_at = format_instant(now) if sweep_due(beats) else None
         try:
-            async with opening(database):
-                await database.store.beat_worker(
-                    row, format_instant(now) if sweep_due(beats) else None
-                )
+            if database.path is not None:
+                # A SQLite file: written through a connection of its own, in a thread
+                # (see ``jobrun.sql.next_due``), not through an engine opened for it.
+                await asyncio.to_thread(sqlite_beat_worker, database.path, row, sweep_at)
+            else:
+                async with opening(database):
+                    await database.store.beat_worker(row, sweep_at)
         except Exception as error:
             log.log(
                 logging.DEBUG if failing else logging.WARNING,
@@ -128,8 +135,12 @@ class Registration:
 
     async def _forget(self, database: ServedDatabase, opening: Opening) -> None:
         try:
-            async with asyncio.timeout(FORGET_TIMEOUT_S), opening(database):
-                await database.store.forget_worker(self.row.id)
+            async with asyncio.timeout(FORGET_TIMEOUT_S):
+                if database.path is not None:
+                    await asyncio.to_thread(sqlite_forget_worker, database.path, self.row.id)
+                else:
+                    async with opening(database):
+                        await database.store.forget_worker(self.row.id)
         except Exception as error:
             # Left behind, the row expires by itself at its expiry.
             log.debug("deregistering from %s failed: %s", database.label, error)

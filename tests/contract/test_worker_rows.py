@@ -4,12 +4,17 @@ every backend (see ``jobrun._core.operator.worker_registry``)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from jobrun._core.model.formats import format_instant
 from jobrun._core.model.worker_rows import WorkerRow, jobs_text
 from jobrun._core.operator.worker_registry import beat_row
+from jobrun.sql.next_due import sqlite_beat_worker, sqlite_forget_worker
+from jobrun.worker.wakeups import sqlite_path
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -82,3 +87,23 @@ async def test_workers_are_listed_oldest_first(store: Any) -> None:
     for worker_id, at_s in (("b", 2), ("a", 2), ("c", 1)):
         await store.beat_worker(_worker(worker_id, [], at_s=at_s))
     assert [row.id for row in await store.live_workers(_at(3))] == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_a_worker_writes_its_row_in_a_sqlite_file_as_the_store_would(store: Any) -> None:
+    # The worker's registration writes SQLite files through a stdlib connection of
+    # its own (no engine opened): the store must read what it wrote, sweep and all.
+    path = sqlite_path(store.engine)
+    assert path is not None
+
+    async def beat(worker: WorkerRow, sweep_at: str | None = None) -> None:
+        await asyncio.to_thread(sqlite_beat_worker, path, worker, sweep_at)
+
+    await beat(_worker("old", [("m", "a")], at_s=0))
+    young = _worker("young", [("m", "a")], at_s=20)
+    await beat(young)
+    await beat(_worker("new", [("m", "b")], at_s=35), sweep_at=_at(35))
+    assert [row.id for row in await store.live_workers(_at(0))] == ["young", "new"]
+    assert (await store.live_workers(_at(0)))[0] == young
+    await asyncio.to_thread(sqlite_forget_worker, path, "young")
+    assert [row.id for row in await store.live_workers(_at(0))] == ["new"]

@@ -37,6 +37,7 @@ class _Database:
         self.store = _Beats(clock)
         self.stop = asyncio.Event()
         self.label = "scope"
+        self.path = None  # not a SQLite file: written through the store
 
 
 @contextlib.asynccontextmanager
