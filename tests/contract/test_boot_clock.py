@@ -79,6 +79,37 @@ async def test_a_lease_of_this_boot_is_judged_on_the_boot_clock(store: Any) -> N
 
 
 @ALL
+async def test_a_lease_held_on_the_boot_clock_counts_against_its_jobs_limit(store: Any) -> None:
+    # max_concurrent 1: a second run of the job waits while the first is held, and a
+    # forward wall-clock step (its wall expiry only looks past) must not free its slot.
+    clock = FakeClock()
+    _first, at = await _leased(store, clock)
+    second = await start_id(store, clock, module_id=KEY[0], job=KEY[1], instance="second")
+    stepped = add_milliseconds(at, 90_000)
+    limited = dataclasses.replace(
+        _request(stepped, "OTHER", BootInstant("b", 2000)),
+        max_concurrent={KEY: 1},
+        skip_ids=frozenset({_first}),
+    )
+    taken = await store.claim(limited)
+    if not _one_host(store):
+        # Postgres: the lease is judged on the time given, expired there.
+        assert taken is not None
+        return
+    assert taken is None, "a run was leased beyond the job's limit"
+    # The first lease expired on the boot clock as well: the slot is free.
+    boot_ms = 1000 + LEASE
+    limited = dataclasses.replace(
+        limited,
+        boot=BootInstant("b", boot_ms),
+        boot_expires_ms={KEY: boot_ms + LEASE},
+    )
+    taken = await store.claim(limited)
+    assert taken is not None
+    assert taken.row.id == second
+
+
+@ALL
 async def test_a_lease_of_another_boot_falls_back_to_the_wall_clock(store: Any) -> None:
     run_id, at = await _leased(store, FakeClock())
     # A reboot: every holder of boot "b" is dead, and the wall rule judges.

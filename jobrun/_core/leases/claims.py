@@ -29,7 +29,7 @@ from jobrun._core.model.predicates import (
     is_paused,
     runnable_by,
 )
-from jobrun._core.model.records import ClaimRequest, RunRow
+from jobrun._core.model.records import BootInstant, ClaimRequest, RunRow
 
 # The fields a claim writes (and, with status, the values its write is fenced on).
 CLAIM_FIELDS = (
@@ -137,11 +137,15 @@ def takeovers_exceeded_reason(takeovers: int, max_takeovers: int) -> str:
     )
 
 
-def in_flight(rows: Iterable[RunRow], now_at: str) -> dict[tuple[str, str], int]:
-    """Per job, its leased runs (:func:`~jobrun._core.model.predicates.is_leased`)."""
+def in_flight(
+    rows: Iterable[RunRow], now_at: str, boot: BootInstant | None = None
+) -> dict[tuple[str, str], int]:
+    """Per job, its leased runs (:func:`~jobrun._core.model.predicates.is_leased`), and
+    the live ones still held on ``boot``'s clock (after a forward wall-clock step their
+    wall expiry only looks past: see :func:`~jobrun._core.model.predicates.boot_held`)."""
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
-        if is_leased(row, now_at):
+        if is_leased(row, now_at) or (is_live(row) and boot_held(row, boot)):
             counts[(row.module_id, row.job)] = counts.get((row.module_id, row.job), 0) + 1
     return counts
 
@@ -165,7 +169,7 @@ def claim_candidate(rows: Sequence[RunRow], request: ClaimRequest) -> RunRow | N
     orphans = [row for row in wanted if is_orphan(row, request)]
     if orphans:
         return orphans[0]
-    leased = in_flight(rows, request.now_at)
+    leased = in_flight(rows, request.now_at, request.boot)
     full = {job for job, most in request.max_concurrent.items() if leased.get(job, 0) >= most}
     due = [
         row

@@ -52,10 +52,15 @@ from jobrun.sql.statements.rules import (
 )
 
 
-def _in_flight(module: str, job: str) -> Any:
+def _in_flight(module: str, job: str, booted: bool = False) -> Any:
     """How many runs of the job named by parameters ``module`` and ``job`` are leased
-    (a separate alias: the count must not correlate with the claim's candidate row)."""
+    (a separate alias: the count must not correlate with the claim's candidate row);
+    ``booted``: or still held on the claimer's boot clock (twin of
+    ``jobrun._core.leases.claims.in_flight``)."""
     leased = job_runs.alias("leased")
+    held = is_leased(bindparam("now_at", type_=Text), leased.c)
+    if booted:
+        held = or_(held, and_(is_live(leased.c), boot_held(leased.c)))
     return (
         select(func.count())
         .select_from(leased)
@@ -64,7 +69,7 @@ def _in_flight(module: str, job: str) -> Any:
             LEASED_ONLY,
             leased.c.module_id == bindparam(module),
             leased.c.job == bindparam(job),
-            is_leased(bindparam("now_at", type_=Text), leased.c),
+            held,
         )
         .scalar_subquery()
     )
@@ -104,16 +109,16 @@ def _due_runs(
             or_(
                 runs.module_id != bindparam(f"limited_module_{index}"),
                 runs.job != bindparam(f"limited_job_{index}"),
-                _room(index) > 0,
+                _room(index, booted) > 0,
             )
         )
     return candidate
 
 
-def _room(index: int) -> Any:
+def _room(index: int, booted: bool = False) -> Any:
     """How many more runs limited job ``index`` may lease now."""
     most = bindparam(f"limited_most_{index}", type_=job_runs.c.attempts.type)
-    return most - _in_flight(f"limited_module_{index}", f"limited_job_{index}")
+    return most - _in_flight(f"limited_module_{index}", f"limited_job_{index}", booted)
 
 
 def _due_candidate(
@@ -183,18 +188,19 @@ def claim_read(
     return select(job_runs).where(job_runs.c.id == chosen)
 
 
-def claim_write(limited: bool) -> Any:
+def claim_write(limited: bool, booted: bool = False) -> Any:
     """Write a claim's decision (``new_*``) on run ``fence_id``, fenced on the values the
     decision read (``was_*``): if any changed since (another claimer, a holder's
     write, an operator), nothing is written. ``limited``: and only while the run's
     job (``check_module``, ``check_job``) holds fewer than ``check_most`` unexpired
-    leases, counted in the same statement."""
+    leases, counted in the same statement (``booted``: those held on the claimer's
+    boot clock counted too)."""
     runs = job_runs.c
     fence = [runs.id == bindparam("fence_id"), is_live()]
     fence += [runs[name].is_not_distinct_from(bindparam(f"was_{name}")) for name in CLAIM_FIELDS]
     if limited:
         most = bindparam("check_most", type_=runs.attempts.type)
-        fence.append(_in_flight("check_module", "check_job") < most)
+        fence.append(_in_flight("check_module", "check_job", booted) < most)
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in CLAIM_FIELDS}
     return update(job_runs).where(*fence).values(values).returning(*job_runs.c)
 

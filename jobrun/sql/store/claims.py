@@ -182,8 +182,11 @@ class SqlClaims(SqlStoreBase):
         job = (row.module_id, row.job)
         # Taking over a dead holder's unexpired lease adds no pass in flight.
         most = None if is_orphan(row, request) else request.max_concurrent.get(job)
-        write = self._shapes.of(claim_write, most is not None)
+        boot = request.boot if most is not None else None
+        write = self._shapes.of(claim_write, most is not None, boot is not None)
         values: dict[str, Any] = {"fence_id": row.id, "now_at": request.now_at}
+        if boot is not None:
+            values |= {"boot_id": boot.boot_id, "boot_ms": boot.ms}
         for name in CLAIM_FIELDS:
             values[f"was_{name}"] = getattr(row, name)
             values[f"new_{name}"] = getattr(claimed, name)
