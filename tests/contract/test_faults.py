@@ -662,10 +662,8 @@ class LateCommit:
         return applied
 
 
-async def test_a_commit_landing_after_its_drive_was_cancelled_leaves_no_lease(
-    store: Any, clock: FakeClock
-) -> None:
-    calls: list[int] = []
+def _three_passes(calls: list[int], **options: Any) -> jobrun.JobRegistry:
+    """A job of three one-step passes whose bodies note their cursor in ``calls``."""
 
     async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
         cursor = p.cursor or 0
@@ -673,7 +671,15 @@ async def test_a_commit_landing_after_its_drive_was_cancelled_leaves_no_lease(
         return jobrun.PassResult(cursor=cursor + 1, done=cursor + 1 >= 3)
 
     registry = jobrun.JobRegistry()
-    registry.register(MODULE, JOB, handler, retry=IMMEDIATE)
+    registry.register(MODULE, JOB, handler, retry=IMMEDIATE, **options)
+    return registry
+
+
+async def test_a_commit_landing_after_its_drive_was_cancelled_leaves_no_lease(
+    store: Any, clock: FakeClock
+) -> None:
+    calls: list[int] = []
+    registry = _three_passes(calls)
     run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
     late = LateCommit(store)
     # Several passes in one call: the commit hands its lease on, under a new token.
@@ -757,14 +763,7 @@ async def test_a_commit_applied_but_reported_failed_never_rolls_the_run_back(
     store: Any, clock: FakeClock
 ) -> None:
     calls: list[int] = []
-
-    async def handler(p: jobrun.JobPass) -> jobrun.PassResult:
-        cursor = p.cursor or 0
-        await p.step("work", lambda: calls.append(cursor))
-        return jobrun.PassResult(cursor=cursor + 1, done=cursor + 1 >= 3)
-
-    registry = jobrun.JobRegistry()
-    registry.register(MODULE, JOB, handler, retry=IMMEDIATE, lease_ms=SHORT_LEASE_MS)
+    registry = _three_passes(calls, lease_ms=SHORT_LEASE_MS)
     run = await jobrun.start_job_run(store, module_id=MODULE, job=JOB, clock=clock)
     flaky = AmbiguousCommit(store)
     report = await drive(flaky, registry, clock, max_passes=3)
