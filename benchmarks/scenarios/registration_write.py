@@ -4,30 +4,32 @@ Run on demand from the repository root (not part of the test suite)::
 
     .venv/bin/python -m benchmarks registration_write              # 40 files, 5 rounds
     .venv/bin/python -m benchmarks registration_write --files 100 --rounds 3
+    .venv/bin/python -m benchmarks registration_write --quick      # 5 files, 2 rounds
 
 Two ways of writing the worker's row in each of ``--files`` migrated files, interleaved
 round by round: through an engine opened for the write and closed after it (what the
 worker did before: an aiosqlite thread started, the store's schema check, the engine
 disposed when another file needed its place), and through a stdlib connection in a
 thread of the loop's pool (``jobrun.sql.next_due.sqlite_beat_worker``, what it does
-now). The figure is the process's CPU time per write, medians over the rounds, with
-their spread and the ratio taken within this run.
+now). SQLite only (``--postgres-url`` is not used). The figure is the process's CPU
+time per write, medians over the rounds with their spread, and the ratio of the two
+taken round by round.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import jobrun
+from benchmarks import harness
 from jobrun._core import WorkerRow
 from jobrun._core.operator.worker_registry import beat_row
 from jobrun.sql.next_due import sqlite_beat_worker
@@ -61,7 +63,7 @@ async def _measure(files: int, rounds: int) -> dict[str, list[float]]:
         paths = await _files(Path(folder), files)
         blank = WorkerRow("bench", "bench", "host", os.getpid(), "[]", "", "", "")
         row = beat_row(blank, datetime.now(UTC), 10.0)
-        ways = {"engine opened for it": _through_engine, "stdlib, in a thread": _through_file}
+        ways = {"engine": _through_engine, "stdlib": _through_file}
         cpu_ms: dict[str, list[float]] = {name: [] for name in ways}
         for number in range(rounds):
             # Rotated each round, so a noisy neighbour falls on both alike.
@@ -74,22 +76,26 @@ async def _measure(files: int, rounds: int) -> dict[str, list[float]]:
         return cpu_ms
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    load = os.getloadavg()
-    cpu_ms = asyncio.run(_measure(args.files, args.rounds))
-    print(f"CPU per write, {args.files} files x {args.rounds} rounds (load {load[0]:.2f})")
-    for name, samples in cpu_ms.items():
-        print(
-            f"  {name:<22} median {statistics.median(samples):6.2f} ms"
-            f"  (min {min(samples):.2f}, max {max(samples):.2f})"
-        )
-    engine, stdlib = (statistics.median(samples) for samples in cpu_ms.values())
-    print(f"  ratio engine / stdlib: {engine / stdlib:.1f}x")
+async def scenario(args: Any) -> None:
+    files = 5 if args.quick else args.files
+    rounds = args.rounds or (2 if args.quick else 5)
+    cpu_ms = await _measure(files, rounds)
+    results: dict[str, Any] = {name: harness.spread(samples) for name, samples in cpu_ms.items()}
+    ratios = [
+        engine / stdlib for engine, stdlib in zip(cpu_ms["engine"], cpu_ms["stdlib"], strict=True)
+    ]
+    results["engine/stdlib"] = harness.spread(ratios)
+    rows = [
+        [name, f"{found['median']:.2f}", f"{found['min']:.2f}-{found['max']:.2f}"]
+        for name, found in results.items()
+    ]
+    harness.table(
+        f"CPU ms per write, {files} files x {rounds} rounds (load {harness.load()[0]})",
+        ["way (ratio: per round)", "median", "spread"],
+        rows,
+    )
+    harness.save(args, results)
 
 
 if __name__ == "__main__":
-    main()
+    harness.run(scenario, files=40)

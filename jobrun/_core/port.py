@@ -19,6 +19,7 @@ from jobrun._core.leases.proof_of_death import OrphanScans
 from jobrun._core.limits.buckets import LimitUsage
 from jobrun._core.model.queue_safety import DEFAULT_MAX_PAYLOAD_BYTES
 from jobrun._core.model.records import (
+    BootInstant,
     BootLease,
     ClaimRequest,
     HealthCounts,
@@ -323,23 +324,42 @@ class JobRunStore(Protocol):
         ...
 
     async def acquire_slot(
-        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+        self,
+        key: str,
+        most: int,
+        run_id: str,
+        step: str,
+        token: str,
+        now_at: str,
+        boot: BootInstant | None = None,
     ) -> bool:
         """Take a slot of concurrency key ``key`` for step ``step`` of run ``run_id``
         under lease ``token`` if fewer than ``most`` slots of ``key`` count now;
         whether it was taken.
 
         A slot counts while its token is still its run's lease and that lease has
-        not expired by ``now_at`` (:func:`jobrun._core.model.predicates.slot_counts`): a
-        holder that died, lost its lease or ended its pass frees its slots with no
-        write. The count and the insert are one atomic decision across
+        not expired by ``now_at``, or is still held on ``boot``'s clock
+        (:func:`jobrun._core.model.predicates.slot_counts`): a holder that died,
+        lost its lease or ended its pass frees its slots with no write. ``now_at``
+        is judged as a claim judges expiries (a wall-clock step frees no slot); on
+        Postgres, when the taker's lease was written on the database's clock, that
+        clock judges instead. The count and the insert are one atomic decision across
         connections, processes and hosts. None is taken while ``key`` is paused
         (:meth:`limit_paused` tells that refusal from a full limit's)."""
         ...
 
-    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
+    async def release_slot(
+        self,
+        key: str,
+        run_id: str,
+        step: str,
+        token: str,
+        now_at: str,
+        boot: BootInstant | None = None,
+    ) -> None:
         """Let go of the slot :meth:`acquire_slot` took; slots of ``key`` that no
-        longer count by ``now_at`` are deleted on the way (nothing else cleans them)."""
+        longer count by ``now_at`` (and ``boot``, as there) are deleted on the way
+        (nothing else cleans them)."""
         ...
 
 

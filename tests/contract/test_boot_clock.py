@@ -110,6 +110,30 @@ async def test_a_lease_held_on_the_boot_clock_counts_against_its_jobs_limit(stor
 
 
 @ALL
+async def test_a_slot_whose_lease_is_held_on_the_boot_clock_still_counts(store: Any) -> None:
+    # A concurrency slot counts while its run's lease holds: after a forward wall-clock
+    # step the lease's wall expiry only looks past, and the slot must not look free.
+    clock = FakeClock()
+    first, at = await _leased(store, clock)
+    assert await store.acquire_slot("tenant", 1, first, "s", "HOLDER", at, BootInstant("b", 1000))
+    stepped = add_milliseconds(at, 90_000)
+    second = await start_id(store, clock, module_id=KEY[0], job=KEY[1], instance="second")
+    taken = await store.acquire_slot(
+        "tenant", 1, second, "s", "OTHER", stepped, BootInstant("b", 2000)
+    )
+    if not _one_host(store):
+        assert taken, "Postgres: judged on the time given (no boot clock there)"
+        return
+    assert not taken, "a slot held on the boot clock looked free"
+    # Letting go of another slot of the key cleans stale rows: not this one.
+    await store.release_slot("tenant", second, "s", "OTHER", stepped, BootInstant("b", 2000))
+    assert (await store.limit_usage(at)).slots == {"tenant": 1}
+    # Its boot expiry reached too: the slot is free.
+    after = BootInstant("b", 1000 + LEASE)
+    assert await store.acquire_slot("tenant", 1, second, "s", "OTHER", stepped, after)
+
+
+@ALL
 async def test_a_lease_of_another_boot_falls_back_to_the_wall_clock(store: Any) -> None:
     run_id, at = await _leased(store, FakeClock())
     # A reboot: every holder of boot "b" is dead, and the wall rule judges.

@@ -239,3 +239,94 @@ async def test_a_lease_handed_on_after_a_backward_step_stays_live_for_a_driver_n
     assert thefts == [False], "a driver not stepped took the lease handed on"
     assert report.completed == 1
     assert (await row_of(store, run_id)).status == "done"
+
+
+@ON_POSTGRES
+async def test_a_slot_is_judged_on_the_database_clock_on_postgres(store: Any) -> None:
+    # Drivers on real time hold leases on the database's clock; a taker whose own
+    # clock is 90 s ahead must not see the holder's slot as free.
+    clock = RealTimeFakeClock()
+    now_at = format_instant(clock.now())
+    expires = {(MODULE, JOB): add_milliseconds(now_at, 60_000)}
+    holder = await start_id(store, clock, module_id=MODULE, job=JOB, instance="holder")
+    taker = await start_id(store, clock, module_id=MODULE, job=JOB, instance="taker")
+    for token, run_id, other in (("HOLDER", holder, taker), ("TAKER", taker, holder)):
+        request = ClaimRequest(
+            now_at, token, "me", expires, skip_ids=frozenset({other}), database_clock=True
+        )
+        claimed = await store.claim(request)
+        assert claimed is not None
+        assert claimed.row.id == run_id
+    assert await store.acquire_slot("tenant", 1, holder, "s", "HOLDER", now_at)
+    ahead_at = add_milliseconds(now_at, 90_000)
+    assert not await store.acquire_slot("tenant", 1, taker, "s", "TAKER", ahead_at)
+    await store.release_slot("tenant", holder, "s", "HOLDER", now_at)
+    assert await store.acquire_slot("tenant", 1, taker, "s", "TAKER", ahead_at)
+
+
+@ONE_HOST
+async def test_a_forward_step_frees_no_concurrency_slot_of_a_running_body(store: Any) -> None:
+    # Two runs share a concurrency key of one. The first's body holds the slot; the
+    # whole host's clock steps 90 s ahead; the second run's step, tried before the
+    # holder renews again (its lease's wall expiry then only looks past), must wait.
+    clock = FakeClock()
+    _count_renewals(store)
+    running: list[str] = []
+    overlaps = 0
+    release = asyncio.Event()
+    started = asyncio.Event()
+    tried: asyncio.Queue[bool] = asyncio.Queue()
+    acquire_slot = store.acquire_slot
+
+    async def noted(*args: Any) -> bool:
+        taken = bool(await acquire_slot(*args))
+        tried.put_nowait(taken)
+        return taken
+
+    store.acquire_slot = noted
+
+    async def body(p: jobrun.JobPass) -> str:
+        nonlocal overlaps
+        overlaps += bool(running)
+        running.append(p.run.instance)
+        started.set()
+        try:
+            if p.run.instance == "first":
+                await release.wait()
+            return p.run.instance
+        finally:
+            running.remove(p.run.instance)
+
+    registry = jobrun.JobRegistry()
+    registry.concurrency_limit("tenant", 1)
+
+    @registry.job(MODULE, JOB, lease_ms=LEASE_MS)
+    async def walk(p: jobrun.JobPass) -> jobrun.PassResult:
+        await p.step("call", lambda: body(p), concurrency_limit="tenant")
+        return jobrun.PassResult(done=True)
+
+    await start_id(store, clock, module_id=MODULE, job=JOB, instance="first")
+    holding = asyncio.create_task(
+        jobrun.run_due_jobs(store, registry, clock=clock, driver_name="holder", limit=1)
+    )
+    async with asyncio.timeout(30):  # bounds a hang only
+        await started.wait()
+        assert await tried.get(), "the first body took the slot"
+    await start_id(store, clock, module_id=MODULE, job=JOB, instance="second")
+    # A renewal sees the clock before the step (the watch learns its basis).
+    await _advance(clock, LEASE_MS / 4000 + 0.1, store)
+    clock.step_wall(seconds=90)
+    second = asyncio.create_task(
+        jobrun.run_due_jobs(store, registry, clock=clock, driver_name="second", limit=1)
+    )
+    async with asyncio.timeout(30):  # bounds a hang only
+        assert not await tried.get(), "a stepped clock freed the running body's slot"
+    # Past several renewals of the holder and polls of the waiting slot.
+    await _advance(clock, LEASE_MS / 1000, store)
+    assert overlaps == 0
+    assert running == ["first"]
+    release.set()
+    async with asyncio.timeout(30):  # bounds a hang only
+        reports = [await holding, await second]
+    assert [report.completed for report in reports] == [1, 1]
+    assert overlaps == 0

@@ -207,6 +207,13 @@ def test_starts(tmp_path: Path) -> None:
         assert results[f"sqlite/{variant}"]["median"] > 0
 
 
+def test_registration_write(tmp_path: Path) -> None:
+    results = run_quick("registration_write", tmp_path)
+    assert results["engine"]["median"] > 0
+    assert results["stdlib"]["median"] > 0
+    assert results["engine/stdlib"]["median"] > 0
+
+
 @pytest.mark.postgres
 def test_drain(tmp_path: Path) -> None:
     """jobrun's worker processes drain a batch (PgQueuer and Procrastinate beside it where

@@ -39,8 +39,10 @@ from jobrun._core.leases.renewal import LeaseKeeper
 from jobrun._core.limits.buckets import stale_after_s, too_long_a_wait
 from jobrun._core.limits.declarations import LimitDeclarations, RateLimit, StepLimits
 from jobrun._core.model.formats import format_instant
+from jobrun._core.model.records import BootInstant
 from jobrun._core.port import JobRunStore
 from jobrun._core.time.clock import Clock, Deadline
+from jobrun._core.time.wall_steps import boot_instant, lease_instants
 from jobrun.errors import LeaseLostError, RetryAfter, StoreError
 
 FIRST_POLL_S = 0.05
@@ -89,8 +91,9 @@ class HeldSlot:
         """Let go of the slot (once), and wake this process's waiters for its key."""
         gate = self._gate
         try:
+            now_at, boot = gate.slot_instant()
             await gate.store.release_slot(
-                self.key, gate.run_id, self.step, self.token, gate.now_at()
+                self.key, gate.run_id, self.step, self.token, now_at, boot
             )
         except StoreError:
             # Not lost: the slot stops counting when this pass's lease ends.
@@ -118,8 +121,11 @@ class LimitGate:
         # Set by the handler call: the pass budget a token wait moves on.
         self.budget: Deadline | None = None
 
-    def now_at(self) -> str:
-        return format_instant(self.clock.now())
+    def slot_instant(self) -> tuple[str, BootInstant | None]:
+        """The instant a slot's lease is judged at, as a claim judges a lease (a
+        wall-clock step frees no slot), and the boot clock's reading."""
+        judged, _written = lease_instants(self.clock)
+        return format_instant(judged), boot_instant(self.clock)
 
     def resolve(self, step: str, rate_key: object, concurrency_key: object) -> StepLimits:
         """The declared limits a step names (a mistake, raised at once, if undeclared)."""
@@ -207,7 +213,8 @@ class LimitGate:
         token = self.keeper.lease.token
         wakeups = self.declarations.wakeups
         while True:
-            if await self.store.acquire_slot(key, most, self.run_id, step, token, self.now_at()):
+            now_at, boot = self.slot_instant()
+            if await self.store.acquire_slot(key, most, self.run_id, step, token, now_at, boot):
                 return HeldSlot(self, key, step, token)
             if self.keeper.fenced():
                 raise LeaseLostError(self.run_id)

@@ -113,10 +113,16 @@ def boot_held(row: RunRow, boot: BootInstant | None) -> bool:
     )
 
 
-def slot_counts(row: RunRow | None, token: str, now_at: str) -> bool:
+def slot_counts(
+    row: RunRow | None, token: str, now_at: str, boot: BootInstant | None = None
+) -> bool:
     """A concurrency slot taken under lease ``token`` of run ``row`` counts: the token
-    is still the run's lease and that lease has not expired by ``now_at``."""
-    return row is not None and is_leased(row, now_at) and row.lease_owner == token
+    is still the run's lease and that lease has not expired by ``now_at``, or is
+    still held on ``boot``'s clock (:func:`boot_held`: a forward wall-clock step
+    frees no slot of a pass still running)."""
+    if row is None or row.lease_owner != token:
+        return False
+    return is_leased(row, now_at) or (is_live(row) and boot_held(row, boot))
 
 
 def is_stranded(row: RunRow, now_at: str) -> bool:

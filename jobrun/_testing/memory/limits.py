@@ -11,6 +11,7 @@ from typing import Any
 
 from jobrun._core import (
     MILLI,
+    BootInstant,
     LimitUsage,
     bucket_cap_milli,
     bucket_state,
@@ -68,23 +69,40 @@ class MemoryLimits(MemoryStoreBase):
             return None, None
         return format_instant(found[0]), found[1]
 
-    def _counting(self, key: str, now_at: str) -> builtins.list[tuple[str, str, str, str]]:
+    def _counting(
+        self, key: str, now_at: str, boot: BootInstant | None = None
+    ) -> builtins.list[tuple[str, str, str, str]]:
         return [
             slot
             for slot in self.slots
-            if slot[0] == key and slot_counts(self.runs.get(slot[1]), slot[3], now_at)
+            if slot[0] == key and slot_counts(self.runs.get(slot[1]), slot[3], now_at, boot)
         ]
 
     async def acquire_slot(
-        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+        self,
+        key: str,
+        most: int,
+        run_id: str,
+        step: str,
+        token: str,
+        now_at: str,
+        boot: BootInstant | None = None,
     ) -> bool:
-        if key in self.limit_pauses or len(self._counting(key, now_at)) >= most:
+        if key in self.limit_pauses or len(self._counting(key, now_at, boot)) >= most:
             return False
         self.slots.add((key, run_id, step, token))
         return True
 
-    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
-        counting = set(self._counting(key, now_at))
+    async def release_slot(
+        self,
+        key: str,
+        run_id: str,
+        step: str,
+        token: str,
+        now_at: str,
+        boot: BootInstant | None = None,
+    ) -> None:
+        counting = set(self._counting(key, now_at, boot))
         self.slots = {
             slot
             for slot in self.slots

@@ -32,7 +32,12 @@ from sqlalchemy import (
 )
 
 from jobrun.sql.schema import concurrency_slots, job_runs, rate_buckets
-from jobrun.sql.statements.clock import database_later, database_now, ms_between
+from jobrun.sql.statements.clock import (
+    database_later,
+    database_now,
+    ms_between,
+    on_database_clock,
+)
 from jobrun.sql.statements.compiled import dialect_insert
 from jobrun.sql.statements.rules import slot_counts
 
@@ -149,25 +154,33 @@ def cool_limit_statement(is_postgres: bool) -> Any:
     )
 
 
-def _slots_counting(key: Any) -> Any:
+def _slots_counting(key: Any, booted: bool) -> Any:
     """How many slots of concurrency key ``key`` count at ``now_at``."""
     held = concurrency_slots.alias("held")
     runs = job_runs.alias("holder")
+    counts = slot_counts(bindparam("now_at", type_=Text), held.c, runs.c, booted)
     return (
         select(func.count())
         .select_from(held.join(runs, runs.c.id == held.c.run_id))
-        .where(
-            held.c.limit_key == key, slot_counts(bindparam("now_at", type_=Text), held.c, runs.c)
-        )
+        .where(held.c.limit_key == key, counts)
         .scalar_subquery()
     )
 
 
-def acquire_slot_statement(is_postgres: bool) -> Any:
+def acquire_slot_statement(
+    is_postgres: bool, booted: bool = False, database_clock: bool = False
+) -> Any:
     """Insert slot ``slot_*`` while fewer than ``slot_most`` slots of ``slot_key`` count
     at ``now_at``; returns a row when it did. On Postgres it runs after the key's
     advisory lock (``limit_locks``) in the same transaction, so concurrent takers
-    count one after the other; SQLite runs one writer at a time."""
+    count one after the other; SQLite runs one writer at a time. ``booted``: slots
+    whose lease is held on the taker's boot clock (``boot_id``, ``boot_ms``) count
+    too; ``database_clock`` (Postgres): ``now_at`` is the database's clock."""
+    statement = _acquire_slot(is_postgres, booted)
+    return on_database_clock(statement) if database_clock else statement
+
+
+def _acquire_slot(is_postgres: bool, booted: bool) -> Any:
     from jobrun.sql.statements.pauses import limit_is_paused
 
     slots = concurrency_slots.c
@@ -180,7 +193,7 @@ def acquire_slot_statement(is_postgres: bool) -> Any:
         bindparam("slot_run_id", type_=Text),
         bindparam("now_at", type_=Text),
     ).where(
-        _slots_counting(key) < bindparam("slot_most", type_=Integer),
+        _slots_counting(key, booted) < bindparam("slot_most", type_=Integer),
         # Revision 0009: none while the key is paused (limit_paused tells why).
         not_(limit_is_paused(key)),
     )
@@ -192,22 +205,21 @@ def acquire_slot_statement(is_postgres: bool) -> Any:
     ).returning(slots.limit_key)
 
 
-def release_slot_statement() -> Any:
+def release_slot_statement(booted: bool = False, database_clock: bool = False) -> Any:
     """Delete slot ``slot_*``, and every slot of ``slot_key`` that no longer counts at
-    ``now_at`` (stale rows are cleaned here, lazily, and nowhere else)."""
+    ``now_at`` (stale rows are cleaned here, lazily, and nowhere else); ``booted`` and
+    ``database_clock`` as for :func:`acquire_slot_statement`."""
     slots = concurrency_slots.c
     runs = job_runs.alias("holder")
+    counts = slot_counts(bindparam("now_at", type_=Text), slots, runs.c, booted)
     still_counts = exists(
-        select(literal(1))
-        .select_from(runs)
-        .where(
-            runs.c.id == slots.run_id, slot_counts(bindparam("now_at", type_=Text), slots, runs.c)
-        )
+        select(literal(1)).select_from(runs).where(runs.c.id == slots.run_id, counts)
     )
     mine = and_(slots.lease_token == bindparam("slot_token"), slots.step == bindparam("slot_step"))
-    return delete(concurrency_slots).where(
+    statement = delete(concurrency_slots).where(
         slots.limit_key == bindparam("slot_key"), or_(mine, not_(still_counts))
     )
+    return on_database_clock(statement) if database_clock else statement
 
 
 def buckets_statement(is_postgres: bool) -> Any:

@@ -136,10 +136,14 @@ def boot_held(runs: Any = _RUNS) -> Any:
     )
 
 
-def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS) -> Any:
+def slot_counts(now_at: Any, slots: Any, runs: Any = _RUNS, booted: bool = False) -> Any:
     """Twin of :func:`jobrun._core.model.predicates.slot_counts`, for the slot row ``slots``
-    and its run ``runs``."""
-    return and_(is_leased(now_at, runs), runs.lease_owner == slots.lease_token)
+    and its run ``runs``; ``booted``: with the claimer's boot clock (``boot_id``,
+    ``boot_ms``), else none."""
+    held = is_leased(now_at, runs)
+    if booted:
+        held = or_(held, and_(is_live(runs), boot_held(runs)))
+    return and_(held, runs.lease_owner == slots.lease_token)
 
 
 def live_run_of() -> Any:

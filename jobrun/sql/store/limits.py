@@ -17,7 +17,14 @@ import hashlib
 import json
 import math
 
-from jobrun._core import MILLI, LimitUsage, bucket_cap_milli, bucket_state, wait_for_token_s
+from jobrun._core import (
+    MILLI,
+    BootInstant,
+    LimitUsage,
+    bucket_cap_milli,
+    bucket_state,
+    wait_for_token_s,
+)
 from jobrun.sql.statements.limits import (
     acquire_slot_statement,
     buckets_statement,
@@ -68,9 +75,16 @@ class SqlLimits(SqlStoreBase):
             await self._executor.fetch("give_back_token", statement, values)
 
     async def acquire_slot(
-        self, key: str, most: int, run_id: str, step: str, token: str, now_at: str
+        self,
+        key: str,
+        most: int,
+        run_id: str,
+        step: str,
+        token: str,
+        now_at: str,
+        boot: BootInstant | None = None,
     ) -> bool:
-        values = {
+        values: dict[str, object] = {
             "slot_key": key,
             "slot_most": most,
             "slot_run_id": run_id,
@@ -78,7 +92,8 @@ class SqlLimits(SqlStoreBase):
             "slot_token": token,
             "now_at": now_at,
         }
-        statement = self._shapes.of(acquire_slot_statement, self._is_postgres)
+        shape = self._slot_clock(token, boot, values)
+        statement = self._shapes.of(acquire_slot_statement, self._is_postgres, *shape)
         async with self._operation("acquire_slot"):
             if not self._is_postgres:
                 return bool(await self._executor.fetch("acquire_slot", statement, values))
@@ -87,12 +102,39 @@ class SqlLimits(SqlStoreBase):
                 await transaction.fetch(lock, {"lock_0": slot_lock_key(self._schema, key)})
                 return bool(await transaction.fetch(statement, values))
 
-    async def release_slot(self, key: str, run_id: str, step: str, token: str, now_at: str) -> None:
-        values = {"slot_key": key, "slot_step": step, "slot_token": token, "now_at": now_at}
+    async def release_slot(
+        self,
+        key: str,
+        run_id: str,
+        step: str,
+        token: str,
+        now_at: str,
+        boot: BootInstant | None = None,
+    ) -> None:
+        values: dict[str, object] = {
+            "slot_key": key,
+            "slot_step": step,
+            "slot_token": token,
+            "now_at": now_at,
+        }
         del run_id  # the token and step name the row; the run is its lease's
-        statement = self._shapes.of(release_slot_statement)
+        statement = self._shapes.of(release_slot_statement, *self._slot_clock(token, boot, values))
         async with self._operation("release_slot"):
             await self._executor.fetch("release_slot", statement, values)
+
+    def _slot_clock(
+        self, token: str, boot: BootInstant | None, values: dict[str, object]
+    ) -> tuple[bool, bool]:
+        """How a slot's lease is judged: (on the boot clock too, on the database's
+        clock). Postgres: on its own clock when the taker's lease was written there
+        (a driver on real time), as its renewals are; SQLite: with the taker's boot
+        clock, its parameters added to ``values``."""
+        if self._is_postgres:
+            return False, token in self._database_clock_leases
+        if boot is None:
+            return False, False
+        values |= {"boot_id": boot.boot_id, "boot_ms": boot.ms}
+        return True, False
 
     async def cool_limit(
         self, key: str, per_second: float, burst: int, seconds: float, reason: str
