@@ -18,7 +18,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .databases import SQLITE_PRAGMAS, Databases, driver_dsn, plain_url, server_execute
+from .databases import (
+    SQLITE_PRAGMAS,
+    Databases,
+    driver_dsn,
+    migrated_sqlite_files,
+    plain_url,
+    server_execute,
+)
 from .options import DEFAULT_POSTGRES, REPO, backends, child_environment, options
 from .passes import drive_one, step_runner, timed_pass, trivial_steps
 from .report import load, machine, save, shown, table
@@ -50,6 +57,7 @@ __all__ = [
     "load",
     "machine",
     "main",
+    "migrated_sqlite_files",
     "options",
     "plain_url",
     "profiled",

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -59,17 +58,8 @@ from jobrun._host.system import local_identity
 
 
 async def sqlite_urls(directory: Path, count: int) -> list[str]:
-    template = directory / "template.db"
-    engine = create_async_engine(f"sqlite+aiosqlite:///{template}", poolclass=NullPool)
-    await jobrun.upgrade(engine)
-    await engine.dispose()
-    urls = []
-    for number in range(count):
-        path = directory / f"scope-{number:05d}.db"
-        shutil.copyfile(template, path)
-        urls.append(f"sqlite+aiosqlite:///{path}")
-    template.unlink()
-    return urls
+    paths = await harness.migrated_sqlite_files(directory, count)
+    return [f"sqlite+aiosqlite:///{path}" for path in paths]
 
 
 async def postgres_urls(databases: harness.Databases, count: int) -> list[str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,44 +46,29 @@ async def _through_file(path: Path, row: WorkerRow) -> None:
     await asyncio.to_thread(sqlite_beat_worker, path, row, None)
 
 
-async def _files(folder: Path, count: int) -> list[Path]:
-    paths = []
-    for index in range(count):
-        path = folder / f"scope-{index}.db"
-        engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
-        await jobrun.upgrade(engine)
-        await engine.dispose()
-        paths.append(path)
-    return paths
-
-
-async def _measure(files: int, rounds: int) -> dict[str, list[float]]:
-    with tempfile.TemporaryDirectory(prefix="jobrun-bench-registration-") as folder:
-        paths = await _files(Path(folder), files)
-        blank = WorkerRow("bench", "bench", "host", os.getpid(), "[]", "", "", "")
-        row = beat_row(blank, datetime.now(UTC), 10.0)
-        ways = {"engine": _through_engine, "stdlib": _through_file}
-        cpu_ms: dict[str, list[float]] = {name: [] for name in ways}
-        for number in range(rounds):
-            # Rotated each round, so a noisy neighbour falls on both alike.
-            order = list(ways) if number % 2 == 0 else list(reversed(ways))
-            for name in order:
-                began = time.process_time()
-                for path in paths:
-                    await ways[name](path, row)
-                cpu_ms[name].append((time.process_time() - began) / len(paths) * 1000)
-        return cpu_ms
+async def _measure(paths: list[Path], rounds: int) -> dict[str, list[float]]:
+    blank = WorkerRow("bench", "bench", "host", os.getpid(), "[]", "", "", "")
+    row = beat_row(blank, datetime.now(UTC), 10.0)
+    ways = {"engine": _through_engine, "stdlib": _through_file}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in ways}
+    for number in range(rounds):
+        # Rotated each round, so a noisy neighbour falls on both alike.
+        order = list(ways) if number % 2 == 0 else list(reversed(ways))
+        for name in order:
+            began = time.process_time()
+            for path in paths:
+                await ways[name](path, row)
+            cpu_ms[name].append((time.process_time() - began) / len(paths) * 1000)
+    return cpu_ms
 
 
 async def scenario(args: Any) -> None:
     files = 5 if args.quick else args.files
     rounds = args.rounds or (2 if args.quick else 5)
-    cpu_ms = await _measure(files, rounds)
+    paths = await harness.migrated_sqlite_files(args.databases.folder, files)
+    cpu_ms = await _measure(paths, rounds)
     results: dict[str, Any] = {name: harness.spread(samples) for name, samples in cpu_ms.items()}
-    ratios = [
-        engine / stdlib for engine, stdlib in zip(cpu_ms["engine"], cpu_ms["stdlib"], strict=True)
-    ]
-    results["engine/stdlib"] = harness.spread(ratios)
+    results["engine/stdlib"] = harness.round_ratios(cpu_ms["engine"], cpu_ms["stdlib"])
     rows = [
         [name, f"{found['median']:.2f}", f"{found['min']:.2f}-{found['max']:.2f}"]
         for name, found in results.items()

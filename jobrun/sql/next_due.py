@@ -31,6 +31,7 @@ from jobrun._core import BootInstant, HeldLease, WorkerRow
 from jobrun.sql.executor import Compiler, Prepared
 from jobrun.sql.statements.operator import (
     beat_worker_statement,
+    beat_worker_values,
     forget_worker_statement,
     sweep_workers_statement,
 )
@@ -84,8 +85,7 @@ def sqlite_beat_worker(path: Path, row: WorkerRow, sweep_at: str | None) -> None
     """``beat_worker`` on the SQLite file ``path``, committed (blocking: call it from a
     thread): the worker's row written, and with ``sweep_at`` gone workers' rows deleted."""
     beat, sweep, _forget = _sqlite_worker_statements()
-    values = {f"worker_{name}": getattr(row, name) for name in WorkerRow.__dataclass_fields__}
-    writes: list[tuple[Prepared, Mapping[str, Any]]] = [(beat, values)]
+    writes: list[tuple[Prepared, Mapping[str, Any]]] = [(beat, beat_worker_values(row))]
     if sweep_at is not None:
         writes.append((sweep, {"now_at": sweep_at}))
     _sqlite_write(path, writes)

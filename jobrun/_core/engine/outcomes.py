@@ -138,8 +138,28 @@ async def commit(
         boot=boot,
     )
     committed = patched(row, patch)
+    applied = await _sent_commit(store, row, lease, patch, committed, successor)
+    if not applied:
+        return PassOutcome("superseded")
+    if applied == WRITTEN_PAUSED and successor is not None:
+        # Paused while the pass ran: no next pass; the lease it was handed goes back
+        # (and that write parks the run until its unpause).
+        await hand_back(store, committed, successor)
+        return PassOutcome("advanced")
+    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
+
+
+async def _sent_commit(
+    store: JobRunStore,
+    row: RunRow,
+    lease: Lease,
+    patch: RunPatch,
+    committed: RunRow,
+    successor: Lease | None,
+) -> int:
+    """The commit's write, fenced on ``lease``; what the store answered."""
     try:
-        applied = await store.commit_pass(row.id, patch, lease.token)
+        return await store.commit_pass(row.id, patch, lease.token)
     except BaseException:
         if successor is not None:
             # Interrupted unanswered, the commit may still reach the database later
@@ -150,14 +170,6 @@ async def commit(
             # lands between the two.
             await hand_back(store, row, lease, (committed, successor))
         raise
-    if not applied:
-        return PassOutcome("superseded")
-    if applied == WRITTEN_PAUSED and successor is not None:
-        # Paused while the pass ran: no next pass; the lease it was handed goes back
-        # (and that write parks the run until its unpause).
-        await hand_back(store, committed, successor)
-        return PassOutcome("advanced")
-    return PassOutcome("completed" if done else "advanced", row=committed, leased_at_s=leased_at_s)
 
 
 def _stored_result(

@@ -186,6 +186,11 @@ def beat_worker_statement(is_postgres: bool) -> Any:
     )
 
 
+def beat_worker_values(row: WorkerRow) -> dict[str, Any]:
+    """The parameters of :func:`beat_worker_statement` for ``row``."""
+    return {f"worker_{name}": getattr(row, name) for name in WORKER_COLUMNS}
+
+
 def forget_worker_statement() -> Any:
     """Delete the row of the worker ``worker_id`` (it stopped)."""
     return delete(job_workers).where(job_workers.c.id == bindparam("worker_id"))

@@ -19,6 +19,7 @@ from jobrun.errors import JobConflictError, StoreError
 from jobrun.sql.statements.operator import (
     OperatorStatements,
     beat_worker_statement,
+    beat_worker_values,
     change_statement,
     forget_retention_statement,
     forget_worker_statement,
@@ -30,8 +31,6 @@ from jobrun.sql.statements.operator import (
     sweep_workers_statement,
 )
 from jobrun.sql.store.base import SqlStoreBase, numbered, pairs
-
-WORKER_FIELDS = tuple(WorkerRow.__dataclass_fields__)
 
 
 class SqlOperator(SqlStoreBase):
@@ -166,7 +165,7 @@ class SqlOperator(SqlStoreBase):
     async def beat_worker(self, row: WorkerRow, sweep_at: str | None = None) -> None:
         # One statement; with ``sweep_at``, a second deletes the rows of workers gone by then.
         beat = self._shapes.of(beat_worker_statement, self._is_postgres)
-        values = {f"worker_{name}": getattr(row, name) for name in WORKER_FIELDS}
+        values = beat_worker_values(row)
         async with self._operation("beat_worker"):
             await self._executor.fetch("beat_worker", beat, values)
             if sweep_at is not None:
