@@ -264,12 +264,19 @@ async def test_a_slot_is_judged_on_the_database_clock_on_postgres(store: Any) ->
     assert await store.acquire_slot("tenant", 1, taker, "s", "TAKER", ahead_at)
 
 
-@ONE_HOST
-async def test_a_forward_step_frees_no_concurrency_slot_of_a_running_body(store: Any) -> None:
-    # Two runs share a concurrency key of one. The first's body holds the slot; the
-    # whole host's clock steps 90 s ahead; the second run's step, tried before the
-    # holder renews again (its lease's wall expiry then only looks past), must wait.
-    clock = FakeClock()
+@pytest.mark.parametrize(
+    "backend", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_forward_step_frees_no_concurrency_slot_of_a_running_body(
+    store: Any, backend: str
+) -> None:
+    # Two runs share a concurrency key of one. The first's body holds the slot; a clock
+    # steps 90 s ahead (memory, SQLite: the whole host's; Postgres: the second driver's
+    # alone, drivers on real time); the second run's step, tried before the holder
+    # renews again (its lease's wall expiry then only looks past), must wait.
+    one_host = backend != "postgres"
+    clock = FakeClock() if one_host else RealTimeFakeClock()
+    taker_clock = clock if one_host else RealTimeFakeClock()
     _count_renewals(store)
     running: list[str] = []
     overlaps = 0
@@ -312,12 +319,16 @@ async def test_a_forward_step_frees_no_concurrency_slot_of_a_running_body(store:
     async with asyncio.timeout(30):  # bounds a hang only
         await started.wait()
         assert await tried.get(), "the first body took the slot"
+    if not one_host:
+        # The second driver reads its offset to the database's clock before its step.
+        idle = await jobrun.run_due_jobs(store, registry, clock=taker_clock, driver_name="second")
+        assert idle.attempted == 0
     await start_id(store, clock, module_id=MODULE, job=JOB, instance="second")
     # A renewal sees the clock before the step (the watch learns its basis).
     await _advance(clock, LEASE_MS / 4000 + 0.1, store)
-    clock.step_wall(seconds=90)
+    taker_clock.step_wall(seconds=90)
     second = asyncio.create_task(
-        jobrun.run_due_jobs(store, registry, clock=clock, driver_name="second", limit=1)
+        jobrun.run_due_jobs(store, registry, clock=taker_clock, driver_name="second", limit=1)
     )
     async with asyncio.timeout(30):  # bounds a hang only
         assert not await tried.get(), "a stepped clock freed the running body's slot"
