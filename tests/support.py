@@ -543,3 +543,32 @@ def assert_walks_index_in_order(plan: str, index: str) -> None:
     between = lines[limits[-1] : scans[0]]
     assert not any(re.search(r"\bSort\b", line) for line in between), plan
     assert "Seq Scan on _substrat_job_runs" not in plan, plan
+
+
+def stored_index_ddl(connection: Any, tables: Sequence[str]) -> dict[str, str]:
+    """Each index of ``tables`` (primary keys aside) as the database keeps it, in the
+    spelling SQLAlchemy compiles the metadata's: SQLite's ``sqlite_master`` keeps the
+    statement's text; Postgres's ``pg_indexes`` renders the stored definition, with
+    a schema, ``USING btree``, ``::text`` casts, brackets round the predicate and
+    each of its terms, and upper-case function names, taken off here."""
+    if connection.dialect.name == "sqlite":
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    else:
+        names = ", ".join(f"'{table}'" for table in sorted(tables))
+        query = (
+            "SELECT indexname, indexdef FROM pg_indexes "
+            f"WHERE tablename IN ({names}) AND right(indexname, 5) <> '_pkey'"
+        )
+    stored = {}
+    for name, ddl in connection.exec_driver_sql(query):
+        ddl = " ".join(ddl.split()).replace(" ON public.", " ON ").replace(" USING btree", "")
+        ddl = re.sub(r" WHERE \((.*)\)$", r" WHERE \1", re.sub(r"::[a-z ]+", "", ddl))
+        ddl = unbracketed_terms(ddl)
+        stored[name] = re.sub(r"\b[A-Z_]+(?=\()", lambda function: function[0].lower(), ddl)
+    return stored
+
+
+def unbracketed_terms(predicate: str) -> str:
+    """A predicate of several terms as the metadata spells it: Postgres stores
+    ``(a = 'x') AND (b IS NOT NULL)`` for ``a = 'x' AND b IS NOT NULL``."""
+    return re.sub(r"\((\w+ (?:= '[^']*'|IS (?:NOT )?NULL))\)", r"\1", predicate)

@@ -56,8 +56,9 @@ async def test_0010_adds_the_boot_clock_columns_and_its_downgrade_drops_them(
     engine = at_0009
     before = await table_rows(engine, RUNS, OLD_COLUMNS)
     assert set(COLUMNS_0010).isdisjoint(await column_names(engine, RUNS))
+    # To the head: the new code needs it (0011 only remakes two indexes).
     await jobrun.upgrade(engine)
-    assert await revision_of(engine) == SCHEMA_REVISION == "0010"
+    assert await revision_of(engine) == SCHEMA_REVISION
     assert await table_rows(engine, RUNS, OLD_COLUMNS) == before
     assert await table_rows(engine, RUNS, ", ".join(COLUMNS_0010)) == [(None, None)] * 3
     async with engine.connect() as connection:

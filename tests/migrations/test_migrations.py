@@ -39,7 +39,7 @@ from jobrun.sql.upgrades.migrate import (
     head_revision,
     migrations_directory,
 )
-from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic
+from tests.support import REPO, SQL_BACKENDS, revision_of, run_alembic, stored_index_ddl
 
 JOBRUN_TABLES = {
     "_substrat_job_runs",
@@ -98,29 +98,6 @@ def _jobrun_tables_only(
     return type_ != "table" or name in JOBRUN_TABLES
 
 
-def _stored_index_ddl(connection: Connection) -> dict[str, str]:
-    """Each jobrun index's CREATE INDEX as the database keeps it, in the metadata's spelling.
-
-    SQLite's ``sqlite_master`` keeps the statement's text; Postgres's ``pg_indexes``
-    renders the definition it stored, with a schema, ``USING btree``, ``::text``
-    casts, brackets round the predicate and upper-case function names.
-    """
-    if connection.dialect.name == "sqlite":
-        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
-    else:
-        tables = ", ".join(f"'{table}'" for table in sorted(JOBRUN_TABLES))
-        query = (
-            "SELECT indexname, indexdef FROM pg_indexes "
-            f"WHERE tablename IN ({tables}) AND right(indexname, 5) <> '_pkey'"
-        )
-    stored = {}
-    for name, ddl in connection.exec_driver_sql(query):
-        ddl = " ".join(ddl.split()).replace(" ON public.", " ON ").replace(" USING btree", "")
-        ddl = re.sub(r" WHERE \((.*)\)$", r" WHERE \1", re.sub(r"::[a-z ]+", "", ddl))
-        stored[name] = re.sub(r"\b[A-Z_]+(?=\()", lambda function: function[0].lower(), ddl)
-    return stored
-
-
 def _index_ddl(target: MetaData, dialect: Dialect) -> dict[str, str]:
     return {
         str(index.name): " ".join(str(CreateIndex(index).compile(dialect=dialect)).split())
@@ -153,7 +130,7 @@ async def _diff(engine: AsyncEngine, target: MetaData = metadata) -> list[Any]:
             },
         )
         found = list(compare_metadata(context, target))
-        stored = _stored_index_ddl(connection)
+        stored = stored_index_ddl(connection, JOBRUN_TABLES)
         expected = _index_ddl(target, connection.dialect)
         found.extend(
             ("index_ddl", name, stored.get(name), expected.get(name))
@@ -405,10 +382,11 @@ def test_offline_sql_is_the_metadatas_ddl(
     }
     assert indexes == _index_ddl(metadata, dialect)
     assert "WHERE status = 'running'" in indexes["_substrat_job_runs_live_key"]
+    # Revision 0011: the claim's order, per job, live runs only.
     assert (
-        "(status, priority DESC, coalesce(next_attempt_at, started_at), id)"
-        in indexes[DUE_AT_INDEX]
-    )
+        "(substr(module_id, 1), substr(job, 1), priority DESC, coalesce(next_attempt_at, "
+        "started_at), id) WHERE status = 'running'"
+    ) in indexes[DUE_AT_INDEX]
     assert f"CREATE TABLE {VERSION_TABLE}" in script
     # Revision 0006: the compatibility record, created with its row.
     assert f"CREATE TABLE {COMPAT_TABLE}" in script
@@ -440,7 +418,8 @@ async def test_alembic_command_line_with_x_url(blank_url: str, blank: AsyncEngin
     assert "INFO  [alembic.runtime.migration] Running upgrade 0007 -> 0008" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0008 -> 0009" in output
     assert "INFO  [alembic.runtime.migration] Running upgrade 0009 -> 0010" in output
-    assert SCHEMA_REVISION == "0010"  # a new revision adds its line above
+    assert "INFO  [alembic.runtime.migration] Running upgrade 0010 -> 0011" in output
+    assert SCHEMA_REVISION == "0011"  # a new revision adds its line above
     assert await _tables(blank) == JOBRUN_TABLES | {VERSION_TABLE, COMPAT_TABLE}
     assert await revision_of(blank) == SCHEMA_REVISION
     code, output = await _alembic("-x", f"url={blank_url}", "current")

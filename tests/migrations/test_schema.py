@@ -43,6 +43,7 @@ from jobrun.sql.schema import (
     metadata,
     rate_buckets,
 )
+from tests.support import stored_index_ddl, unbracketed_terms
 
 RUNS = "_substrat_job_runs"
 STEPS = "_substrat_job_steps"
@@ -70,6 +71,8 @@ DUE_AT_INDEX = "_substrat_job_runs_claim_order"
 DUE_AT = "coalesce(next_attempt_at, started_at)"
 DUE_ORDER_INDEX = "_substrat_job_runs_due_order"
 BY_AGE_ONLY = "priority IS NOT NULL"
+JOB_KEY = ["substr(module_id, 1)", "substr(job, 1)"]
+LIVE_BY_AGE_ONLY = f"{LIVE} AND {BY_AGE_ONLY}"
 LEASED_INDEX = "_substrat_job_runs_leased"
 LEASED = "lease_owner IS NOT NULL"
 
@@ -119,9 +122,9 @@ EXPECTED: dict[str, Any] = {
         "primary_key": ["id"],
         # (name, key columns or expressions, unique, partial predicate)
         "indexes": [
-            (DUE_AT_INDEX, ["status", "priority DESC", DUE_AT, "id"], False, None),
-            # Revision 0005: the order of the claims that go by age (fair claims).
-            (DUE_ORDER_INDEX, ["status", DUE_AT, "id"], False, BY_AGE_ONLY),
+            # Revision 0011: the claim's orders, per job, live runs only.
+            (DUE_AT_INDEX, [*JOB_KEY, "priority DESC", DUE_AT, "id"], False, LIVE),
+            (DUE_ORDER_INDEX, [*JOB_KEY, DUE_AT, "id"], False, LIVE_BY_AGE_ONLY),
             # Revision 0006: the activity chart's range, the instance prefix's range.
             (
                 "_substrat_job_runs_ended",
@@ -263,7 +266,7 @@ def _sql(value: Any) -> str | None:
     if value is None:
         return None
     found = " ".join(str(getattr(value, "text", value)).split())
-    found = re.sub(r"::[a-z ]+", "", found)
+    found = unbracketed_terms(re.sub(r"::[a-z ]+", "", found))
     while found.startswith("(") and found.endswith(")"):
         found = found[1:-1].strip()
     return found
@@ -475,9 +478,10 @@ def test_both_dialects_compile_the_same_ddl() -> None:
         "(module_id, job, instance) WHERE status = 'running'"
     ) in on_sqlite
     # The claim's order is an expression index, written the same on both engines.
-    claim_order = f"(status, priority DESC, {DUE_AT}, id)"
+    key = ", ".join(JOB_KEY)
+    claim_order = f"({key}, priority DESC, {DUE_AT}, id) WHERE {LIVE}"
     assert f"CREATE INDEX {DUE_AT_INDEX} ON _substrat_job_runs {claim_order}" in on_sqlite
-    due_order = f"(status, {DUE_AT}, id) WHERE {BY_AGE_ONLY}"
+    due_order = f"({key}, {DUE_AT}, id) WHERE {LIVE_BY_AGE_ONLY}"
     assert f"CREATE INDEX {DUE_ORDER_INDEX} ON _substrat_job_runs {due_order}" in on_sqlite
     # The only unique thing on the key is that partial index.
     assert sum("UNIQUE" in statement for statement in on_sqlite) == 1
@@ -509,37 +513,11 @@ async def test_sqlite_and_postgres_reflect_the_same_shape(
             assert {key: reflected[table.name][key] for key in shape} == shape
 
 
-def _catalog_index_ddl(connection: Connection) -> dict[str, str]:
-    """Each jobrun index's CREATE INDEX as the database itself keeps it, in one spelling.
-
-    Not the inspector: SQLite's ``sqlite_master`` keeps the statement's text and
-    Postgres's ``pg_indexes`` renders the stored definition (``public.`` schema,
-    ``USING btree``, ``::text`` casts, parentheses and upper-case function names
-    taken off here).
-    """
-    if connection.dialect.name == "sqlite":
-        rows = connection.exec_driver_sql(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
-        )
-    else:
-        rows = connection.exec_driver_sql(
-            "SELECT indexname, indexdef FROM pg_indexes "
-            f"WHERE tablename IN ('{RUNS}', '{STEPS}') AND right(indexname, 5) <> '_pkey'"
-        )
-    found = {}
-    for name, ddl in rows:
-        ddl = " ".join(ddl.split()).replace("ON public.", "ON ").replace(" USING btree", "")
-        ddl = re.sub(r"::[a-z ]+", "", ddl)
-        ddl = re.sub(r" WHERE \((.*)\)$", r" WHERE \1", ddl)
-        found[name] = _element(ddl)
-    return found
-
-
 @pytest.mark.parametrize("blank_url", BACKENDS, indirect=True)
 async def test_every_index_is_stored_as_the_metadata_writes_it(migrated: AsyncEngine) -> None:
     """Independent of reflection: the catalog's DDL of each index is the metadata's."""
     async with migrated.connect() as connection:
-        stored = await connection.run_sync(_catalog_index_ddl)
+        stored = await connection.run_sync(stored_index_ddl, (RUNS, STEPS))
         dialect = connection.dialect
     expected = {
         str(index.name): " ".join(str(CreateIndex(index).compile(dialect=dialect)).split())
@@ -547,11 +525,12 @@ async def test_every_index_is_stored_as_the_metadata_writes_it(migrated: AsyncEn
         for index in table.indexes
     }
     assert stored == expected
+    key = ", ".join(JOB_KEY)
     assert stored[DUE_AT_INDEX] == (
-        f"CREATE INDEX {DUE_AT_INDEX} ON {RUNS} (status, priority DESC, {DUE_AT}, id)"
+        f"CREATE INDEX {DUE_AT_INDEX} ON {RUNS} ({key}, priority DESC, {DUE_AT}, id) WHERE {LIVE}"
     )
     assert stored[DUE_ORDER_INDEX] == (
-        f"CREATE INDEX {DUE_ORDER_INDEX} ON {RUNS} (status, {DUE_AT}, id) WHERE {BY_AGE_ONLY}"
+        f"CREATE INDEX {DUE_ORDER_INDEX} ON {RUNS} ({key}, {DUE_AT}, id) WHERE {LIVE_BY_AGE_ONLY}"
     )
     assert "_substrat_job_runs_due" not in stored, "revision 0002 replaced the 0001 due index"
     assert "_substrat_job_runs_due_at" not in stored, "revision 0003 replaced the 0002 index"

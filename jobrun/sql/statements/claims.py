@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.elements import Grouping
 
 from jobrun._core import CLAIM_FIELDS, takeover_note_parts
-from jobrun.sql.schema import BY_AGE_ONLY, LEASED_ONLY, job_runs, job_steps
+from jobrun.sql.schema import BY_AGE_ONLY, LEASED_ONLY, claim_key_of, job_runs, job_steps
 from jobrun.sql.statements.clock import moved_to_database_clock, on_database_clock
 from jobrun.sql.statements.rules import (
     boot_held,
@@ -81,19 +81,22 @@ def _due_runs(
     limited: int,
     by_age: bool,
     versioned: int,
-    jobs: int,
+    job: int,
     booted: bool = False,
 ) -> Any:
-    """The due runs in claim order (of ``runs``, the table or an alias's columns), among
-    the requested jobs under their limits. The order is an index's key order, so a
-    claim reads it front to back and stops at the first fits: priority first
-    (``_substrat_job_runs_claim_order``), or, ``by_age``, due instant then id
-    (``_substrat_job_runs_due_order``). ``booted``: not a run held on the claimer's
-    boot clock (``boot_id``, ``boot_ms``; a filter on the rows the range reads)."""
-    pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
+    """The due runs of requested job ``job`` (``module_{job}``, ``job_{job}``) in claim
+    order (of ``runs``, the table or an alias's columns), under the jobs' limits. The
+    job is compared as the claim indexes key it (``claim_key_of``) and the order is
+    their key order, so a claim reads the front of one job's range and stops at its
+    first fits: priority first (``_substrat_job_runs_claim_order``), or, ``by_age``,
+    due instant then id (``_substrat_job_runs_due_order``). ``booted``: not a run
+    held on the claimer's boot clock (``boot_id``, ``boot_ms``; a filter on the rows
+    the range reads)."""
+    module_key, job_key = claim_key_of(runs)
     candidate = select(*columns).where(
         is_due(bindparam("now_at", type_=Text), runs),
-        tuple_(runs.module_id, runs.job).in_([tuple_(*pair) for pair in pairs]),
+        module_key == bindparam(f"module_{job}", type_=Text),
+        job_key == bindparam(f"job_{job}", type_=Text),
         runnable_by(versioned, runs),
     )
     if booted:
@@ -124,10 +127,20 @@ def _room(index: int, booted: bool = False) -> Any:
 def _due_candidate(
     jobs: int, skipped: int, limited: int, by_age: bool, versioned: int, booted: bool
 ) -> Any:
-    """The first due run in claim order, among the requested jobs under their limits."""
+    """The first due run in claim order, among the requested jobs under their limits:
+    the first of each job's range, then the first of those."""
     runs = job_runs.c
-    candidate = _due_runs(runs, [runs.id], limited, by_age, versioned, jobs, booted).limit(1)
-    return candidate.where(*_not_skipped(skipped)).scalar_subquery()
+    columns = [runs.id, runs.priority, due_at(runs).label("due_at")]
+    firsts = [
+        _due_runs(runs, columns, limited, by_age, versioned, job, booted)
+        .where(*_not_skipped(skipped))
+        .limit(1)
+        for job in range(jobs)
+    ]
+    if len(firsts) == 1:
+        return firsts[0].with_only_columns(runs.id).scalar_subquery()
+    first = union_all(*[one.subquery().select() for one in firsts]).subquery("firsts")
+    return select(first.c.id).order_by(*_claim_order(first, by_age)).limit(1).scalar_subquery()
 
 
 def _not_skipped(skipped: int) -> list[Any]:
@@ -238,17 +251,22 @@ def _locked_candidates(
         runs.lease_began_at,
     ]
     not_skipped = runs.id != func.all(_text_array("skip_ids"))
-    due = _due_runs(
-        runs,
-        [*columns, literal_column("0").label("orphan"), _ledger_empty(candidate)],
-        limited,
-        by_age,
-        versioned,
-        jobs,
-    )
-    due = clock(due.where(not_skipped).limit(wanted).with_for_update(skip_locked=True))
+    due_columns = [*columns, literal_column("0").label("orphan"), _ledger_empty(candidate)]
+    # Up to ``wanted`` from the front of each job's range: the ranking below keeps
+    # the first ``wanted`` of them all.
+    due = [
+        clock(
+            _due_runs(runs, due_columns, limited, by_age, versioned, job)
+            .where(not_skipped)
+            .limit(wanted)
+            .with_for_update(skip_locked=True)
+        )
+        for job in range(jobs)
+    ]
     if not dead:
-        return due.subquery("locked")
+        if len(due) == 1:
+            return due[0].subquery("locked")
+        return union_all(*[one.subquery().select() for one in due]).subquery("locked")
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     orphans = (
         select(*columns, literal_column("1").label("orphan"), false().label("ledger_empty"))
@@ -263,7 +281,8 @@ def _locked_candidates(
         .limit(wanted)
         .with_for_update(skip_locked=True)
     )
-    return union_all(clock(orphans).subquery().select(), due.subquery().select()).subquery("locked")
+    branches = [clock(orphans), *due]
+    return union_all(*[one.subquery().select() for one in branches]).subquery("locked")
 
 
 def _ledger_empty(candidate: Any) -> Any:
