@@ -136,7 +136,7 @@ def due_at_of(runs: Any) -> Any:
 def claim_key_of(runs: Any) -> tuple[Any, Any]:
     """The job of a run as the claim indexes key it (see the comment above): spelled
     only here, since a claim must compare the very expressions the indexes hold."""
-    first = literal_column("1")
+    first: Any = literal_column("1")
     return func.substr(runs.module_id, first), func.substr(runs.job, first)
 
 
