@@ -27,7 +27,7 @@ from .databases import (
     server_execute,
 )
 from .options import DEFAULT_POSTGRES, REPO, backends, child_environment, options
-from .passes import drive_one, step_runner, timed_pass, trivial_steps
+from .passes import drive_one, step_runner, timed_pass, trivial_steps, whole_pass_runner
 from .report import load, machine, save, shown, table
 from .timing import (
     Sample,
@@ -73,6 +73,7 @@ __all__ = [
     "timed_ms",
     "timed_pass",
     "trivial_steps",
+    "whole_pass_runner",
 ]
 
 

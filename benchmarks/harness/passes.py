@@ -66,3 +66,21 @@ def timed_pass(
 def step_runner(store: jobrun.SqlJobRunStore, count: int) -> Sample:
     """A pass of ``count`` new trivial steps; ms per step, timed inside the handler."""
     return timed_pass(store, "steps", trivial_steps(count), count)
+
+
+def whole_pass_runner(store: jobrun.SqlJobRunStore, count: int) -> Sample:
+    """A pass of ``count`` new trivial steps; ms per step, timed around the whole drive
+    (the claim, the first step's ledger read, the commit that drops the ledger)."""
+    registry = jobrun.JobRegistry()
+    registry.register(MODULE_ID, "whole", trivial_steps(count))
+
+    async def sample() -> float:
+        instance = uuid.uuid4().hex
+        await jobrun.start_job_run(store, module_id=MODULE_ID, job="whole", instance=instance)
+        started = time.perf_counter()
+        report = await jobrun.run_due_jobs(store, registry, limit=1)
+        elapsed = timed_ms(started, count)
+        assert report.completed == 1, report
+        return elapsed
+
+    return sample

@@ -11,7 +11,10 @@ Per dialect, interleaved in one process, each sample N operations, ms per operat
   the same without ``FOR SHARE``, to price the lock;
 * SQLAlchemy floor: the raw upsert inside ``engine.begin()``;
 * jobrun step: ``await p.step(name, fn)`` with a trivial body, timed inside the
-  handler over N new steps (the pass's claim and commit are outside the timing).
+  handler over N new steps (the pass's claim and commit are outside the timing);
+* jobrun whole pass: the same pass of N new steps timed around ``run_due_jobs``, so
+  the claim, the first step's ledger read and the commit that drops the ledger are
+  in it, per step (issue 32 item 5's measurement).
 
 Each figure is the median of the interleaved samples with its interquartile
 range; a ratio is the median of per-round ratios (the two samples of one round
@@ -204,8 +207,9 @@ async def paired(store: jobrun.SqlJobRunStore, floors: dict[str, Any], n: int) -
 class _Answering:
     """Stands for a driver connection: every statement answered at once (one row; applied)."""
 
-    async def fetch(self, *_arguments: Any) -> list[tuple[int]]:
-        return [(1,)]
+    async def fetch(self, *_arguments: Any) -> list[tuple[None]]:
+        # Postgres's step write returns the run's pause: NULL, not paused.
+        return [(None,)]
 
     async def execute_fetchall(self, *_arguments: Any) -> list[tuple[int]]:
         return [(1,)]
@@ -280,7 +284,8 @@ async def python_only(
     registry = jobrun.JobRegistry()
     registry.register("bench", "python", handler)
     await jobrun.start_job_run(store, module_id="bench", job="python", instance=uuid.uuid4().hex)
-    assert (await jobrun.run_due_jobs(store, registry, limit=1)).completed == 1
+    report = await jobrun.run_due_jobs(store, registry, limit=1)
+    assert report.completed == 1, report
     return harness.spread(per_step)
 
 
@@ -291,6 +296,7 @@ async def measure(backend: str, args: Any) -> dict[str, Any]:
     # Last engine made: the jobrun store's own file on SQLite.
     store = jobrun.SqlJobRunStore(engines[-1])
     chosen["jobrun step"] = harness.step_runner(store, n)
+    chosen["jobrun whole pass"] = harness.whole_pass_runner(store, n)
     samples = await harness.interleave_samples(chosen, args.rounds or (2 if args.quick else 15))
     found: dict[str, Any] = {name: statistics.median(values) for name, values in samples.items()}
     found["spread"] = {name: harness.spread(values) for name, values in samples.items()}
@@ -299,6 +305,9 @@ async def measure(backend: str, args: Any) -> dict[str, Any]:
         "jobrun step / raw driver": harness.round_ratios(ours, samples["raw driver"]),
         "jobrun step / raw driver + fence": harness.round_ratios(
             ours, samples["raw driver + fence"]
+        ),
+        "jobrun whole pass / raw driver": harness.round_ratios(
+            samples["jobrun whole pass"], samples["raw driver"]
         ),
         "raw driver + fence / raw driver": harness.round_ratios(
             samples["raw driver + fence"], samples["raw driver"]
