@@ -246,6 +246,23 @@ def test_drain(tmp_path: Path) -> None:
     assert asyncio.run(_exists(names)) == []
 
 
+@pytest.mark.postgres
+def test_run_bytes(tmp_path: Path) -> None:
+    """Bytes per finished run: every index of the runs table measured, the claim's two
+    (partial on live runs) empty once every run is finished, the database dropped."""
+    results = run_quick("run_bytes", tmp_path, sqlite_only=False)
+    assert results["runs"] == 500
+    indexes = results["indexes"]
+    for claim_index in ("_substrat_job_runs_claim_order", "_substrat_job_runs_due_order"):
+        # No entry left: a btree's meta page and its empty root, 8 KiB each.
+        assert indexes[claim_index] * results["runs"] <= 2 * 8192
+    assert results["table"] > 0
+    assert results["total"] == results["table"] + sum(indexes.values())
+    assert results["total_as_left"] >= results["total"]
+    assert 0 <= results["hot_updates"] <= results["updates"]
+    assert asyncio.run(_exists(results["meta"]["postgres_databases"])) == []
+
+
 def test_fair_claims(tmp_path: Path) -> None:
     results = run_quick("fair_claims", tmp_path)
     assert results["claims"] > 0
