@@ -81,22 +81,24 @@ def _due_runs(
     limited: int,
     by_age: bool,
     versioned: int,
-    job: int,
+    job: int | tuple[Any, Any],
     booted: bool = False,
 ) -> Any:
-    """The due runs of requested job ``job`` (``module_{job}``, ``job_{job}``) in claim
-    order (of ``runs``, the table or an alias's columns), under the jobs' limits. The
-    job is compared as the claim indexes key it (``claim_key_of``) and the order is
-    their key order, so a claim reads the front of one job's range and stops at its
-    first fits: priority first (``_substrat_job_runs_claim_order``), or, ``by_age``,
-    due instant then id (``_substrat_job_runs_due_order``). ``booted``: not a run
-    held on the claimer's boot clock (``boot_id``, ``boot_ms``; a filter on the rows
-    the range reads)."""
+    """The due runs of one requested job in claim order (of ``runs``, the table or an
+    alias's columns), under the jobs' limits: job ``job`` (parameters ``module_{job}``,
+    ``job_{job}``), or the job a pair of expressions names. The job is compared as
+    the claim indexes key it (``claim_key_of``) and the order is their key order, so
+    a claim reads the front of one job's range and stops at its first fits: priority
+    first (``_substrat_job_runs_claim_order``), or, ``by_age``, due instant then id
+    (``_substrat_job_runs_due_order``). ``booted``: not a run held on the claimer's
+    boot clock (``boot_id``, ``boot_ms``; a filter on the rows the range reads)."""
     module_key, job_key = claim_key_of(runs)
+    if isinstance(job, int):
+        job = (bindparam(f"module_{job}", type_=Text), bindparam(f"job_{job}", type_=Text))
     candidate = select(*columns).where(
         is_due(bindparam("now_at", type_=Text), runs),
-        module_key == bindparam(f"module_{job}", type_=Text),
-        job_key == bindparam(f"job_{job}", type_=Text),
+        module_key == job[0],
+        job_key == job[1],
         runnable_by(versioned, runs),
     )
     if booted:
@@ -252,21 +254,19 @@ def _locked_candidates(
     ]
     not_skipped = runs.id != func.all(_text_array("skip_ids"))
     due_columns = [*columns, literal_column("0").label("orphan"), _ledger_empty(candidate)]
-    # Up to ``wanted`` from the front of each job's range: the ranking below keeps
-    # the first ``wanted`` of them all.
-    due = [
-        clock(
-            _due_runs(runs, due_columns, limited, by_age, versioned, job)
-            .where(not_skipped)
-            .limit(wanted)
-            .with_for_update(skip_locked=True)
-        )
-        for job in range(jobs)
-    ]
+    # Up to ``wanted`` from the front of each job's range (one lateral subquery, run
+    # once per job of the arrays ``claim_modules``, ``claim_jobs``: planned once,
+    # whatever the number of jobs); the ranking below keeps the first of them all.
+    unnested = func.unnest(_text_array("claim_modules"), _text_array("claim_jobs"))
+    asked = unnested.table_valued("module_id", "job").render_derived(name="asked")
+    front = _due_runs(
+        runs, due_columns, limited, by_age, versioned, (asked.c.module_id, asked.c.job)
+    )
+    front = clock(front.where(not_skipped).limit(wanted).with_for_update(skip_locked=True))
+    fronts = front.lateral("front")
+    due = select(*fronts.c).select_from(asked).join(fronts, true())
     if not dead:
-        if len(due) == 1:
-            return due[0].subquery("locked")
-        return union_all(*[one.subquery().select() for one in due]).subquery("locked")
+        return due.subquery("locked")
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
     orphans = (
         select(*columns, literal_column("1").label("orphan"), false().label("ledger_empty"))
@@ -281,8 +281,7 @@ def _locked_candidates(
         .limit(wanted)
         .with_for_update(skip_locked=True)
     )
-    branches = [clock(orphans), *due]
-    return union_all(*[one.subquery().select() for one in branches]).subquery("locked")
+    return union_all(clock(orphans).subquery().select(), due).subquery("locked")
 
 
 def _ledger_empty(candidate: Any) -> Any:
