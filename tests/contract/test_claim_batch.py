@@ -190,6 +190,26 @@ async def test_the_claim_text_is_the_same_whatever_it_skips(engine: Any) -> None
         assert held.scalar_one() == 7
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_the_sqlite_claim_text_is_the_same_however_many_runs_it_skips(engine: Any) -> None:
+    """SQLite: the runs a drive passes over are one JSON parameter, so its claims are
+    one statement text whatever the list's length (a text per length was compiled
+    again on every claim of a drive, the list growing by one run each time), and
+    the runs listed are passed over."""
+    logged, log = logged_store(engine)
+    await put_rows(logged, engine, [_due(index) for index in range(1, 8)])
+    skipped = frozenset(hand_made_row(index).id for index in (1, 2, 3))
+    first = await logged.claim(_request(token="T", skip_ids=skipped))
+    assert first is not None
+    assert first.row.id == hand_made_row(4).id
+    second = await logged.claim(_request(token="U", skip_ids=skipped | {first.row.id, "x"}))
+    assert second is not None
+    assert second.row.id == hand_made_row(5).id
+    reads = [sql for operation, sql, _ in log.seen if operation == "claim" and "SELECT" in sql[:7]]
+    assert len(reads) == 2
+    assert len(set(reads)) == 1
+
+
 @ONLY_POSTGRES
 async def test_a_claim_knows_an_empty_ledger_and_the_pass_does_not_read_it(engine: Any) -> None:
     """Postgres: a run claimed unleased, with no ledger rows, comes back

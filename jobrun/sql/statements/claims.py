@@ -146,9 +146,15 @@ def _due_candidate(
 
 
 def _not_skipped(skipped: int) -> list[Any]:
+    """SQLite: not one of the runs to pass over, given as one JSON array (``skip_ids``),
+    so the statement's text is the same however many there are: a drive's list grows
+    by a run per claim, and a text per length was compiled anew on every claim."""
     if not skipped:
         return []
-    return [job_runs.c.id.not_in([bindparam(f"skip_{i}") for i in range(skipped)])]
+    listed: Any = select(literal_column("value")).select_from(
+        func.json_each(bindparam("skip_ids", type_=Text))
+    )
+    return [job_runs.c.id.not_in(listed)]
 
 
 def _dead(dead: int) -> list[Any]:
@@ -188,8 +194,8 @@ def claim_read(
     booted: bool = False,
 ) -> Any:
     """SQLite: the run a claim would get, whole: for ``jobs`` (module_id, job) pairs
-    (``module_{i}``, ``job_{i}``), passing over ``skipped`` ids (``skip_{i}``) and
-    ``limited`` jobs at their concurrency limit (``limited_*_{i}``,
+    (``module_{i}``, ``job_{i}``), passing over the ids of ``skip_ids`` (a JSON array,
+    when ``skipped``) and ``limited`` jobs at their concurrency limit (``limited_*_{i}``,
     ``limited_most_{i}``); a run held by one of ``dead`` proven-dead lease owners
     (``dead_{i}``) comes first; ``by_age``: the due run due longest, whatever its
     priority; neither of a version newer than the code's (``versioned`` jobs of a

@@ -170,12 +170,14 @@ class SqlClaims(SqlStoreBase):
         dead = sorted(request.dead_owners)
         versioned = _versioned(request)
         boot = request.boot
-        shape = (len(jobs), len(skipped), len(limited), len(dead), request.by_age, len(versioned))
-        read = self._shapes.of(claim_read, *shape, boot is not None)
+        shape = (len(jobs), int(bool(skipped)), len(limited), len(dead), request.by_age)
+        read = self._shapes.of(claim_read, *shape, len(versioned), boot is not None)
         values: dict[str, Any] = {"now_at": request.now_at}
         if boot is not None:
             values |= {"boot_id": boot.boot_id, "boot_ms": boot.ms}
-        values |= pairs("", jobs) | numbered("skip", skipped) | numbered("dead", dead)
+        if skipped:
+            values["skip_ids"] = json.dumps(skipped)
+        values |= pairs("", jobs) | numbered("dead", dead)
         values |= _versioned_values(versioned) | _limited_values(limited)
         return read, values
 
