@@ -260,17 +260,25 @@ def _locked_candidates(
     ]
     not_skipped = runs.id != func.all(_text_array("skip_ids"))
     due_columns = [*columns, literal_column("0").label("orphan"), _ledger_empty(candidate)]
-    # Up to ``wanted`` from the front of each job's range (one lateral subquery, run
-    # once per job of the arrays ``claim_modules``, ``claim_jobs``: planned once,
-    # whatever the number of jobs); the ranking below keeps the first of them all.
-    unnested = func.unnest(_text_array("claim_modules"), _text_array("claim_jobs"))
-    asked = unnested.table_valued("module_id", "job").render_derived(name="asked")
-    front = _due_runs(
-        runs, due_columns, limited, by_age, versioned, (asked.c.module_id, asked.c.job)
-    )
+    # Up to ``wanted`` from the front of each job's range; the ranking below keeps the
+    # first of them all. One job: its range read directly. Several: one lateral
+    # subquery, run once per job of the arrays ``claim_modules``, ``claim_jobs``,
+    # planned once whatever the number of jobs (it costs a single job's claim more
+    # than the direct read: measured in the drain).
+    if jobs == 1:
+        job: int | tuple[Any, Any] = 0
+        asked = None
+    else:
+        unnested = func.unnest(_text_array("claim_modules"), _text_array("claim_jobs"))
+        asked = unnested.table_valued("module_id", "job").render_derived(name="asked")
+        job = (asked.c.module_id, asked.c.job)
+    front = _due_runs(runs, due_columns, limited, by_age, versioned, job)
     front = clock(front.where(not_skipped).limit(wanted).with_for_update(skip_locked=True))
-    fronts = front.lateral("front")
-    due = select(*fronts.c).select_from(asked).join(fronts, true())
+    if asked is None:
+        due = front
+    else:
+        fronts = front.lateral("front")
+        due = select(*fronts.c).select_from(asked).join(fronts, true())
     if not dead:
         return due.subquery("locked")
     pairs: list[Any] = [(bindparam(f"module_{i}"), bindparam(f"job_{i}")) for i in range(jobs)]
