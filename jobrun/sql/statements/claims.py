@@ -295,7 +295,8 @@ def _locked_candidates(
         .limit(wanted)
         .with_for_update(skip_locked=True)
     )
-    return union_all(clock(orphans).subquery().select(), due).subquery("locked")
+    branches = [clock(orphans), due]
+    return union_all(*[one.subquery().select() for one in branches]).subquery("locked")
 
 
 def _ledger_empty(candidate: Any) -> Any:
