@@ -117,13 +117,12 @@ job_runs = Table(
 #
 # The job is keyed as ``substr(module_id, 1)`` and ``substr(job, 1)`` (the same
 # values, spelled alike by both engines) so that the claim's filter on them can use
-# these indexes only. Postgres, without
-# statistics for a table that has just been filled (a batch of starts before the
-# first analyze) or with statistics from before a burst, estimates one row for any
-# equality on module_id and job, and would take the key or status index and sort
-# every live run of the job on each claim: a claim that costs the size of the queue.
-# No other index is keyed on these expressions, so the plan is the same with or
-# without statistics, on both engines.
+# these indexes only. Postgres, without statistics for a table that has just been
+# filled (a batch of starts before the first analyze) or with statistics from before
+# a burst, estimates one row for any equality on module_id and job, and would take
+# the key or status index and sort every live run of the job on each claim: a claim
+# that costs the size of the queue. No other index is keyed on these expressions,
+# so the plan is the same with or without statistics, on both engines.
 
 
 def due_at_of(runs: Any) -> Any:
@@ -162,7 +161,7 @@ Index(
 # SQLite (no statistics) prefers it for the priority claim too, for its range on
 # the due instant, and sorts every due run by priority on each claim.
 BY_AGE_ONLY = text("priority IS NOT NULL")
-LIVE_BY_AGE_ONLY = text("status = 'running' AND priority IS NOT NULL")
+LIVE_BY_AGE_ONLY = text(f"{LIVE_ONLY.text} AND {BY_AGE_ONLY.text}")
 Index(
     "_substrat_job_runs_due_order",
     *CLAIM_KEY,

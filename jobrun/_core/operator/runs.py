@@ -92,28 +92,44 @@ async def start_job_run(
     need not be registered here; a run of a job no driver knows waits until one
     does. Among due runs, a higher ``priority`` is claimed first (default 0).
     """
-    require_name(module_id, "module_id")
-    require_name(job, "job")
-    require_name(instance, "instance", allow_empty=True)
-    checked_priority = priority_value(priority)
-    later = starts.start_at_of(start_at, delay_s)
-    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
-    # The database's time with the default clock: a fast local clock must not
-    # date the run into the future, where no driver would see it due.
-    now = (await aligned_clock(store, clock, sources.clock)).now()
-    row = starts.new_run_row(
-        run_id=sources.mint_id(),
-        key=(module_id, job, instance),
-        payload_text=payload_text,
-        priority=checked_priority,
-        at=format_instant(now),
-        due_at=starts.due_text(later, now),
-    )
+    key = (module_id, job, instance)
+    row = await _start_row(sources, store, key, payload, priority, (start_at, delay_s), clock)
     if connection is None:
         stored, inserted = await store.start_or_join(row)
     else:
         [(stored, inserted)] = await store.start_many([row], connection=connection)
     return starts.started_record(stored, inserted)
+
+
+async def _start_row(
+    sources: Sources,
+    store: JobRunStore,
+    key: tuple[str, str, str],
+    payload: Any,
+    priority: int,
+    later: tuple[datetime | None, float | None],
+    clock: ClockLike | None,
+) -> RunRow:
+    """The row a start writes, every argument checked first (``later``: its
+    ``start_at`` and ``delay_s``)."""
+    module_id, job, instance = key
+    require_name(module_id, "module_id")
+    require_name(job, "job")
+    require_name(instance, "instance", allow_empty=True)
+    checked_priority = priority_value(priority)
+    starts_at = starts.start_at_of(*later)
+    payload_text = encode_queue_safe(payload, "payload", store.limits.max_payload_bytes)
+    # The database's time with the default clock: a fast local clock must not
+    # date the run into the future, where no driver would see it due.
+    now = (await aligned_clock(store, clock, sources.clock)).now()
+    return starts.new_run_row(
+        run_id=sources.mint_id(),
+        key=key,
+        payload_text=payload_text,
+        priority=checked_priority,
+        at=format_instant(now),
+        due_at=starts.due_text(starts_at, now),
+    )
 
 
 async def job_runs(

@@ -119,10 +119,11 @@ class SqlClaims(SqlStoreBase):
             "tokens": builtins.list(tokens),
             "skip_ids": sorted(request.skip_ids),
             "dead": dead,
-            # The jobs again, as arrays: the due runs are read job by job from them.
-            "claim_modules": [module for module, _ in jobs],
-            "claim_jobs": [job for _, job in jobs],
         }
+        if len(jobs) > 1:
+            # The jobs again, as arrays: several jobs' due runs are read job by job.
+            values["claim_modules"] = [module for module, _ in jobs]
+            values["claim_jobs"] = [job for _, job in jobs]
         values |= pairs("", jobs) | numbered("expires", [request.expires_at[job] for job in jobs])
         values |= _versioned_values(versioned) | _limited_values(limited)
         rows = await fetch(statement, values)
